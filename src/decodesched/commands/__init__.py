@@ -1,0 +1,1 @@
+"""One module per `decodesched` subcommand (see `decodesched.cli`)."""

@@ -1,0 +1,282 @@
+"""The pure-Python model: the seed's reference scheduler, readable, and the oracle for every engine.
+
+`DecodeSchedulerSim` and `RequestState` have exactly the interface of the course chapter's
+reference solution (``shared/seed/decode_scheduling_seed_zh.txt``) and the same semantics, step
+for step.  The only addition is policy ``fcfs`` (SPEC, research issue): its sort key is
+``(phase_rank, enqueue clock, request_id)`` and preemption compares business priority as under
+``fixed_priority``.  `replay` extends the class to requests that arrive over time (SPEC section 3).
+
+Nothing here is fast on purpose: it is the text the kernels are checked against.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, List, Literal
+
+Phase = Literal["prefill", "decode"]
+RequestStatus = Literal["waiting", "running", "preempted", "finished"]
+
+POLICIES = ("fixed_priority", "aging", "deadline", "fcfs")
+NO_DEADLINE_SLACK = 1_000_000_000
+
+
+@dataclass
+class RequestState:
+    """The minimal state of one request while it is scheduled (seed field order and defaults)."""
+
+    request_id: int
+    prompt_len: int
+    max_new_tokens: int
+    generated_len: int = 0
+    phase: Phase = "prefill"
+    priority: int = 0
+    cache_hit: bool = False
+    wait_steps: int = 0
+    required_blocks: int = 1
+    admitted: bool = False
+    deadline_step: int | None = None
+    preemptible: bool = True
+    status: RequestStatus = "waiting"
+    preemptions: int = 0
+    # Not in the seed: the clock at enqueue, the arrival order used by policy ``fcfs``.
+    enqueue_clock: int = 0
+
+    @property
+    def total_len(self) -> int:
+        return self.prompt_len + self.generated_len
+
+    @property
+    def done(self) -> bool:
+        return self.generated_len >= self.max_new_tokens
+
+
+class DecodeSchedulerSim:
+    """Advance one request per step between prefill and decode, and record every event."""
+
+    def __init__(self, policy: str = "fixed_priority", free_kv_blocks: int = 1_000_000, aging_interval: int = 4):
+        if policy not in POLICIES:
+            raise ValueError(
+                f"policy 必须是 {', '.join(POLICIES)} 之一 / policy must be one of {', '.join(POLICIES)}; got {policy!r}"
+            )
+        if free_kv_blocks < 0 or aging_interval <= 0:
+            raise ValueError(
+                "容量不能为负，aging_interval 必须为正数 / free_kv_blocks must be >= 0 and aging_interval > 0; "
+                f"got free_kv_blocks={free_kv_blocks}, aging_interval={aging_interval}"
+            )
+        self.policy = policy
+        self.free_kv_blocks = free_kv_blocks
+        self.aging_interval = aging_interval
+        self.clock = 0
+        self.queue: List[RequestState] = []
+        self.timeline: List[Dict[str, int | str]] = []
+
+    def enqueue(
+        self,
+        request_id: int,
+        prompt_len: int,
+        max_new_tokens: int = 2,
+        priority: int = 0,
+        cache_hit: bool = False,
+        required_blocks: int = 1,
+        deadline_step: int | None = None,
+        preemptible: bool = True,
+    ) -> None:
+        """Validate and register a request; it starts in prefill, waiting."""
+        if request_id in {item.request_id for item in self.queue}:
+            raise ValueError(f"重复的 request_id / duplicate request_id: {request_id}")
+        if prompt_len <= 0 or max_new_tokens <= 0 or required_blocks <= 0:
+            raise ValueError(
+                "prompt_len、max_new_tokens 和 required_blocks 必须为正数 / prompt_len, max_new_tokens and "
+                f"required_blocks must be positive; got {prompt_len}, {max_new_tokens}, {required_blocks}"
+            )
+        if deadline_step is not None and deadline_step <= self.clock:
+            raise ValueError(
+                f"deadline_step 必须晚于当前调度时钟 / deadline_step {deadline_step} must be after the clock {self.clock}"
+            )
+        self.queue.append(
+            RequestState(
+                request_id=request_id,
+                prompt_len=prompt_len,
+                max_new_tokens=max_new_tokens,
+                priority=priority,
+                cache_hit=cache_hit,
+                required_blocks=required_blocks,
+                deadline_step=deadline_step,
+                preemptible=preemptible,
+                enqueue_clock=self.clock,
+            )
+        )
+
+    def _effective_priority(self, req: RequestState) -> int:
+        """Business priority, plus one level per `aging_interval` waited steps under ``aging``."""
+        effective_priority = req.priority
+        if self.policy == "aging":
+            effective_priority += req.wait_steps // self.aging_interval
+        return effective_priority
+
+    def _remaining_steps(self, req: RequestState) -> int:
+        return (1 if req.phase == "prefill" else 0) + max(req.max_new_tokens - req.generated_len, 0)
+
+    def _schedule_key(self, req: RequestState) -> tuple:
+        """The sort key, smallest first: slack, phase, cache, -effective priority, length, id."""
+        phase_rank = 0 if req.phase == "prefill" else 1
+        if self.policy == "fcfs":
+            return (phase_rank, req.enqueue_clock, req.request_id)
+        deadline_slack = NO_DEADLINE_SLACK
+        if self.policy == "deadline" and req.deadline_step is not None:
+            deadline_slack = req.deadline_step - self.clock - self._remaining_steps(req)
+        cache_rank = 0 if req.cache_hit else 1
+        return (deadline_slack, phase_rank, cache_rank, -self._effective_priority(req), req.total_len, req.request_id)
+
+    def _ensure_capacity(self, challenger: RequestState) -> int | None:
+        """Admit `challenger`, preempting at most one lower-priority preemptible request if needed.
+
+        Returns the preempted request's id, or None.  On failure nothing changes and
+        `challenger.admitted` stays False.
+        """
+        if challenger.admitted:
+            challenger.status = "running"
+            return None
+        if challenger.required_blocks <= self.free_kv_blocks:
+            self.free_kv_blocks -= challenger.required_blocks
+            challenger.admitted = True
+            challenger.status = "running"
+            return None
+        challenger_priority = self._effective_priority(challenger)
+        victims = [
+            req
+            for req in self.queue
+            if req.admitted and not req.done and req.preemptible and self._effective_priority(req) < challenger_priority
+        ]
+        victims.sort(key=lambda req: (self._effective_priority(req), -req.required_blocks, req.request_id))
+        victim = next((req for req in victims if self.free_kv_blocks + req.required_blocks >= challenger.required_blocks), None)
+        if victim is None:
+            return None
+        # The victim keeps its phase and progress; it only gives its blocks back.
+        victim.admitted = False
+        victim.status = "preempted"
+        victim.preemptions += 1
+        self.free_kv_blocks += victim.required_blocks
+        self.free_kv_blocks -= challenger.required_blocks
+        challenger.admitted = True
+        challenger.status = "running"
+        return victim.request_id
+
+    def step(self) -> Dict[str, int | str] | None:
+        """Choose and advance one unfinished request; record the event.  None if nothing can run."""
+        candidates = [req for req in self.queue if not req.done]
+        if not candidates:
+            return None
+        chosen = None
+        preempted_request_id = None
+        for candidate in sorted(candidates, key=self._schedule_key):
+            preempted_request_id = self._ensure_capacity(candidate)
+            if candidate.admitted:
+                chosen = candidate
+                break
+        if chosen is None:
+            return None
+        for req in candidates:
+            if req is not chosen:
+                req.wait_steps += 1
+        if chosen.phase == "prefill":
+            chosen.phase = "decode"
+            action = "prefill_to_decode"
+        else:
+            chosen.generated_len += 1
+            action = "finish" if chosen.done else "decode_one_step"
+            if chosen.done and chosen.admitted:
+                self.free_kv_blocks += chosen.required_blocks
+                chosen.admitted = False
+                chosen.status = "finished"
+
+        event = {
+            "request_id": chosen.request_id,
+            "phase": "prefill" if action == "prefill_to_decode" else "decode",
+            "action": action,
+            "prompt_len": chosen.prompt_len,
+            "generated_len": chosen.generated_len,
+            "max_new_tokens": chosen.max_new_tokens,
+            "wait_steps": chosen.wait_steps,
+            "free_kv_blocks": self.free_kv_blocks,
+            "preempted_request_id": preempted_request_id,
+            "deadline_missed": chosen.deadline_step is not None
+            and self.clock + 1 + self._remaining_steps(chosen) > chosen.deadline_step,
+        }
+        self.timeline.append(event)
+        self.clock += 1
+        return event
+
+    def run(self, max_steps: int = 100) -> List[Dict[str, int | str]]:
+        """Step until every request is finished or `max_steps` steps ran; return the timeline."""
+        if max_steps < 0:
+            raise ValueError(f"max_steps 不能为负数 / max_steps must be >= 0; got {max_steps}")
+        steps = 0
+        while steps < max_steps:
+            event = self.step()
+            if event is None:
+                break
+            steps = steps + 1
+        return self.timeline
+
+
+@dataclass
+class ModelReplay:
+    """What `replay` returns: the seed's events (with ``step`` added), the final states and why it stopped."""
+
+    events: List[Dict[str, int | str | bool | None]]
+    states: Dict[int, RequestState]  # by trace row; rows that never arrived are absent
+    clock: int
+    free_kv_blocks: int
+    stop: str  # "drained", "stuck" or "max_steps"
+
+
+def replay(rows, policy: str = "fixed_priority", free_kv_blocks: int = 1_000_000, aging_interval: int = 4,
+           max_steps: int | None = None) -> ModelReplay:
+    """Replay a trace over `DecodeSchedulerSim` exactly as SPEC section 3 defines it.
+
+    `rows` is a sequence of dicts (or objects with a ``_asdict``) with the trace columns:
+    ``request_id, arrival_step, prompt_len, max_new_tokens, priority, cache_hit, required_blocks,
+    deadline_step (int or None), preemptible``.
+    """
+    if max_steps is not None and max_steps < 0:
+        raise ValueError(f"max_steps 不能为负数 / max_steps must be >= 0; got {max_steps}")
+    rows = [dict(r) for r in rows]
+    sim = DecodeSchedulerSim(policy=policy, free_kv_blocks=free_kv_blocks, aging_interval=aging_interval)
+    order = sorted(range(len(rows)), key=lambda i: (rows[i]["arrival_step"], i))
+    states: Dict[int, RequestState] = {}
+    events = []
+    pos = 0
+    steps = 0
+    while True:
+        if max_steps is not None and steps >= max_steps:
+            stop = "max_steps"
+            break
+        while pos < len(order) and rows[order[pos]]["arrival_step"] <= sim.clock:
+            row = rows[order[pos]]
+            sim.enqueue(
+                request_id=row["request_id"],
+                prompt_len=row["prompt_len"],
+                max_new_tokens=row["max_new_tokens"],
+                priority=row["priority"],
+                cache_hit=row["cache_hit"],
+                required_blocks=row["required_blocks"],
+                deadline_step=row["deadline_step"],
+                preemptible=row["preemptible"],
+            )
+            states[order[pos]] = sim.queue[-1]
+            pos += 1
+        clock = sim.clock
+        event = sim.step()
+        if event is not None:
+            events.append({"step": clock, **event})
+            steps += 1
+            continue
+        if pos < len(order):
+            # An idle gap: jump to the next arrival; nobody waits during it.
+            sim.clock = rows[order[pos]]["arrival_step"]
+            continue
+        stop = "drained" if all(s.done for s in states.values()) else "stuck"
+        break
+    return ModelReplay(events=events, states=states, clock=sim.clock, free_kv_blocks=sim.free_kv_blocks, stop=stop)

@@ -1,0 +1,383 @@
+"""Traces: a validated structure of arrays, read from the canonical CSV, Parquet or in-memory columns.
+
+Validation happens here, before anything runs, and every message names the row and the column.
+The value limits keep all int64 arithmetic of the kernels exact (the Python model has unbounded
+integers; the kernels must never overflow where it would not).
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+
+from .errors import UserError
+
+TRACE_COLUMNS = (
+    "request_id",
+    "arrival_step",
+    "prompt_len",
+    "max_new_tokens",
+    "priority",
+    "cache_hit",
+    "required_blocks",
+    "deadline_step",
+    "preemptible",
+)
+INT_COLUMNS = ("request_id", "arrival_step", "prompt_len", "max_new_tokens", "priority", "required_blocks")
+BOOL_COLUMNS = ("cache_hit", "preemptible")
+
+# Magnitude limits that keep every kernel sum, difference and key in int64 (see module docstring).
+MAX_LENGTH = 2**40  # prompt_len, max_new_tokens, required_blocks
+MAX_STEP = 2**53  # arrival_step, deadline_step, |priority|
+MAX_TOTAL = 2**61  # last arrival + all work steps; capacity + all blocks
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+_TRUE = {"true", "1", "t", "yes"}
+_FALSE = {"false", "0", "f", "no"}
+
+
+class TraceError(UserError):
+    """A trace that cannot be replayed; the message names the row and column."""
+
+
+@dataclass(frozen=True)
+class Trace:
+    """A request trace as int64/bool NumPy columns, one entry per request, in trace row order.
+
+    ``deadline_step`` holds 0 where ``has_deadline`` is False.  ``steps_per_second`` is the time
+    scale when the trace came from real timestamps (None otherwise), used to report seconds.
+    """
+
+    request_id: np.ndarray
+    arrival_step: np.ndarray
+    prompt_len: np.ndarray
+    max_new_tokens: np.ndarray
+    priority: np.ndarray
+    cache_hit: np.ndarray
+    required_blocks: np.ndarray
+    deadline_step: np.ndarray
+    has_deadline: np.ndarray
+    preemptible: np.ndarray
+    steps_per_second: float | None = None
+    name: str = "trace"
+    _order: np.ndarray | None = field(default=None, repr=False, compare=False)
+
+    def __len__(self) -> int:
+        return int(self.request_id.shape[0])
+
+    @property
+    def arrival_order(self) -> np.ndarray:
+        """Row indices in enqueue order: by (arrival_step, row)."""
+        if self._order is None:
+            object.__setattr__(self, "_order", np.argsort(self.arrival_step, kind="stable").astype(np.int64))
+        return self._order
+
+    @property
+    def work_steps(self) -> int:
+        """Steps needed to finish everything: one prefill plus one per token, per request."""
+        return int(len(self) + self.max_new_tokens.sum())
+
+    def deadline_or_none(self, row: int) -> int | None:
+        return int(self.deadline_step[row]) if self.has_deadline[row] else None
+
+    def rows(self):
+        """The trace as a list of dicts (the model's input); `deadline_step` is None where absent."""
+        out = []
+        for i in range(len(self)):
+            out.append(
+                {
+                    "request_id": int(self.request_id[i]),
+                    "arrival_step": int(self.arrival_step[i]),
+                    "prompt_len": int(self.prompt_len[i]),
+                    "max_new_tokens": int(self.max_new_tokens[i]),
+                    "priority": int(self.priority[i]),
+                    "cache_hit": bool(self.cache_hit[i]),
+                    "required_blocks": int(self.required_blocks[i]),
+                    "deadline_step": self.deadline_or_none(i),
+                    "preemptible": bool(self.preemptible[i]),
+                }
+            )
+        return out
+
+    def columns(self) -> dict[str, np.ndarray]:
+        """The canonical columns; `deadline_step` as a float array with NaN where absent."""
+        deadline = np.where(self.has_deadline, self.deadline_step, 0).astype(object)
+        deadline[~self.has_deadline] = None
+        return {
+            "request_id": self.request_id,
+            "arrival_step": self.arrival_step,
+            "prompt_len": self.prompt_len,
+            "max_new_tokens": self.max_new_tokens,
+            "priority": self.priority,
+            "cache_hit": self.cache_hit,
+            "required_blocks": self.required_blocks,
+            "deadline_step": deadline,
+            "preemptible": self.preemptible,
+        }
+
+    def subset(self, rows) -> "Trace":
+        """A new trace with the given rows, in the given order."""
+        rows = np.asarray(rows, dtype=np.int64)
+        kw = {name: getattr(self, name)[rows] for name in _ARRAY_FIELDS}
+        return Trace(**kw, steps_per_second=self.steps_per_second, name=self.name)
+
+    def to_csv(self, path: str | os.PathLike) -> None:
+        """Write the canonical trace CSV atomically (a temporary file renamed into place)."""
+        from ._io import atomic_writer
+
+        with atomic_writer(path) as fh:
+            w = csv.writer(fh, lineterminator="\n")
+            w.writerow(TRACE_COLUMNS)
+            for i in range(len(self)):
+                w.writerow(
+                    [
+                        int(self.request_id[i]),
+                        int(self.arrival_step[i]),
+                        int(self.prompt_len[i]),
+                        int(self.max_new_tokens[i]),
+                        int(self.priority[i]),
+                        "true" if self.cache_hit[i] else "false",
+                        int(self.required_blocks[i]),
+                        int(self.deadline_step[i]) if self.has_deadline[i] else "",
+                        "true" if self.preemptible[i] else "false",
+                    ]
+                )
+
+
+_ARRAY_FIELDS = (
+    "request_id",
+    "arrival_step",
+    "prompt_len",
+    "max_new_tokens",
+    "priority",
+    "cache_hit",
+    "required_blocks",
+    "deadline_step",
+    "has_deadline",
+    "preemptible",
+)
+
+
+def load_trace(source: Any, *, steps_per_second: float | None = None, name: str | None = None) -> Trace:
+    """Read and validate a trace.
+
+    `source` is a path to a canonical trace CSV (or ``.parquet``), a mapping of column name to
+    sequence (``deadline_step`` may hold None/NaN for none), a pandas DataFrame, a list of row
+    dicts, or a `Trace` (returned unchanged).  Raises `TraceError` naming the row and column.
+
+    >>> t = load_trace({"request_id": [1, 2], "arrival_step": [0, 3], "prompt_len": [4, 2],
+    ...                 "max_new_tokens": [2, 1], "priority": [0, 5], "cache_hit": [False, True],
+    ...                 "required_blocks": [1, 1], "deadline_step": [None, 9], "preemptible": [True, True]})
+    >>> len(t), t.has_deadline.tolist()
+    (2, [False, True])
+    """
+    if isinstance(source, Trace):
+        return source
+    if isinstance(source, (str, os.PathLike)):
+        path = Path(source)
+        if not path.exists():
+            raise TraceError(f"{path}: no such file")
+        if path.is_dir():
+            raise TraceError(f"{path}: is a directory, not a trace file")
+        label = name or path.stem
+        if path.suffix.lower() in (".parquet", ".pq"):
+            return _from_columns(_read_parquet(path), str(path), steps_per_second, label)
+        return _from_csv(path, steps_per_second, label)
+    if isinstance(source, list):
+        if not source:
+            raise TraceError("<rows>: the trace is empty (no requests)")
+        keys = list(source[0].keys())
+        cols = {k: [r.get(k) for r in source] for k in keys}
+        for i, r in enumerate(source):
+            if set(r.keys()) != set(keys):
+                raise TraceError(f"<rows>: row {i + 1}: columns differ from row 1")
+        return _from_columns(cols, "<rows>", steps_per_second, name or "trace")
+    if hasattr(source, "to_dict") and hasattr(source, "columns"):  # a pandas DataFrame
+        cols = {str(c): source[c].tolist() for c in source.columns}
+        return _from_columns(cols, "<dataframe>", steps_per_second, name or "trace")
+    if isinstance(source, Mapping):
+        return _from_columns(dict(source), "<arrays>", steps_per_second, name or "trace")
+    raise TraceError(f"cannot read a trace from {type(source).__name__}; give a path, a mapping of columns or a Trace")
+
+
+def _read_parquet(path: Path) -> dict[str, list]:
+    try:
+        import pyarrow.parquet as pq
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise TraceError(f"{path}: reading Parquet needs pyarrow: pip install 'decodesched[data]'") from exc
+    try:
+        table = pq.read_table(path)
+    except Exception as exc:
+        raise TraceError(f"{path}: not a readable Parquet file ({exc})") from exc
+    return {name: table.column(name).to_pylist() for name in table.column_names}
+
+
+def _from_csv(path: Path, steps_per_second: float | None, label: str) -> Trace:
+    try:
+        with open(path, newline="", encoding="utf-8") as fh:
+            reader = csv.reader(fh)
+            try:
+                header = next(reader)
+            except StopIteration:
+                raise TraceError(f"{path}: empty file (expected the header {','.join(TRACE_COLUMNS)})") from None
+            header = [h.strip() for h in header]
+            _check_header(header, str(path))
+            cols: dict[str, list] = {h: [] for h in header}
+            for lineno, rec in enumerate(reader, start=2):
+                if not rec or all(not x.strip() for x in rec):
+                    continue
+                if len(rec) != len(header):
+                    raise TraceError(
+                        f"{path}: row {lineno - 1} (line {lineno}): {len(rec)} fields, expected {len(header)}"
+                    )
+                for h, x in zip(header, rec):
+                    cols[h].append(x.strip())
+    except UnicodeDecodeError as exc:
+        raise TraceError(f"{path}: not a UTF-8 text file ({exc.reason})") from None
+    return _from_columns(cols, str(path), steps_per_second, label, row_offset=1)
+
+
+def _check_header(header: list[str], where: str) -> None:
+    missing = [c for c in TRACE_COLUMNS if c not in header]
+    extra = [c for c in header if c not in TRACE_COLUMNS]
+    dup = sorted({c for c in header if header.count(c) > 1})
+    if missing:
+        raise TraceError(f"{where}: missing column(s) {', '.join(missing)}")
+    if extra:
+        raise TraceError(f"{where}: unexpected column(s) {', '.join(extra)} (allowed: {', '.join(TRACE_COLUMNS)})")
+    if dup:
+        raise TraceError(f"{where}: duplicate column(s) {', '.join(dup)}")
+
+
+def _is_missing(x) -> bool:
+    if x is None:
+        return True
+    if isinstance(x, str):
+        return x.strip() == ""
+    if isinstance(x, float) and math.isnan(x):
+        return True
+    return False
+
+
+def _parse_int(x, where: str, col: str) -> int:
+    if isinstance(x, (bool, np.bool_)):
+        raise TraceError(f"{where}, column {col}: expected an integer, got {x!r}")
+    if isinstance(x, (int, np.integer)):
+        return int(x)
+    if isinstance(x, (float, np.floating)):
+        if math.isfinite(x) and float(x).is_integer():
+            return int(x)
+        raise TraceError(f"{where}, column {col}: expected an integer, got {x!r}")
+    if isinstance(x, str):
+        s = x.strip()
+        try:
+            return int(s, 10)
+        except ValueError:
+            raise TraceError(f"{where}, column {col}: expected an integer, got {x!r}") from None
+    raise TraceError(f"{where}, column {col}: expected an integer, got {x!r}")
+
+
+def _parse_bool(x, where: str, col: str) -> bool:
+    if isinstance(x, (bool, np.bool_)):
+        return bool(x)
+    if isinstance(x, (int, np.integer)) and int(x) in (0, 1):
+        return bool(x)
+    if isinstance(x, str) and x.strip().lower() in _TRUE | _FALSE:
+        return x.strip().lower() in _TRUE
+    raise TraceError(f"{where}, column {col}: expected true/false (or 1/0), got {x!r}")
+
+
+def _from_columns(cols: dict, where: str, steps_per_second: float | None, label: str, row_offset: int = 0) -> Trace:
+    names = [str(c) for c in cols]
+    _check_header(names, where)
+    lengths = {len(cols[c]) for c in TRACE_COLUMNS}
+    if len(lengths) != 1:
+        raise TraceError(f"{where}: columns have different lengths ({sorted(lengths)})")
+    n = lengths.pop()
+    if n == 0:
+        raise TraceError(f"{where}: the trace is empty (no requests)")
+
+    def loc(i: int) -> str:
+        return f"{where}: row {i + 1}" + (f" (line {i + 1 + row_offset})" if row_offset else "")
+
+    ints = {c: np.empty(n, dtype=np.int64) for c in INT_COLUMNS}
+    bools = {c: np.empty(n, dtype=np.bool_) for c in BOOL_COLUMNS}
+    deadline = np.zeros(n, dtype=np.int64)
+    has_deadline = np.zeros(n, dtype=np.bool_)
+    for c in INT_COLUMNS:
+        src, dst = cols[c], ints[c]
+        for i in range(n):
+            if _is_missing(src[i]):
+                raise TraceError(f"{loc(i)}, column {c}: missing value")
+            v = _parse_int(src[i], loc(i), c)
+            if not INT64_MIN <= v <= INT64_MAX:
+                raise TraceError(f"{loc(i)}, column {c}: {v} does not fit in int64")
+            dst[i] = v
+    for c in BOOL_COLUMNS:
+        src, dst = cols[c], bools[c]
+        for i in range(n):
+            if _is_missing(src[i]):
+                raise TraceError(f"{loc(i)}, column {c}: missing value")
+            dst[i] = _parse_bool(src[i], loc(i), c)
+    src = cols["deadline_step"]
+    for i in range(n):
+        if not _is_missing(src[i]):
+            deadline[i] = _parse_int(src[i], loc(i), "deadline_step")
+            has_deadline[i] = True
+
+    arrival, prompt, new, blocks, prio = (
+        ints["arrival_step"], ints["prompt_len"], ints["max_new_tokens"], ints["required_blocks"], ints["priority"]
+    )
+    _first_bad(arrival < 0, loc, "arrival_step", "must be >= 0", arrival)
+    _first_bad(arrival > MAX_STEP, loc, "arrival_step", f"must be <= 2**53", arrival)
+    for c, a in (("prompt_len", prompt), ("max_new_tokens", new), ("required_blocks", blocks)):
+        _first_bad(a <= 0, loc, c, "must be positive", a)
+        _first_bad(a > MAX_LENGTH, loc, c, "must be <= 2**40", a)
+    _first_bad(np.abs(prio) > MAX_STEP, loc, "priority", "must be within +-2**53", prio)
+    _first_bad(has_deadline & (deadline <= arrival), loc, "deadline_step",
+               "must be after its arrival_step", deadline, extra=arrival)
+    _first_bad(has_deadline & (deadline > MAX_STEP), loc, "deadline_step", "must be <= 2**53", deadline)
+    ids = ints["request_id"]
+    order = np.argsort(ids, kind="stable")
+    dup = np.nonzero(ids[order][1:] == ids[order][:-1])[0]
+    if dup.size:
+        second = int(order[dup[0] + 1])
+        first = int(order[dup[0]])
+        raise TraceError(
+            f"{loc(max(first, second))}, column request_id: duplicate request_id {int(ids[second])} "
+            f"(also in row {min(first, second) + 1})"
+        )
+    if float(arrival.max()) + float(n) + float(new.astype(np.float64).sum()) > MAX_TOTAL:
+        raise TraceError(f"{where}: the trace's total work steps exceed 2**61 and would overflow the step clock")
+    if float(blocks.astype(np.float64).sum()) > MAX_TOTAL:
+        raise TraceError(f"{where}: the sum of required_blocks exceeds 2**61")
+    if steps_per_second is not None and not (steps_per_second > 0 and math.isfinite(steps_per_second)):
+        raise TraceError(f"{where}: steps_per_second must be a positive number, got {steps_per_second!r}")
+    return Trace(
+        request_id=ids,
+        arrival_step=arrival,
+        prompt_len=prompt,
+        max_new_tokens=new,
+        priority=prio,
+        cache_hit=bools["cache_hit"],
+        required_blocks=blocks,
+        deadline_step=deadline,
+        has_deadline=has_deadline,
+        preemptible=bools["preemptible"],
+        steps_per_second=steps_per_second,
+        name=label,
+    )
+
+
+def _first_bad(mask: np.ndarray, loc, col: str, what: str, values: np.ndarray, extra: np.ndarray | None = None) -> None:
+    bad = np.flatnonzero(mask)
+    if bad.size:
+        i = int(bad[0])
+        got = f"got {int(values[i])}" + (f" (arrival_step {int(extra[i])})" if extra is not None else "")
+        raise TraceError(f"{loc(i)}, column {col}: {what}; {got}")
