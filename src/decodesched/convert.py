@@ -1,0 +1,451 @@
+"""Real request traces (Azure LLM inference 2023, Mooncake) converted to the canonical trace.
+
+Two steps, both pure functions:
+
+1. ``read_azure(path)`` / ``read_mooncake(path)`` return a `RawTrace`: per request, in file order,
+   the arrival in seconds after the first request, the prompt tokens, the output tokens and (Mooncake
+   only) the cache-hit flag.
+2. ``to_trace(raw, load=... | steps_per_second=..., ...)`` turns it into a validated `Trace`.
+
+The conversion rules (also printed by ``decodesched trace convert --help``):
+
+- **Time scale.** ``arrival_step = floor(arrival_seconds * steps_per_second)``.  Give either
+  ``steps_per_second`` directly, or a target offered load ``load``; then
+  ``steps_per_second = work_steps / (load * span_seconds)``, where
+  ``work_steps = sum(1 + max_new_tokens)`` (one prefill step plus one step per token: all the steps
+  the trace needs) and ``span_seconds`` is the time from the first to the last arrival.  The offered
+  load is "work steps per step of wall time": at load 1.0 the one-request-per-step server is exactly
+  busy on average; above 1.0 a backlog must build up.  (Flooring arrivals makes the realised span, and
+  so the realised load, differ from the target by less than one step.)
+- **Lengths.** ``prompt_len = input tokens`` (at least 1); ``max_new_tokens = output tokens`` (an
+  output of 0 tokens, which a request cannot have in the model, counts as 1);
+  ``required_blocks = ceil((prompt_len + max_new_tokens) / block_size)`` (``block_size`` 16 by default).
+- **cache_hit.** Azure: false (the trace has no prefix information).  Mooncake: a request hits when
+  its first ``cache_min_blocks`` prompt blocks (``hash_ids``, 512 tokens each) were all seen in earlier
+  requests; the default 1 is SPEC's "first block seen before".  Note: in the Mooncake conversation
+  trace every request shares block 0 (a common system prompt), so with 1 all but the first request
+  hit; ``cache_min_blocks=2`` gives a real signal (about 39% hits).
+- **Seeded rules** (a ``numpy.random.Generator`` from ``seed``, drawn in this order, so the same seed
+  and options give the same trace):
+  - ``priority``: drawn per request from ``priority_classes`` with ``priority_weights``
+    (default classes 0, 1, 2 with weights 0.6, 0.3, 0.1; larger runs first);
+  - a deadline for a random ``deadline_fraction`` of requests (default 0.5):
+    ``deadline_step = arrival_step + ceil(slo_factor * (1 + max_new_tokens))`` (default slo_factor 20),
+    i.e. a budget of ``slo_factor`` times the request's own work steps;
+  - ``preemptible``: true except for the classes in ``protected_classes`` (default: the top class).
+- ``request_id`` is the row order in the source file (0, 1, ...); the trace keeps its time scale
+  (`Trace.steps_per_second`).
+
+`write_trace` writes the CSV atomically and a sidecar ``<out>.meta.json`` beside it with
+``steps_per_second``, the source file, its format, the options and the seed, so seconds can be
+reported later (`load_trace` does not need it; `read_meta` reads it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from .errors import UserError
+from .trace import Trace, TraceError, load_trace
+
+FORMATS = ("azure", "mooncake")
+DEFAULT_PRIORITY_CLASSES = (0, 1, 2)
+DEFAULT_PRIORITY_WEIGHTS = (0.6, 0.3, 0.1)
+DEFAULT_DEADLINE_FRACTION = 0.5
+DEFAULT_SLO_FACTOR = 20.0
+DEFAULT_BLOCK_SIZE = 16
+BUNDLED_TRACE = "azure_llm_2023_conv.csv"
+META_SUFFIX = ".meta.json"
+
+
+@dataclass(frozen=True)
+class RawTrace:
+    """A real trace as read from its file, in file order (arrays of equal length)."""
+
+    arrival_seconds: np.ndarray  # float64, seconds after the earliest request (>= 0)
+    prompt_tokens: np.ndarray  # int64
+    output_tokens: np.ndarray  # int64
+    cache_hit: np.ndarray | None  # bool, or None when the source has no prefix information
+    source: str = ""
+    format: str = ""
+
+    def __len__(self) -> int:
+        return int(self.arrival_seconds.shape[0])
+
+    def head(self, n: int) -> "RawTrace":
+        """The first `n` requests (in file order), times still relative to the earliest of them."""
+        arr = self.arrival_seconds[:n]
+        arr = arr - arr.min() if arr.size else arr
+        hit = None if self.cache_hit is None else self.cache_hit[:n]
+        return RawTrace(arr, self.prompt_tokens[:n], self.output_tokens[:n], hit, self.source, self.format)
+
+
+def bundled_trace_path() -> Path:
+    """Path of the shipped Azure LLM inference 2023 conversation trace (CC-BY-4.0, see data/README.md)."""
+    ref = resources.files("decodesched").joinpath("data", BUNDLED_TRACE)
+    path = Path(str(ref))
+    if not path.is_file():  # pragma: no cover - a broken installation
+        raise UserError(f"the bundled trace {BUNDLED_TRACE} is missing from the installation ({path})")
+    return path
+
+
+def detect_format(path: str | os.PathLike) -> str:
+    """'azure' or 'mooncake', from the extension, else from the first bytes of the file."""
+    path = Path(path)
+    suffix = path.suffix.lower()
+    if suffix in (".jsonl", ".json", ".ndjson"):
+        return "mooncake"
+    _check_file(path)
+    with open(path, "rb") as fh:
+        start = fh.read(4096).lstrip()
+    if start.startswith(b"{"):
+        return "mooncake"
+    if start.upper().startswith(b"TIMESTAMP"):
+        return "azure"
+    raise UserError(f"{path}: cannot tell the trace format (expected an Azure CSV with a TIMESTAMP header "
+                    f"or Mooncake JSON lines); give --format azure|mooncake")
+
+
+def _check_file(path: Path) -> None:
+    if not path.exists():
+        raise UserError(f"{path}: no such file")
+    if path.is_dir():
+        raise UserError(f"{path}: is a directory, not a trace file")
+
+
+def read_raw(path: str | os.PathLike, fmt: str | None = None) -> RawTrace:
+    """Read a real trace in the given format (detected when None)."""
+    fmt = fmt or detect_format(path)
+    if fmt == "azure":
+        return read_azure(path)
+    if fmt == "mooncake":
+        return read_mooncake(path)
+    raise UserError(f"unknown trace format {fmt!r}; expected one of {', '.join(FORMATS)}")
+
+
+def read_azure(path: str | os.PathLike) -> RawTrace:
+    """Read an Azure LLM inference 2023 CSV (``TIMESTAMP,ContextTokens,GeneratedTokens``).
+
+    TIMESTAMP is a wall-clock time such as ``2023-11-16 18:15:46.6805900`` (any number of fractional
+    digits, nanosecond precision kept); arrivals are seconds after the earliest one.
+    """
+    path = Path(path)
+    _check_file(path)
+    stamps: list[str] = []
+    prompts: list[int] = []
+    outputs: list[int] = []
+    try:
+        with open(path, encoding="utf-8", newline="") as fh:
+            header = fh.readline()
+            if not header.strip():
+                raise UserError(f"{path}: empty file (expected the header TIMESTAMP,ContextTokens,GeneratedTokens)")
+            cols = [c.strip().lstrip("\ufeff") for c in header.strip().split(",")]
+            want = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
+            missing = [c for c in want if c not in cols]
+            if missing:
+                raise UserError(f"{path}: not an Azure LLM trace: missing column(s) {', '.join(missing)} "
+                                f"(header {','.join(cols)})")
+            it, ic, ig = (cols.index(c) for c in want)
+            for lineno, line in enumerate(fh, start=2):
+                if not line.strip():
+                    continue
+                rec = line.rstrip("\r\n").split(",")
+                if len(rec) != len(cols):
+                    raise UserError(f"{path}: line {lineno}: {len(rec)} fields, expected {len(cols)}")
+                stamps.append(rec[it].strip())
+                prompts.append(_int_field(rec[ic], path, lineno, "ContextTokens"))
+                outputs.append(_int_field(rec[ig], path, lineno, "GeneratedTokens"))
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{path}: not a UTF-8 text file ({exc.reason})") from None
+    if not stamps:
+        raise UserError(f"{path}: no requests (only a header)")
+    seconds = _parse_timestamps(stamps, path)
+    return RawTrace(seconds, np.asarray(prompts, np.int64), np.asarray(outputs, np.int64), None, str(path), "azure")
+
+
+def _int_field(text: str, path: Path, lineno: int, col: str) -> int:
+    try:
+        v = int(text.strip())
+    except ValueError:
+        raise UserError(f"{path}: line {lineno}, column {col}: expected a whole number of tokens, got {text.strip()!r}") from None
+    if v < 0:
+        raise UserError(f"{path}: line {lineno}, column {col}: negative token count {v}")
+    if v > 2**40:
+        raise UserError(f"{path}: line {lineno}, column {col}: token count {v} is too large")
+    return v
+
+
+def _parse_timestamps(stamps: list[str], path: Path) -> np.ndarray:
+    iso = [s.replace(" ", "T", 1) for s in stamps]
+    try:
+        t = np.array(iso, dtype="datetime64[ns]")
+    except ValueError:
+        for i, s in enumerate(iso):  # find the first bad one, to name it
+            try:
+                np.datetime64(s, "ns")
+            except ValueError:
+                raise UserError(f"{path}: line {i + 2}, column TIMESTAMP: not a date and time: {stamps[i]!r}") from None
+        raise UserError(f"{path}: unreadable TIMESTAMP column") from None  # pragma: no cover
+    if np.isnat(t).any():
+        i = int(np.flatnonzero(np.isnat(t))[0])
+        raise UserError(f"{path}: line {i + 2}, column TIMESTAMP: not a date and time: {stamps[i]!r}")
+    ns = t.astype(np.int64)
+    return (ns - ns.min()).astype(np.float64) / 1e9
+
+
+def read_mooncake(path: str | os.PathLike, cache_min_blocks: int = 1) -> RawTrace:
+    """Read a Mooncake trace (JSON lines: ``timestamp`` in ms, ``input_length``, ``output_length``,
+    ``hash_ids``).  A request is a cache hit when its first `cache_min_blocks` hash_ids were all
+    seen in earlier lines (1 = SPEC's "first block seen before"); a request with fewer blocks than
+    that, or none, is a miss.
+    """
+    path = Path(path)
+    _check_file(path)
+    if cache_min_blocks < 1:
+        raise UserError(f"cache_min_blocks must be >= 1, got {cache_min_blocks}")
+    ms: list[float] = []
+    prompts: list[int] = []
+    outputs: list[int] = []
+    hits: list[bool] = []
+    seen: set = set()
+    try:
+        with open(path, encoding="utf-8") as fh:
+            for lineno, line in enumerate(fh, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    rec = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise UserError(f"{path}: line {lineno}: not JSON ({exc.msg})") from None
+                if not isinstance(rec, dict):
+                    raise UserError(f"{path}: line {lineno}: expected a JSON object")
+                for key in ("timestamp", "input_length", "output_length"):
+                    if key not in rec:
+                        raise UserError(f"{path}: line {lineno}: missing field {key!r}")
+                ts = rec["timestamp"]
+                if isinstance(ts, bool) or not isinstance(ts, (int, float)) or not math.isfinite(ts):
+                    raise UserError(f"{path}: line {lineno}, field timestamp: expected milliseconds, got {ts!r}")
+                ms.append(float(ts))
+                prompts.append(_json_int(rec["input_length"], path, lineno, "input_length"))
+                outputs.append(_json_int(rec["output_length"], path, lineno, "output_length"))
+                blocks = rec.get("hash_ids") or []
+                if not isinstance(blocks, list):
+                    raise UserError(f"{path}: line {lineno}, field hash_ids: expected a list")
+                try:
+                    head = blocks[:cache_min_blocks]
+                    hits.append(len(head) == cache_min_blocks and all(b in seen for b in head))
+                    seen.update(blocks)
+                except TypeError:
+                    raise UserError(f"{path}: line {lineno}, field hash_ids: ids must be numbers or strings") from None
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{path}: not a UTF-8 text file ({exc.reason})") from None
+    if not ms:
+        raise UserError(f"{path}: no requests (empty file)")
+    t = np.asarray(ms, np.float64)
+    return RawTrace((t - t.min()) / 1000.0, np.asarray(prompts, np.int64), np.asarray(outputs, np.int64),
+                    np.asarray(hits, np.bool_), str(path), "mooncake")
+
+
+def _json_int(v, path: Path, lineno: int, key: str) -> int:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or (isinstance(v, float) and not v.is_integer()):
+        raise UserError(f"{path}: line {lineno}, field {key}: expected a whole number of tokens, got {v!r}")
+    v = int(v)
+    if v < 0:
+        raise UserError(f"{path}: line {lineno}, field {key}: negative token count {v}")
+    if v > 2**40:
+        raise UserError(f"{path}: line {lineno}, field {key}: token count {v} is too large")
+    return v
+
+
+def work_steps_of(raw: RawTrace) -> int:
+    """Steps the converted trace needs: one prefill plus one per output token (0 tokens count as 1)."""
+    return int(len(raw) + np.maximum(raw.output_tokens, 1).sum())
+
+
+def steps_per_second_for_load(raw: RawTrace, load: float) -> float:
+    """The time scale at which `raw` offers `load` work steps per step: work / (load * span_seconds)."""
+    if not (isinstance(load, (int, float)) and math.isfinite(load) and load > 0):
+        raise UserError(f"--load must be a positive number, got {load!r}")
+    span = float(raw.arrival_seconds.max() - raw.arrival_seconds.min())
+    if span <= 0:
+        raise UserError("--load needs requests spread over time, but all arrive at the same instant; "
+                        "give --steps-per-second instead")
+    return work_steps_of(raw) / (load * span)
+
+
+def to_trace(
+    raw: RawTrace,
+    *,
+    load: float | None = None,
+    steps_per_second: float | None = None,
+    block_size: int = DEFAULT_BLOCK_SIZE,
+    seed: int = 0,
+    priority_classes: Sequence[int] = DEFAULT_PRIORITY_CLASSES,
+    priority_weights: Sequence[float] | None = DEFAULT_PRIORITY_WEIGHTS,
+    deadline_fraction: float = DEFAULT_DEADLINE_FRACTION,
+    slo_factor: float = DEFAULT_SLO_FACTOR,
+    protected_classes: Sequence[int] | None = None,
+    name: str | None = None,
+) -> Trace:
+    """Convert a `RawTrace` to a validated `Trace` by the rules in the module docstring.
+
+    Exactly one of `load` and `steps_per_second`.  `priority_weights` None means equal weights;
+    `protected_classes` None means the largest class only (pass ``()`` to make every request
+    preemptible).
+
+    >>> raw = RawTrace(np.array([0.0, 1.0, 2.0]), np.array([10, 20, 5]), np.array([3, 0, 7]), None)
+    >>> t = to_trace(raw, load=1.0, block_size=4)  # work 14 steps over 2 s: 7 steps per second
+    >>> t.arrival_step.tolist(), t.max_new_tokens.tolist(), t.required_blocks.tolist()
+    ([0, 7, 14], [3, 1, 7], [4, 6, 3])
+    """
+    if (load is None) == (steps_per_second is None):
+        raise UserError("give exactly one of --load and --steps-per-second")
+    if len(raw) == 0:
+        raise UserError("the trace has no requests")
+    if steps_per_second is None:
+        steps_per_second = steps_per_second_for_load(raw, load)
+    elif not (isinstance(steps_per_second, (int, float)) and math.isfinite(steps_per_second) and steps_per_second > 0):
+        raise UserError(f"--steps-per-second must be a positive number, got {steps_per_second!r}")
+    if isinstance(block_size, bool) or not isinstance(block_size, (int, np.integer)) or block_size < 1:
+        raise UserError(f"--block-size must be a positive whole number, got {block_size!r}")
+    classes = np.asarray(list(priority_classes), dtype=np.int64)
+    if classes.size == 0:
+        raise UserError("--priority-classes needs at least one class")
+    if np.unique(classes).size != classes.size:
+        raise UserError(f"--priority-classes must be distinct, got {classes.tolist()}")
+    if priority_weights is None:
+        weights = np.full(classes.size, 1.0 / classes.size)
+    else:
+        weights = np.asarray(list(priority_weights), dtype=np.float64)
+        if weights.size != classes.size:
+            raise UserError(f"--priority-weights needs one weight per class ({classes.size}), got {weights.size}")
+        if not np.all(np.isfinite(weights)) or np.any(weights < 0) or weights.sum() <= 0:
+            raise UserError(f"--priority-weights must be non-negative with a positive sum, got {weights.tolist()}")
+        weights = weights / weights.sum()
+    if not (math.isfinite(deadline_fraction) and 0.0 <= deadline_fraction <= 1.0):
+        raise UserError(f"--deadline-fraction must be between 0 and 1, got {deadline_fraction!r}")
+    if not (math.isfinite(slo_factor) and slo_factor > 0):
+        raise UserError(f"--slo-factor must be a positive number, got {slo_factor!r}")
+    protected = {int(classes.max())} if protected_classes is None else {int(c) for c in protected_classes}
+
+    n = len(raw)
+    arrival_step = np.floor(raw.arrival_seconds * steps_per_second).astype(np.int64)
+    prompt_len = np.maximum(raw.prompt_tokens.astype(np.int64), 1)
+    max_new = np.maximum(raw.output_tokens.astype(np.int64), 1)
+    required_blocks = -(-(prompt_len + max_new) // int(block_size))  # ceil division in integers
+
+    rng = np.random.default_rng(seed)
+    priority = classes[rng.choice(classes.size, size=n, p=weights)]
+    has_deadline = rng.random(n) < deadline_fraction
+    budget = np.ceil(slo_factor * (1 + max_new).astype(np.float64)).astype(np.int64)
+    deadline_step = np.where(has_deadline, arrival_step + budget, 0).astype(np.int64)
+    preemptible = ~np.isin(priority, np.asarray(sorted(protected), dtype=np.int64))
+    cache_hit = np.zeros(n, np.bool_) if raw.cache_hit is None else raw.cache_hit.astype(np.bool_)
+
+    deadline_col = deadline_step.astype(object)
+    deadline_col[~has_deadline] = None
+    return load_trace(
+        {
+            "request_id": np.arange(n, dtype=np.int64),
+            "arrival_step": arrival_step,
+            "prompt_len": prompt_len,
+            "max_new_tokens": max_new,
+            "priority": priority,
+            "cache_hit": cache_hit,
+            "required_blocks": required_blocks,
+            "deadline_step": deadline_col,
+            "preemptible": preemptible,
+        },
+        steps_per_second=float(steps_per_second),
+        name=name or (Path(raw.source).stem if raw.source else "trace"),
+    )
+
+
+def meta_path(trace_path: str | os.PathLike) -> Path:
+    """The sidecar of a converted trace: ``<trace path>.meta.json``."""
+    return Path(str(trace_path) + META_SUFFIX)
+
+
+def write_trace(trace: Trace, out: str | os.PathLike, meta: dict) -> Path:
+    """Write `trace` as canonical CSV and its sidecar, each atomically; returns the sidecar path.
+
+    The sidecar is written first and removed again if the CSV cannot be written, so a failure
+    leaves neither file (an older pair at the same path stays intact).
+    """
+    from ._io import atomic_writer
+
+    out = Path(out)
+    side = meta_path(out)
+    old_side = side.read_bytes() if side.exists() else None
+    body = dict(meta)
+    body["steps_per_second"] = trace.steps_per_second
+    body["requests"] = len(trace)
+    try:
+        with atomic_writer(side) as fh:
+            json.dump(body, fh, indent=2, sort_keys=True)
+            fh.write("\n")
+        trace.to_csv(out)
+    except FileNotFoundError as exc:
+        _restore(side, old_side)
+        raise UserError(f"{out}: cannot write: {exc}") from None
+    except OSError as exc:
+        _restore(side, old_side)
+        raise UserError(f"{out}: cannot write: {exc.strerror or exc}") from None
+    except BaseException:
+        _restore(side, old_side)
+        raise
+    return side
+
+
+def _restore(side: Path, old: bytes | None) -> None:
+    with contextlib.suppress(OSError):
+        if old is None:
+            side.unlink(missing_ok=True)
+        else:
+            side.write_bytes(old)
+
+
+def read_meta(trace_path: str | os.PathLike) -> dict | None:
+    """The sidecar of a converted trace, or None when there is none (or it is unreadable)."""
+    side = meta_path(trace_path)
+    if not side.is_file():
+        return None
+    try:
+        meta = json.loads(side.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return meta if isinstance(meta, dict) else None
+
+
+def load_converted(path: str | os.PathLike) -> Trace:
+    """`load_trace` plus the time scale from the sidecar, when there is one."""
+    meta = read_meta(path) or {}
+    sps = meta.get("steps_per_second")
+    ok = isinstance(sps, (int, float)) and not isinstance(sps, bool) and math.isfinite(sps) and sps > 0
+    return load_trace(path, steps_per_second=float(sps) if ok else None)
+
+
+__all__ = [
+    "RawTrace",
+    "TraceError",
+    "bundled_trace_path",
+    "detect_format",
+    "load_converted",
+    "read_azure",
+    "read_meta",
+    "read_mooncake",
+    "read_raw",
+    "steps_per_second_for_load",
+    "to_trace",
+    "work_steps_of",
+    "write_trace",
+]
