@@ -11,5 +11,15 @@ __version__ = "0.1.0"
 
 from .model import DecodeSchedulerSim, RequestState  # noqa: E402
 from .trace import Trace, TraceError, load_trace  # noqa: E402
+from .engine import SimulationResult, simulate  # noqa: E402
 
-__all__ = ["DecodeSchedulerSim", "RequestState", "Trace", "TraceError", "load_trace", "__version__"]
+__all__ = [
+    "DecodeSchedulerSim",
+    "RequestState",
+    "SimulationResult",
+    "Trace",
+    "TraceError",
+    "load_trace",
+    "simulate",
+    "__version__",
+]

@@ -1,0 +1,253 @@
+"""`simulate`: replay a trace with a Numba kernel and wrap the arrays it returns.
+
+The kernels (`decodesched.kernels`) take and return plain arrays; this module validates input,
+allocates the outputs, and turns them into tables, metrics and files.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import numpy as np
+
+from . import metrics as _metrics
+from ._io import atomic_writer
+from .errors import UserError
+from .kernels import enums as E
+from .trace import MAX_TOTAL, Trace, load_trace
+
+POLICIES = E.POLICY_NAMES
+ENGINES = ("fast", "scan")
+
+EVENT_COLUMNS = (
+    "step",
+    "request_id",
+    "phase",
+    "action",
+    "prompt_len",
+    "generated_len",
+    "max_new_tokens",
+    "wait_steps",
+    "free_kv_blocks",
+    "preempted_request_id",
+    "deadline_missed",
+)
+REQUEST_RESULT_COLUMNS = (
+    "first_step",
+    "first_token_step",
+    "finish_step",
+    "wait_steps",
+    "preemptions",
+    "status",
+    "queue_wait",
+    "ttft",
+    "tpot",
+    "e2e",
+    "deadline_met",
+)
+
+
+def policy_code(policy: str) -> int:
+    if policy not in POLICIES:
+        raise UserError(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")
+    return POLICIES.index(policy)
+
+
+def check_config(policy: str, free_kv_blocks, aging_interval, max_steps) -> tuple[int, int, int, int]:
+    """Validate one scheduler configuration; return (policy code, capacity, interval, max_steps or -1)."""
+    code = policy_code(policy)
+    for name, value in (("free_kv_blocks", free_kv_blocks), ("aging_interval", aging_interval)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+            raise UserError(f"{name} must be an integer, got {value!r}")
+    if free_kv_blocks < 0:
+        raise UserError(f"free_kv_blocks must be >= 0, got {free_kv_blocks}")
+    if free_kv_blocks > MAX_TOTAL:
+        raise UserError(f"free_kv_blocks must be <= 2**61, got {free_kv_blocks}")
+    if aging_interval <= 0:
+        raise UserError(f"aging_interval must be > 0, got {aging_interval}")
+    if max_steps is None:
+        limit = -1
+    else:
+        if isinstance(max_steps, bool) or not isinstance(max_steps, (int, np.integer)):
+            raise UserError(f"max_steps must be an integer or None, got {max_steps!r}")
+        if max_steps < 0:
+            raise UserError(f"max_steps must be >= 0, got {max_steps}")
+        limit = int(max_steps)
+    return code, int(free_kv_blocks), int(aging_interval), limit
+
+
+def trace_arrays(trace: Trace):
+    """The trace columns in the order every replay kernel takes them."""
+    return (
+        trace.request_id,
+        trace.arrival_step,
+        trace.prompt_len,
+        trace.max_new_tokens,
+        trace.priority,
+        trace.cache_hit,
+        trace.required_blocks,
+        trace.deadline_step,
+        trace.has_deadline,
+        trace.preemptible,
+        trace.arrival_order,
+    )
+
+
+def event_capacity(trace: Trace, max_steps: int) -> int:
+    """Worst-case number of events: every request's prefill and tokens, or max_steps if smaller."""
+    cap = trace.work_steps
+    return cap if max_steps < 0 else min(cap, max_steps)
+
+
+def replay_kernel(engine: str):
+    if engine == "scan":
+        from .kernels.scan_nb import replay_scan_nb
+
+        return replay_scan_nb
+    if engine == "fast":
+        try:
+            from .kernels.fast_nb import replay_fast_nb
+        except ImportError:  # the fast kernel is optional while it is being built
+            from .kernels.scan_nb import replay_scan_nb as replay_fast_nb
+        return replay_fast_nb
+    raise UserError(f"unknown engine {engine!r}; choose one of {', '.join(ENGINES)}")
+
+
+def simulate(trace, policy: str = "fixed_priority", free_kv_blocks: int = 1_000_000, aging_interval: int = 4,
+             max_steps: int | None = None, *, record_events: bool = True, engine: str = "fast") -> "SimulationResult":
+    """Replay `trace` under one policy and capacity; return events, per-request results and metrics.
+
+    `trace` is anything `load_trace` accepts.  With ``record_events=False`` no event log is kept
+    (only per-request results and metrics), for traces whose log would not fit in memory.
+    `engine` is ``"fast"`` (default) or ``"scan"`` (the readable baseline); both are exact.
+
+    >>> r = simulate({"request_id": [7], "arrival_step": [2], "prompt_len": [3], "max_new_tokens": [2],
+    ...               "priority": [0], "cache_hit": [False], "required_blocks": [1],
+    ...               "deadline_step": [None], "preemptible": [True]}, free_kv_blocks=4)
+    >>> [e["action"] for e in r.timeline()], r.requests["ttft"].tolist()
+    (['prefill_to_decode', 'decode_one_step', 'finish'], [2.0])
+    """
+    trace = load_trace(trace)
+    code, capacity, interval, limit = check_config(policy, free_kv_blocks, aging_interval, max_steps)
+    kernel = replay_kernel(engine)
+    n_events = event_capacity(trace, limit) if record_events else 0
+    events = np.zeros((n_events, E.EV_NCOLS), dtype=np.int64)
+    req_out = np.zeros((len(trace), E.RQ_NCOLS), dtype=np.int64)
+    summary = np.zeros(E.SM_NCOLS, dtype=np.int64)
+    kernel(*trace_arrays(trace), code, capacity, interval, limit, events, req_out, summary)
+    if record_events:
+        events = events[: summary[E.SM_EVENTS]]
+    return SimulationResult(trace, policy, capacity, interval, max_steps, events if record_events else None,
+                            req_out, summary)
+
+
+@dataclass
+class SimulationResult:
+    """The outcome of one replay.
+
+    ``event_log`` is the raw int64 (n_events, EV_NCOLS) array (None when not recorded),
+    ``request_state`` the raw int64 (n, RQ_NCOLS) array; `events`, `requests` and `metrics`
+    give them as named columns.
+    """
+
+    trace: Trace
+    policy: str
+    free_kv_blocks: int
+    aging_interval: int
+    max_steps: int | None
+    event_log: np.ndarray | None
+    request_state: np.ndarray
+    summary: np.ndarray
+    _cache: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def n_events(self) -> int:
+        return int(self.summary[E.SM_EVENTS])
+
+    @property
+    def clock(self) -> int:
+        return int(self.summary[E.SM_CLOCK])
+
+    @property
+    def final_free_kv_blocks(self) -> int:
+        return int(self.summary[E.SM_FREE])
+
+    @property
+    def stop_reason(self) -> str:
+        return E.STOP_NAMES[int(self.summary[E.SM_STOP])]
+
+    def _need_events(self) -> np.ndarray:
+        if self.event_log is None:
+            raise ValueError("this result kept no event log; run simulate(..., record_events=True)")
+        return self.event_log
+
+    @cached_property
+    def events(self) -> dict[str, np.ndarray]:
+        """The event log as columns (SPEC section 4); ``preempted_request_id`` is -1... see `timeline`."""
+        ev = self._need_events()
+        t = self.trace
+        rows = ev[:, E.EV_ROW]
+        victim = ev[:, E.EV_VICTIM_ROW]
+        action = ev[:, E.EV_ACTION]
+        return {
+            "step": ev[:, E.EV_STEP],
+            "request_id": t.request_id[rows],
+            "phase": np.where(action == E.ACTION_PREFILL_TO_DECODE, "prefill", "decode"),
+            "action": np.asarray(E.ACTION_NAMES)[action],
+            "prompt_len": t.prompt_len[rows],
+            "generated_len": ev[:, E.EV_GENERATED],
+            "max_new_tokens": t.max_new_tokens[rows],
+            "wait_steps": ev[:, E.EV_WAIT],
+            "free_kv_blocks": ev[:, E.EV_FREE],
+            "has_victim": victim != E.NO_ROW,
+            "preempted_request_id": np.where(victim != E.NO_ROW, t.request_id[np.maximum(victim, 0)], 0),
+            "deadline_missed": ev[:, E.EV_MISSED].astype(bool),
+        }
+
+    def timeline(self) -> list[dict]:
+        """The event log as the seed's list of dicts (equal to `DecodeSchedulerSim.timeline`)."""
+        ev = self.events
+        out = []
+        cols = [ev[c].tolist() for c in EVENT_COLUMNS[1:]]
+        has_victim = ev["has_victim"].tolist()
+        for i, values in enumerate(zip(*cols)):
+            d = dict(zip(EVENT_COLUMNS[1:], values))
+            if not has_victim[i]:
+                d["preempted_request_id"] = None
+            out.append(d)
+        return out
+
+    @cached_property
+    def requests(self) -> dict[str, np.ndarray]:
+        """One row per request: the trace columns plus the results of SPEC section 4.
+
+        Step columns hold -1 where the event never happened; the derived `queue_wait`, `ttft`,
+        `tpot` and `e2e` are float with NaN there; `deadline_met` is True/False for requests with a
+        deadline (False if never finished) and False elsewhere, see `has_deadline`.
+        """
+        return _metrics.request_table(self.trace, self.request_state, self.stop_reason)
+
+    @cached_property
+    def metrics(self) -> dict:
+        """Aggregates of SPEC section 6 (in steps; see ``metrics["steps_per_second"]``)."""
+        return _metrics.aggregate(self.trace, self.requests, self.n_events, self.clock)
+
+    def write_events(self, path: str | os.PathLike) -> None:
+        """Write the events CSV (SPEC section 4) atomically."""
+        ev = self.events
+        cols = [ev[c].tolist() for c in EVENT_COLUMNS]
+        idx_victim = EVENT_COLUMNS.index("preempted_request_id")
+        idx_missed = EVENT_COLUMNS.index("deadline_missed")
+        cols[idx_victim] = [v if h else "" for v, h in zip(cols[idx_victim], ev["has_victim"].tolist())]
+        cols[idx_missed] = ["true" if m else "false" for m in cols[idx_missed]]
+        with atomic_writer(path) as fh:
+            w = csv.writer(fh, lineterminator="\n")
+            w.writerow(EVENT_COLUMNS)
+            w.writerows(zip(*cols))
+
+    def write_requests(self, path: str | os.PathLike) -> None:
+        """Write the requests CSV (SPEC section 4) atomically."""
+        _metrics.write_request_table(path, self.requests)
