@@ -1,0 +1,210 @@
+"""Sandbox launcher: the process that stands between the grader and untrusted code.
+
+Stdlib only; run as ``python -I -S _launcher.py SPEC_JSON STATUS_FD``. It is started by
+`decodesched.grader.sandbox.run_isolated` as the leader of a new session. It
+
+1. (as root, when asked) enters a private mount namespace and mounts an empty read-only tmpfs
+   over every path in ``hide`` (the course, the gradebook, other students, the output folder);
+2. makes itself a *child subreaper*, so every orphaned descendant of the untrusted command is
+   re-parented to this launcher instead of init, and can be found and killed;
+3. forks; the child sets the resource limits, drops to the sandbox uid/gid (as root), moves
+   into ``cwd`` and execs the command with the scrubbed environment;
+4. waits for the command, then kills every descendant still alive (background processes that
+   would outlive the kernel), reaps them, and writes one JSON status line to STATUS_FD:
+   ``{"returncode": int|None, "signal": int|None, "cpu_s": float, "leftovers": int}``.
+
+On SIGTERM/SIGINT/SIGHUP it kills the whole tree too.  The grader does not trust this file's
+report alone: it also kills the process group and scans /proc for the submission's marker.
+"""
+
+import ctypes
+import ctypes.util
+import json
+import os
+import resource
+import signal
+import sys
+
+PR_SET_CHILD_SUBREAPER = 36
+CLONE_NEWNS = 0x00020000
+MS_RDONLY = 1
+MS_NOSUID = 2
+MS_NODEV = 4
+MS_BIND = 4096
+MS_REC = 16384
+MS_PRIVATE = 1 << 18
+
+
+def _libc():
+    return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+
+
+def _children(pid):
+    """Direct children of `pid` (pids whose parent is `pid`), from /proc."""
+    out = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as fh:
+                stat = fh.read()
+        except OSError:
+            continue
+        rest = stat[stat.rfind(b")") + 2:].split()
+        if len(rest) > 1 and int(rest[1]) == pid:
+            out.append(int(name))
+    return out
+
+
+def _kill_tree(me):
+    """Kill and reap every descendant. Orphans re-parent to us (subreaper), so loop until none."""
+    killed = 0
+    for _ in range(10000):
+        kids = _children(me)
+        if not kids:
+            break
+        for pid in kids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                killed += 1
+            except ProcessLookupError:
+                pass
+        while True:
+            try:
+                pid, _ = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                break
+    # reap anything left over
+    while True:
+        try:
+            os.waitpid(-1, 0)
+        except ChildProcessError:
+            break
+    return killed
+
+
+def _hide(paths):
+    libc = _libc()  # unshare even when nothing is hidden: _expose mounts must stay private
+    if libc.unshare(CLONE_NEWNS) != 0:
+        raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWNS) failed")
+    if libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None) != 0:
+        raise OSError(ctypes.get_errno(), "mount --make-rprivate / failed")
+    for path in paths:
+        bpath = os.fsencode(path)
+        if os.path.isdir(path):
+            rc = libc.mount(b"tmpfs", bpath, b"tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV, b"size=4k,mode=0555")
+        elif os.path.exists(path):
+            rc = libc.mount(b"/dev/null", bpath, None, MS_BIND, None)
+            if rc == 0:
+                libc.mount(b"none", bpath, None, MS_BIND | 32 | MS_RDONLY, None)  # 32 = MS_REMOUNT
+        else:
+            continue
+        if rc != 0:
+            raise OSError(ctypes.get_errno(), f"could not hide {path}")
+
+
+def _expose(paths):
+    """Make `paths` reachable for an unprivileged uid inside our private mount namespace.
+
+    The interpreter may live under a 0700 directory (e.g. pyenv under /root). For the first
+    ancestor that others cannot traverse, we cover it with an empty tmpfs (which also hides the
+    rest of it, e.g. root's home) and bind-mount back only the child on the way to `path`.
+    """
+    libc = _libc()
+    for path in paths:
+        parts = os.path.abspath(path).split("/")[1:]
+        cur = "/"
+        for i, part in enumerate(parts[:-1]):
+            cur = os.path.join(cur, part)
+            try:
+                mode = os.stat(cur).st_mode
+            except OSError:
+                break
+            if mode & 0o001:
+                continue
+            child = os.path.join(cur, parts[i + 1])
+            fd = os.open(child, os.O_PATH)
+            try:
+                if libc.mount(b"tmpfs", os.fsencode(cur), b"tmpfs", MS_NOSUID | MS_NODEV, b"size=64k,mode=0755") != 0:
+                    raise OSError(ctypes.get_errno(), f"could not cover {cur}")
+                if os.path.isdir(f"/proc/self/fd/{fd}"):
+                    os.mkdir(child, 0o755)
+                else:
+                    open(child, "w").close()
+                src = os.fsencode(f"/proc/self/fd/{fd}")
+                if libc.mount(src, os.fsencode(child), None, MS_BIND | MS_REC, None) != 0:
+                    raise OSError(ctypes.get_errno(), f"could not bind {child}")
+                libc.mount(b"none", os.fsencode(cur), None, 32 | MS_RDONLY | MS_NOSUID | MS_NODEV, None)
+            finally:
+                os.close(fd)
+
+
+def main():
+    spec = json.loads(sys.argv[1])
+    status_fd = int(sys.argv[2])
+    os.set_inheritable(status_fd, False)
+    me = os.getpid()
+
+    if spec.get("uid") is not None:  # root: private mount namespace
+        _hide(spec.get("hide", []))
+        _expose(spec.get("expose", []))
+    _libc().prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+
+    def on_signal(signum, frame):
+        _kill_tree(me)
+        os._exit(128 + signum)
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, on_signal)
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+
+    pid = os.fork()
+    if pid == 0:  # the untrusted command
+        try:
+            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+                signal.signal(sig, signal.SIG_DFL)
+            os.close(status_fd)
+            for name, (soft, hard) in spec["rlimits"].items():
+                resource.setrlimit(getattr(resource, name), (soft, hard))
+            if spec.get("uid") is not None:
+                os.setgroups([])
+                os.setgid(spec["gid"])
+                os.setuid(spec["uid"])
+                nproc = spec.get("nproc")
+                if nproc:
+                    resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
+            os.chdir(spec["cwd"])
+            os.umask(0o077)
+            os.execvpe(spec["argv"][0], spec["argv"], spec["env"])
+        except BaseException as exc:  # noqa: BLE001 - report and die, never fall back to our code
+            try:
+                os.write(2, f"sandbox: could not start {spec['argv'][0]!r}: {exc}\n".encode())
+            finally:
+                os._exit(127)
+
+    returncode = sig = None
+    cpu_s = 0.0
+    while True:
+        try:
+            _, status, usage = os.wait4(pid, 0)
+            break
+        except InterruptedError:
+            continue
+    cpu_s = usage.ru_utime + usage.ru_stime
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+    else:
+        returncode = os.WEXITSTATUS(status)
+    leftovers = _kill_tree(me)
+    report = json.dumps({"returncode": returncode, "signal": sig, "cpu_s": cpu_s, "leftovers": leftovers})
+    try:
+        os.write(status_fd, report.encode() + b"\n")
+    except OSError:
+        pass
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,429 @@
+"""Run untrusted code (a student's solution, a student's kernel) under hard limits.
+
+`run_isolated(argv, cwd=..., timeout_s=..., cpu_s=..., memory_mb=...)` starts ``argv`` through a
+small stdlib-only launcher (``_launcher.py``) and returns an `Outcome`. What it guarantees:
+
+* **Everything dies.** The launcher leads a new session/process group and is a child subreaper
+  (orphans of the command re-parent to it). When the command ends, or the wall clock runs out, or
+  memory runs over, the grader kills the whole process group, the launcher kills every descendant,
+  and the grader scans ``/proc`` for any process carrying the run's marker: the environment
+  variable ``DECODESCHED_SANDBOX=<uuid>`` (read from ``/proc/PID/environ``), the sandbox uid (as
+  root), or the session id. Background processes that double-fork and `setsid` still die.
+* **Limits.** ``RLIMIT_CPU`` (cpu_s; SIGXCPU, then SIGKILL), ``RLIMIT_AS`` per process
+  (``memory_mb``, unless ``address_space=False``), a watchdog on the *sum* of resident memory of all
+  the run's processes (``memory_mb``), ``RLIMIT_FSIZE`` (64 MiB per file), ``RLIMIT_CORE`` = 0, a
+  wall clock (timeout_s), and as root ``RLIMIT_NPROC`` for the private uid (fork bombs).
+* **Output.** stdout and stderr are drained by threads as they come (no pipe deadlock, however
+  much is printed) and only the last ``max_output_bytes`` of each are kept.
+* **Environment.** The child gets a scrubbed environment: a minimal ``PATH``, ``HOME=cwd``,
+  ``LANG``, single-threaded BLAS, no ``PYTHONPATH``, plus what the caller passes in ``env``.
+
+Extra isolation when the grader runs as root (as in CI and on the grading machine):
+
+* the command runs under a **private unprivileged uid/gid** (one per concurrent run, from a high
+  range no real account uses), so it cannot write root-owned files (the instructor's gradebook,
+  the output folder, the course, the repository), cannot read other runs' 0700 temp folders, and
+  cannot signal the grader; ``cwd`` is handed to that uid for the run and back afterwards;
+* the command runs in a **private mount namespace** in which every path of ``hide`` is covered by
+  an empty read-only tmpfs (the source notebook, the grader package, the submissions folder, the
+  output folder), so it cannot even read them.
+
+Not isolated (documented limits): the network; the CPU time of other runs (we rely on the wall
+clock and ``--jobs``); world-readable files outside ``hide`` (e.g. the installed venv, the
+system); ``/tmp``, where the command may write its own files (they are removed only if under
+``cwd``). Without root, the command runs as the grader's own user: it can then read and write
+whatever the grader can, and the pipeline's own checks (strict JSON verdicts computed outside,
+gradebook rewritten from verdicts, output written only after every run ended) are what protect
+the grades.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import pwd
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+LAUNCHER = Path(__file__).with_name("_launcher.py")
+MARKER_VAR = "DECODESCHED_SANDBOX"
+FILE_SIZE_LIMIT = 64 * 1024 * 1024
+UID_BASE = 1_900_000_000  # private uids for sandboxed runs (root only); no real account lives here
+NPROC_LIMIT = 256
+
+
+@dataclass
+class Outcome:
+    """What happened to one sandboxed command."""
+
+    returncode: int | None
+    timed_out: bool
+    memory_exceeded: bool
+    signal: int | None
+    stdout: bytes
+    stderr: bytes
+    wall_s: float
+    cpu_s: float = 0.0
+    cpu_exceeded: bool = False
+    output_truncated: bool = False
+    leftovers_killed: int = 0  # processes still alive after the command ended (killed by us)
+    notes: list = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0 and not (self.timed_out or self.memory_exceeded) and self.signal is None
+
+
+def is_root() -> bool:
+    return os.geteuid() == 0
+
+
+# ----------------------------------------------------------------------------- private uids
+_uid_lock = threading.Lock()
+_uids_in_use: set[int] = set()
+
+
+def _acquire_uid() -> int:
+    with _uid_lock:
+        slot = 0
+        base = UID_BASE + (os.getpid() % 10_000) * 1000
+        while base + slot in _uids_in_use:
+            slot += 1
+        uid = base + slot
+        _uids_in_use.add(uid)
+        return uid
+
+
+def _release_uid(uid: int) -> None:
+    with _uid_lock:
+        _uids_in_use.discard(uid)
+
+
+def _chown_tree(root: Path, uid: int, gid: int) -> None:
+    os.chown(root, uid, gid, follow_symlinks=False)
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            with contextlib.suppress(FileNotFoundError):
+                os.chown(os.path.join(dirpath, name), uid, gid, follow_symlinks=False)
+
+
+# ----------------------------------------------------------------------------- /proc scanning
+def _proc_stat(pid: int):
+    """(ppid, pgid, sid, rss_pages) of a process, or None."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            raw = fh.read()
+    except OSError:
+        return None
+    rest = raw[raw.rfind(b")") + 2:].split()
+    try:
+        return int(rest[1]), int(rest[2]), int(rest[3]), int(rest[21])
+    except (IndexError, ValueError):
+        return None
+
+
+def _proc_uid(pid: int) -> int | None:
+    try:
+        return os.stat(f"/proc/{pid}").st_uid
+    except OSError:
+        return None
+
+
+def _has_marker(pid: int, marker: bytes) -> bool:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as fh:
+            return marker in fh.read().split(b"\0")
+    except OSError:
+        return False
+
+
+def find_marked(marker: str) -> list[int]:
+    """PIDs of live processes whose environment carries ``DECODESCHED_SANDBOX=<marker>``.
+
+    Tests use this to prove that nothing a submission started outlives the grading run.
+    """
+    needle = f"{MARKER_VAR}={marker}".encode()
+    out = []
+    for name in os.listdir("/proc"):
+        if name.isdigit() and int(name) != os.getpid() and _has_marker(int(name), needle):
+            if _proc_stat(int(name)) is not None:
+                out.append(int(name))
+    return out
+
+
+def find_sandboxed(prefix: str = "") -> list[int]:
+    """PIDs of live processes carrying any sandbox marker that starts with `prefix`."""
+    needle = f"{MARKER_VAR}={prefix}".encode()
+    out = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{name}/environ", "rb") as fh:
+                env = fh.read().split(b"\0")
+        except OSError:
+            continue
+        if any(item.startswith(needle) for item in env):
+            st = _proc_stat(int(name))
+            if st is not None:
+                out.append(int(name))
+    return out
+
+
+class _Members:
+    """Identifies the processes of one run: its session, its uid (root) or its env marker."""
+
+    def __init__(self, sid: int, marker: str, uid: int | None):
+        self.sid = sid
+        self.needle = f"{MARKER_VAR}={marker}".encode()
+        self.uid = uid
+        self.me = os.getpid()
+
+    def scan(self, with_rss: bool = False):
+        pids, rss = [], 0
+        for name in os.listdir("/proc"):
+            if not name.isdigit():
+                continue
+            pid = int(name)
+            if pid == self.me:
+                continue
+            st = _proc_stat(pid)
+            if st is None:
+                continue
+            mine = st[2] == self.sid or st[1] == self.sid
+            if not mine and self.uid is not None:
+                mine = _proc_uid(pid) == self.uid
+            if not mine:
+                mine = _has_marker(pid, self.needle)
+            if mine:
+                pids.append(pid)
+                rss += st[3]
+        return (pids, rss * os.sysconf("SC_PAGE_SIZE")) if with_rss else pids
+
+    def kill_all(self) -> int:
+        killed = 0
+        for _ in range(200):
+            pids = [p for p in self.scan() if p != self.sid or True]
+            alive = [p for p in pids if _proc_state(p) not in ("Z", None)]
+            if not alive:
+                break
+            for pid in alive:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+                    killed += 1
+            time.sleep(0.01)
+        return killed
+
+
+def _proc_state(pid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            raw = fh.read()
+    except OSError:
+        return None
+    return raw[raw.rfind(b")") + 2:raw.rfind(b")") + 3].decode()
+
+
+# ----------------------------------------------------------------------------- output capture
+class _Tail(threading.Thread):
+    """Drain a pipe to EOF, keeping only the last `cap` bytes."""
+
+    def __init__(self, stream, cap: int):
+        super().__init__(daemon=True)
+        self.stream, self.cap = stream, cap
+        self.buf = bytearray()
+        self.total = 0
+
+    def run(self):
+        fd = self.stream.fileno()
+        while True:
+            try:
+                chunk = os.read(fd, 65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            self.total += len(chunk)
+            self.buf += chunk
+            if len(self.buf) > 2 * self.cap:
+                del self.buf[: len(self.buf) - self.cap]
+        with contextlib.suppress(OSError):
+            self.stream.close()
+
+    def value(self) -> bytes:
+        return bytes(self.buf[-self.cap:]) if self.cap else b""
+
+
+def scrubbed_env(cwd, extra: dict | None = None) -> dict:
+    env = {
+        "PATH": os.pathsep.join(p for p in (os.path.dirname(sys.executable), "/usr/local/bin", "/usr/bin", "/bin")),
+        "HOME": str(cwd),
+        "LANG": "C.UTF-8",
+        "LC_ALL": "C.UTF-8",
+        "TMPDIR": str(cwd),
+        "OPENBLAS_NUM_THREADS": "1",
+        "OMP_NUM_THREADS": "1",
+        "MKL_NUM_THREADS": "1",
+        "NUMBA_NUM_THREADS": "1",
+        "MALLOC_ARENA_MAX": "2",
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "PYTHONHASHSEED": "0",
+        "MPLBACKEND": "Agg",
+    }
+    env.update(extra or {})
+    return env
+
+
+def run_isolated(
+    argv,
+    *,
+    cwd,
+    timeout_s: float,
+    cpu_s: float,
+    memory_mb: int,
+    max_output_bytes: int = 1_000_000,
+    env: dict | None = None,
+    hide=(),
+    address_space: bool = True,
+    marker: str | None = None,
+    expose=(),
+) -> Outcome:
+    """Run `argv` in `cwd` under the limits above; never raises for anything the command does.
+
+    `env` is added to the scrubbed environment. `hide` lists paths made invisible to the command
+    (root only). `address_space=False` skips ``RLIMIT_AS`` (Jupyter kernels map far more virtual
+    memory than they use; the resident-memory watchdog still applies). `marker` lets the caller
+    choose the run's marker (default: a fresh uuid) to look for leftovers afterwards.
+    """
+    cwd = Path(cwd).resolve()
+    marker = marker or uuid.uuid4().hex
+    full_env = scrubbed_env(cwd, env)
+    full_env[MARKER_VAR] = marker
+    cpu_soft = max(1, int(round(cpu_s)))
+    mem_bytes = int(memory_mb) * 1024 * 1024
+    rlimits = {
+        "RLIMIT_CPU": [cpu_soft, cpu_soft + 2],
+        "RLIMIT_FSIZE": [FILE_SIZE_LIMIT, FILE_SIZE_LIMIT],
+        "RLIMIT_CORE": [0, 0],
+    }
+    if address_space:
+        rlimits["RLIMIT_AS"] = [mem_bytes, mem_bytes]
+    root = is_root()
+    uid = _acquire_uid() if root else None
+    spec = {
+        "argv": [str(a) for a in argv],
+        "cwd": str(cwd),
+        "env": full_env,
+        "rlimits": rlimits,
+        "uid": uid,
+        "gid": uid,
+        "nproc": NPROC_LIMIT if root else None,
+        "hide": [str(Path(p).resolve()) for p in hide if Path(p).exists()] if root else [],
+        "expose": sorted({os.path.realpath(sys.base_prefix), os.path.realpath(sys.prefix),
+                          os.path.dirname(os.path.realpath(sys.executable))} | {os.path.realpath(p) for p in expose}),
+    }
+    notes = []
+    status_r, status_w = os.pipe()
+    start = time.monotonic()
+    try:
+        if root:
+            _chown_tree(cwd, uid, uid)
+        proc = subprocess.Popen(
+            [sys.executable, "-I", "-S", str(LAUNCHER), json.dumps(spec), str(status_w)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            pass_fds=(status_w,),
+            start_new_session=True,
+            env={"PATH": "/usr/bin:/bin", MARKER_VAR: marker + "-launcher"},
+        )
+        os.close(status_w)
+        status_w = None
+        out_t, err_t = _Tail(proc.stdout, max_output_bytes), _Tail(proc.stderr, max_output_bytes)
+        out_t.start()
+        err_t.start()
+        members = _Members(proc.pid, marker, uid)
+        timed_out = memory_exceeded = False
+        next_mem = 0.0
+        while proc.poll() is None:
+            now = time.monotonic()
+            if now - start > timeout_s:
+                timed_out = True
+                notes.append(f"wall-clock limit of {timeout_s:g} s reached")
+                break
+            if now >= next_mem:
+                next_mem = now + 0.1
+                _, rss = members.scan(with_rss=True)
+                if rss > mem_bytes:
+                    memory_exceeded = True
+                    notes.append(f"resident memory {rss / 2**20:.0f} MiB over the {memory_mb} MiB limit")
+                    break
+            time.sleep(0.02)
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+        killed = members.kill_all()
+        proc.wait()
+        killed += members.kill_all()
+        out_t.join(5)
+        err_t.join(5)
+        if out_t.is_alive() or err_t.is_alive():  # someone outside still holds our pipes
+            killed += members.kill_all()
+            out_t.join(5)
+            err_t.join(5)
+        wall = time.monotonic() - start
+        report = {}
+        with os.fdopen(status_r, "rb") as fh:
+            status_r = None
+            raw = fh.read()
+        with contextlib.suppress(ValueError):
+            report = json.loads(raw.decode() or "{}")
+        returncode = report.get("returncode")
+        sig = report.get("signal")
+        if not report:
+            # The launcher itself was killed (by us on timeout, or by the command without root).
+            rc = proc.returncode
+            sig = -rc if rc is not None and rc < 0 else None
+            returncode = None if sig else rc
+            notes.append("launcher ended without a report")
+        cpu_used = float(report.get("cpu_s", 0.0))
+        cpu_exceeded = sig == signal.SIGXCPU or (sig == signal.SIGKILL and cpu_used >= cpu_soft)
+        if cpu_exceeded:
+            notes.append(f"CPU limit of {cpu_soft} s reached")
+        stderr = err_t.value()
+        if not memory_exceeded and sig is None and returncode not in (0, None):
+            # Out of address space: Python and numpy report MemoryError; C++ reports bad_alloc.
+            tail = stderr[-4000:]
+            if b"MemoryError" in tail or b"std::bad_alloc" in tail or b"Cannot allocate memory" in tail:
+                memory_exceeded = True
+                notes.append("ran out of memory (address-space limit)")
+        return Outcome(
+            returncode=returncode,
+            timed_out=timed_out or cpu_exceeded,
+            memory_exceeded=memory_exceeded,
+            signal=sig,
+            stdout=out_t.value(),
+            stderr=stderr,
+            wall_s=wall,
+            cpu_s=cpu_used,
+            cpu_exceeded=cpu_exceeded,
+            output_truncated=out_t.total > max_output_bytes or err_t.total > max_output_bytes,
+            leftovers_killed=int(report.get("leftovers", 0)) + killed,
+            notes=notes,
+        )
+    finally:
+        for fd in (status_r, status_w):
+            if fd is not None:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        if uid is not None:
+            with contextlib.suppress(OSError):
+                _chown_tree(cwd, 0, 0)
+            _release_uid(uid)
