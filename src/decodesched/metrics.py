@@ -234,3 +234,23 @@ def format_table(columns: dict[str, dict]) -> str:
     for i, name in enumerate(names):
         lines.append("  ".join([name.ljust(w0)] + [r[i][1].rjust(w) for r, w in zip(rows, widths)]))
     return "\n".join(lines)
+
+
+FLAT_COLUMNS = (
+    ("requests", "finished", "unservable", "unfinished", "events", "clock", "tokens",
+     "throughput_tokens_per_step", "preemptions", "starvation", "with_deadline", "deadline_misses",
+     "deadline_miss_rate", "slo_attainment", "fairness_jain")
+    + tuple(f"{name}_{stat}" for name in LATENCIES for stat in ("mean", "p50", "p95", "p99", "max"))
+)
+
+
+def flat_metrics(metrics: dict) -> dict:
+    """One flat row of scalars (the columns of `FLAT_COLUMNS`), e.g. for a sweep's metrics CSV."""
+    row = {}
+    for name in FLAT_COLUMNS:
+        base, _, stat = name.rpartition("_")
+        if base in LATENCIES:
+            row[name] = metrics[base][stat]
+        else:
+            row[name] = metrics[name]
+    return row
