@@ -427,3 +427,27 @@ def run_isolated(
             with contextlib.suppress(OSError):
                 _chown_tree(cwd, 0, 0)
             _release_uid(uid)
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Per-submission limits, passed from the grade command down to every sandboxed run.
+
+    ``hide`` lists paths the untrusted code must not see (root only; see the module docstring).
+    ``run_isolated(argv, cwd=cwd, **limits.kwargs())`` applies them.
+    """
+
+    timeout_s: float = 60.0
+    cpu_s: float = 60.0
+    memory_mb: int = 1024
+    max_output_bytes: int = 1_000_000
+    hide: tuple = ()
+
+    def kwargs(self) -> dict:
+        return {
+            "timeout_s": self.timeout_s,
+            "cpu_s": self.cpu_s,
+            "memory_mb": self.memory_mb,
+            "max_output_bytes": self.max_output_bytes,
+            "hide": self.hide,
+        }
