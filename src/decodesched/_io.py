@@ -25,11 +25,18 @@ def atomic_writer(path, mode: str = "w", encoding: str | None = "utf-8", newline
         kwargs = {} if "b" in mode else {"encoding": encoding, "newline": newline}
         with os.fdopen(fd, mode, **kwargs) as fh:
             yield fh
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the usual mode of a new file
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 class Progress:

@@ -186,6 +186,8 @@ def load_trace(source: Any, *, steps_per_second: float | None = None, name: str 
         if path.is_dir():
             raise TraceError(f"{path}: is a directory, not a trace file")
         label = name or path.stem
+        if steps_per_second is None:
+            steps_per_second = _sidecar_time_scale(path)
         if path.suffix.lower() in (".parquet", ".pq"):
             return _from_columns(_read_parquet(path), str(path), steps_per_second, label)
         return _from_csv(path, steps_per_second, label)
@@ -204,6 +206,22 @@ def load_trace(source: Any, *, steps_per_second: float | None = None, name: str 
     if isinstance(source, Mapping):
         return _from_columns(dict(source), "<arrays>", steps_per_second, name or "trace")
     raise TraceError(f"cannot read a trace from {type(source).__name__}; give a path, a mapping of columns or a Trace")
+
+
+def _sidecar_time_scale(path: Path) -> float | None:
+    """``steps_per_second`` from ``<trace>.meta.json`` (written by ``decodesched trace convert``), if any."""
+    import json
+
+    meta = Path(str(path) + ".meta.json")
+    if not meta.is_file():
+        return None
+    try:
+        value = float(json.loads(meta.read_text(encoding="utf-8"))["steps_per_second"])
+    except (ValueError, KeyError, TypeError, OSError) as exc:
+        raise TraceError(f"{meta}: unreadable trace metadata ({exc})") from None
+    if not (value > 0 and math.isfinite(value)):
+        raise TraceError(f"{meta}: steps_per_second must be a positive number, got {value!r}")
+    return value
 
 
 def _read_parquet(path: Path) -> dict[str, list]:
