@@ -1,0 +1,341 @@
+"""Run a student's solution cell on scenarios and write plain observations.  STDLIB ONLY.
+
+Usage (started by `decodesched.grader.checks`, inside `grader.sandbox.run_isolated`)::
+
+    python -I -S harness.py IN.json OUT.jsonl
+
+``IN.json`` is ``{"solution_source": str, "scenarios": [{"id": str, "ops": [...]}, ...],
+"sys_path": [str, ...], "scenario_timeout_s": float}``.  The harness executes the solution cell
+in a fresh module, then runs every scenario's operations on the student's `DecodeSchedulerSim`
+and writes one JSON line per scenario to ``OUT.jsonl`` as soon as it is done (so a crash or a
+timeout later still leaves the earlier observations)::
+
+    {"load": "ok"} | {"load": "error", "error": "..."}
+    {"id": "...", "obs": [observation per op, ...]}
+    ...
+    {"done": N}
+
+Every observed value is normalised with strict types: ``None``, ``bool``, ``int``, ``str`` and
+lists/dicts of them (exact types, so an object whose ``==`` is always true cannot pass).  Anything
+else becomes the string ``"<bad type: Name>"``, which the judge treats as wrong (and, when the
+object's class overrides comparison, as evidence of tampering).
+
+This file contains no reference solution and judges nothing: the grading process compares the
+observations with the reference model.  It is also imported by the grader to run the very same
+operations on the reference model (`run_scenario`), so both sides are observed identically.
+"""
+
+import json
+import os
+import signal
+import sys
+import time
+import types
+
+# Captured before any student code runs; the student may later replace the names in modules.
+_type = type
+_len = len
+_isinstance = isinstance
+_getattr = getattr
+_setattr = setattr
+_sorted = sorted
+_list = list
+_dict = dict
+_str = str
+_int = int
+_bool = bool
+_range = range
+_dumps = json.dumps
+_os_write = os.write
+_monotonic = time.monotonic
+_BaseException = BaseException
+_ValueError = ValueError
+_MemoryError = MemoryError
+
+STATE_FIELDS = (
+    "request_id", "prompt_len", "max_new_tokens", "generated_len", "phase", "priority", "cache_hit",
+    "wait_steps", "required_blocks", "admitted", "deadline_step", "preemptible", "status", "preemptions",
+)
+MAX_ITEMS = 20000
+MAX_STR = 200
+COMPARISON_METHODS = ("__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__", "__hash__", "__bool__",
+                      "__index__", "__int__")
+
+
+class ScenarioTimeout(BaseException):
+    """Raised by the alarm when one scenario runs too long."""
+
+
+def _numpy_scalar(x):
+    """Exact NumPy integer/bool scalars (C types the student cannot subclass into lies) -> int/bool."""
+    np = sys.modules.get("numpy")
+    if np is None:
+        return False, None
+    try:
+        t = _type(x)
+        if t is _getattr(np, "bool_", None):
+            return True, _bool(x)
+        for name in ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"):
+            if t is _getattr(np, name, None):
+                return True, _int(x)
+    except _BaseException:
+        return False, None
+    return False, None
+
+
+def _bad(x):
+    t = _type(x)
+    name = "?"
+    try:
+        name = t.__name__ if _type(t.__name__) is _str else "?"
+    except _BaseException:
+        pass
+    suspicious = False
+    try:
+        for klass in t.__mro__:
+            if klass.__module__ == "builtins":
+                continue
+            own = klass.__dict__
+            if "__dataclass_fields__" in own and "__eq__" in own and klass is t:
+                # A dataclass instance: honest code may return one by mistake; its == is generated.
+                continue
+            if any(m in own for m in COMPARISON_METHODS):
+                suspicious = True
+    except _BaseException:
+        suspicious = True
+    return "<bad type: %s%s>" % (name[:60], "; overrides comparison" if suspicious else "")
+
+
+def normalise(x, depth=0):
+    """A plain JSON value with exact types, or a "<bad type: ...>" string."""
+    t = _type(x)
+    if x is None or t is _bool or t is _int:
+        return x
+    if t is _str:
+        return x if _len(x) <= MAX_STR else x[:MAX_STR] + "..."
+    if t is float:
+        return "<float: %r>" % (x,)
+    ok, value = _numpy_scalar(x)
+    if ok:
+        return value
+    if depth > 6:
+        return "<bad type: too deep>"
+    if t is _list or t is tuple:
+        if _len(x) > MAX_ITEMS:
+            return "<bad type: too long>"
+        return [normalise(v, depth + 1) for v in x]
+    if t is _dict:
+        if _len(x) > MAX_ITEMS:
+            return "<bad type: too long>"
+        out = {}
+        for k in _list(x.keys()):
+            if _type(k) is not _str:
+                return "<bad type: dict key %s>" % (_type(k).__name__,)
+            out[k] = normalise(x[k], depth + 1)
+        return out
+    return _bad(x)
+
+
+def _error(exc):
+    """A short, safe description of an exception raised by student code."""
+    if _isinstance(exc, ScenarioTimeout):
+        return {"timeout": True}
+    if _isinstance(exc, _ValueError):
+        name = "ValueError"
+    else:
+        try:
+            name = _type(exc).__name__
+            if _type(name) is not _str:
+                name = "?"
+        except _BaseException:
+            name = "?"
+    msg = ""
+    try:
+        args = exc.args
+        if _type(args) is tuple and args and _type(args[0]) is _str:
+            msg = args[0][:MAX_STR]
+    except _BaseException:
+        pass
+    return {"raised": name[:60], "msg": msg}
+
+
+def state_of(sim):
+    queue = sim.queue
+    reqs = []
+    for i in _range(_len(queue)):
+        req = queue[i]
+        reqs.append({f: normalise(_getattr(req, f)) for f in STATE_FIELDS})
+    return {"clock": normalise(sim.clock), "free_kv_blocks": normalise(sim.free_kv_blocks), "queue": reqs}
+
+
+def replay(sim, rows, max_steps):
+    """SPEC section 3 over the student's class: enqueue arrivals before each step, jump idle gaps."""
+    order = _sorted(_range(_len(rows)), key=lambda i: (rows[i]["arrival_step"], i))
+    arrived = {}
+    events = []
+    pos = 0
+    steps = 0
+    while True:
+        if steps >= max_steps:
+            stop = "max_steps"
+            break
+        while pos < _len(order) and rows[order[pos]]["arrival_step"] <= sim.clock:
+            row = rows[order[pos]]
+            sim.enqueue(
+                request_id=row["request_id"], prompt_len=row["prompt_len"], max_new_tokens=row["max_new_tokens"],
+                priority=row["priority"], cache_hit=row["cache_hit"], required_blocks=row["required_blocks"],
+                deadline_step=row["deadline_step"], preemptible=row["preemptible"],
+            )
+            arrived[order[pos]] = sim.queue[-1]
+            pos += 1
+        clock = sim.clock
+        if _type(clock) is not _int:
+            stop = "bad clock"
+            break
+        event = sim.step()
+        if event is not None:
+            ev = normalise(event)
+            if _type(ev) is _dict:
+                ev = _dict(ev)
+                ev["step"] = clock
+            events.append(ev)
+            steps += 1
+            continue
+        if pos < _len(order):
+            sim.clock = rows[order[pos]]["arrival_step"]
+            continue
+        stop = "stopped"
+        break
+    states = {}
+    for i in _sorted(arrived):
+        states[_str(i)] = {f: normalise(_getattr(arrived[i], f)) for f in STATE_FIELDS}
+    return {"events": events, "states": states, "stop": stop, "clock": normalise(sim.clock),
+            "free_kv_blocks": normalise(sim.free_kv_blocks)}
+
+
+def run_op(ns, box, op):
+    """Execute one operation; return its observation (plain data)."""
+    name = op[0]
+    if name == "new":
+        box["sim"] = None
+        box["sim"] = ns["DecodeSchedulerSim"](**op[1])
+        return "ok"
+    sim = box.get("sim")
+    if sim is None:
+        return {"raised": "NoSimulator", "msg": "the simulator was not constructed"}
+    if name == "enqueue":
+        sim.enqueue(**op[1])
+        return "ok"
+    if name == "step":
+        return normalise(sim.step())
+    if name == "run":
+        return normalise(sim.run(max_steps=op[1]))
+    if name == "key":
+        return normalise(sim._schedule_key(sim.queue[op[1]]))
+    if name == "eff":
+        return normalise(sim._effective_priority(sim.queue[op[1]]))
+    if name == "ensure":
+        return normalise(sim._ensure_capacity(sim.queue[op[1]]))
+    if name == "state":
+        return state_of(sim)
+    if name == "set":
+        _setattr(sim.queue[op[1]], op[2], op[3])
+        return None
+    if name == "setclock":
+        sim.clock = op[1]
+        return None
+    if name == "replay":
+        return replay(sim, op[1], op[2])
+    raise RuntimeError("unknown op %r" % (name,))
+
+
+def run_scenario(ns, ops, budget_s=None):
+    """Run one scenario's ops against the classes in namespace `ns`; errors become observations."""
+    box = {"sim": None}
+    obs = []
+    for op in ops:
+        try:
+            obs.append(run_op(ns, box, op))
+        except ScenarioTimeout:
+            obs.append({"timeout": True})
+            break
+        except _BaseException as exc:  # noqa: BLE001 - the student's code may raise anything
+            obs.append(_error(exc))
+            if _isinstance(exc, _MemoryError) or _isinstance(exc, RecursionError):
+                box["sim"] = None
+    return obs
+
+
+def _strip_magics(source):
+    """IPython line magics and shell escapes are not Python; turn them into ``pass``."""
+    lines = []
+    for line in source.split("\n"):
+        stripped = line.lstrip()
+        if stripped.startswith(("%", "!")):
+            lines.append(line[: _len(line) - _len(stripped)] + "pass")
+        else:
+            lines.append(line)
+    return "\n".join(lines)
+
+
+def _alarm(_signum, _frame):
+    raise ScenarioTimeout()
+
+
+def main(argv):
+    in_path, out_path = argv[1], argv[2]
+    with open(in_path, encoding="utf-8") as fh:
+        job = json.load(fh)
+    fd = os.open(out_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+
+    def emit(obj):
+        data = (_dumps(obj, ensure_ascii=True) + "\n").encode("ascii")
+        _os_write(fd, data)
+
+    for p in job.get("sys_path", []):
+        sys.path.append(p)
+    budget = float(job.get("scenario_timeout_s", 5.0))
+    signal.signal(signal.SIGALRM, _alarm)
+    devnull = open(os.devnull, "w")
+    real_stdout = sys.stdout
+    sys.stdout = devnull  # the student's prints go nowhere (the sandbox caps direct writes anyway)
+
+    module = types.ModuleType("solution")
+    module.__file__ = "<solution cell>"
+    sys.modules["solution"] = module
+    try:
+        signal.setitimer(signal.ITIMER_REAL, max(budget * 4, 5.0))
+        code = compile(_strip_magics(job["solution_source"]), "<solution cell>", "exec")
+        exec(code, module.__dict__)
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        missing = [n for n in ("DecodeSchedulerSim", "RequestState") if n not in module.__dict__]
+        if missing:
+            emit({"load": "error", "error": "the solution cell does not define %s" % ", ".join(missing)})
+        else:
+            emit({"load": "ok"})
+    except _BaseException as exc:  # noqa: BLE001
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        err = _error(exc)
+        text = "timed out" if err.get("timeout") else "%s: %s" % (err["raised"], err["msg"])
+        emit({"load": "error", "error": "the solution cell raised " + text})
+    ns = module.__dict__
+    count = 0
+    for scenario in job["scenarios"]:
+        start = _monotonic()
+        signal.setitimer(signal.ITIMER_REAL, budget)
+        try:
+            obs = run_scenario(ns, scenario["ops"])
+        except ScenarioTimeout:
+            obs = [{"timeout": True}]
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+        emit({"id": scenario["id"], "obs": obs, "wall_ms": _int((_monotonic() - start) * 1000)})
+        count += 1
+    emit({"done": count})
+    sys.stdout = real_stdout
+    os.close(fd)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

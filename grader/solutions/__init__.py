@@ -1,0 +1,1 @@
+"""Solution cell sources: `reference.py` is the notebook's solution cell, nbgrader markers included."""
