@@ -251,3 +251,9 @@ class SimulationResult:
     def write_requests(self, path: str | os.PathLike) -> None:
         """Write the requests CSV (SPEC section 4) atomically."""
         _metrics.write_request_table(path, self.requests)
+
+    def to_pandas(self, table: str = "requests"):
+        """The ``"requests"`` or ``"events"`` table as a pandas DataFrame (see `decodesched.frames`)."""
+        from .frames import to_frame
+
+        return to_frame(self, table)

@@ -1,0 +1,149 @@
+"""Results as pandas DataFrames and Arrow tables / Parquet files (optional extras).
+
+pandas and pyarrow are not needed by the simulator itself; install them with
+``pip install 'decodesched[data]'``.  Without them these functions raise `UserError` saying so.
+
+- `requests_frame(result)`: one row per request (the requests CSV columns of SPEC section 4, plus
+  ``has_deadline``, ``generated_len`` and ``unservable``); steps that never happened and
+  ``deadline_step`` without a deadline are ``<NA>`` (nullable ``Int64``), latencies NaN.
+- `events_frame(result)`: the event log (SPEC section 4 columns); ``preempted_request_id`` is ``<NA>``
+  when the step preempted no one.
+- `trace_frame(trace)`: a trace's canonical columns (write it with `to_parquet` and
+  `decodesched.load_trace` reads it back).
+- `metrics_frame(rows_or_batch)`: a sweep's per-scenario rows (``BatchResult.rows()`` or a list of
+  dicts) as one frame.
+- `to_arrow(obj)` / `to_parquet(obj, path)`: any of the above (a `SimulationResult` gives its requests
+  table unless ``table="events"``) as a ``pyarrow.Table`` / a Parquet file written atomically.
+
+>>> import decodesched
+>>> r = decodesched.simulate({"request_id": [1, 2], "arrival_step": [0, 0], "prompt_len": [3, 3],
+...                           "max_new_tokens": [2, 1], "priority": [0, 1], "cache_hit": [False, False],
+...                           "required_blocks": [1, 1], "deadline_step": [None, 9],
+...                           "preemptible": [True, True]}, free_kv_blocks=4)
+>>> requests_frame(r)[["request_id", "deadline_step", "ttft"]].to_string(index=False)
+' request_id  deadline_step  ttft\\n          1           <NA>   4.0\\n          2              9   3.0'
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+
+from ._io import atomic_writer
+from .errors import UserError
+
+INSTALL_HINT = "pip install 'decodesched[data]'"
+
+_STEP_COLUMNS = ("first_step", "first_token_step", "finish_step")
+
+
+def _pandas():
+    try:
+        import pandas as pd
+    except ImportError:
+        raise UserError(f"pandas is not installed; {INSTALL_HINT}") from None
+    return pd
+
+
+def _pyarrow():
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise UserError(f"pyarrow is not installed; {INSTALL_HINT}") from None
+    return pa, pq
+
+
+def requests_frame(result) -> "Any":
+    """The per-request table of a `SimulationResult` as a pandas DataFrame (see module docstring)."""
+    pd = _pandas()
+    req = result.requests
+    data = {}
+    for name, values in req.items():
+        values = np.asarray(values)
+        if name in _STEP_COLUMNS:
+            data[name] = pd.array(np.where(values >= 0, values, 0), dtype="Int64")
+            data[name][values < 0] = pd.NA
+        elif name == "deadline_step":
+            data[name] = pd.array([None if v is None else int(v) for v in values.tolist()], dtype="Int64")
+        else:
+            data[name] = values
+    return pd.DataFrame(data)
+
+
+def events_frame(result) -> "Any":
+    """The event log of a `SimulationResult` (recorded with ``record_events=True``) as a DataFrame."""
+    pd = _pandas()
+    from .engine import EVENT_COLUMNS
+
+    ev = result.events
+    data = {name: np.asarray(ev[name]) for name in EVENT_COLUMNS}
+    victim = pd.array(np.asarray(ev["preempted_request_id"]), dtype="Int64")
+    victim[~np.asarray(ev["has_victim"])] = pd.NA
+    data["preempted_request_id"] = victim
+    return pd.DataFrame(data)
+
+
+def trace_frame(trace) -> "Any":
+    """A `Trace` (or anything `load_trace` reads) as a DataFrame of the canonical columns."""
+    pd = _pandas()
+    from .trace import load_trace
+
+    cols = load_trace(trace).columns()
+    data = dict(cols)
+    data["deadline_step"] = pd.array([None if v is None else int(v) for v in cols["deadline_step"].tolist()],
+                                     dtype="Int64")
+    return pd.DataFrame(data)
+
+
+def metrics_frame(rows) -> "Any":
+    """Per-scenario sweep rows (a `BatchResult`, anything with ``.rows()``, or a list of dicts)."""
+    pd = _pandas()
+    if hasattr(rows, "rows") and callable(rows.rows):
+        rows = rows.rows()
+    return pd.DataFrame(list(rows))
+
+
+def to_frame(obj, table: str | None = None) -> "Any":
+    """Any result as a DataFrame: a `Trace`, a `SimulationResult` (``table`` "requests" or "events"), a batch
+    result or rows (metrics), or a DataFrame (returned as is)."""
+    pd = _pandas()
+    if isinstance(obj, pd.DataFrame):
+        return obj
+    from .trace import Trace
+
+    if isinstance(obj, Trace):
+        return trace_frame(obj)
+    if hasattr(obj, "request_state"):  # a SimulationResult
+        table = table or "requests"
+        if table == "requests":
+            return requests_frame(obj)
+        if table == "events":
+            return events_frame(obj)
+        raise UserError(f"unknown table {table!r}; choose requests or events")
+    if table not in (None, "metrics"):
+        raise UserError(f"a batch result has only the metrics table, not {table!r}")
+    return metrics_frame(obj)
+
+
+def to_arrow(obj, table: str | None = None) -> "Any":
+    """`to_frame(obj, table)` as a ``pyarrow.Table``."""
+    pa, _ = _pyarrow()
+    return pa.Table.from_pandas(to_frame(obj, table), preserve_index=False)
+
+
+def to_parquet(obj, path: str | os.PathLike, table: str | None = None) -> None:
+    """Write `to_frame(obj, table)` as Parquet; the file appears whole or not at all.
+
+    A `Trace` written this way (``to_parquet(trace, "t.parquet")``) is read back by
+    `decodesched.load_trace`.
+    """
+    _, pq = _pyarrow()
+    arrow = to_arrow(obj, table)
+    with atomic_writer(path, "wb") as fh:
+        pq.write_table(arrow, fh)
+
+
+__all__ = ["events_frame", "metrics_frame", "requests_frame", "to_arrow", "trace_frame", "to_frame", "to_parquet"]
