@@ -23,7 +23,7 @@ def traces(draw, max_requests: int = 12, max_len: int = 5, max_arrival: int = 12
     n = draw(st.integers(1, max_requests))
     small_ids = draw(st.booleans())
     if small_ids:
-        ids = draw(st.lists(st.integers(-5, 20), min_size=n, max_size=n, unique=True))
+        ids = draw(st.lists(st.integers(-5, 5 + 2 * max_requests), min_size=n, max_size=n, unique=True))
     else:
         ids = draw(st.lists(st.integers(-id_range - 1, id_range), min_size=n, max_size=n, unique=True))
     rows = []
