@@ -1,0 +1,93 @@
+"""The batch kernels: many scenarios (trace, policy, capacity, aging interval) in one parallel call.
+
+Each scenario is one call of a single-scenario replay kernel (same signature as `replay_scan_nb`)
+on its own slices of the inputs and outputs, so scenarios never share state and the results do not
+depend on the thread count or on the order in which scenarios run.
+
+Scheduling: ``prange`` with Numba's OpenMP layer splits its iterations into contiguous, equal
+blocks per thread whatever ``set_parallel_chunksize`` says (measured), so a plain
+``prange(n_scenarios)`` puts all the heavy scenarios of a sorted list on one thread.  Instead the
+caller assigns scenarios to ``n_lanes`` lanes (usually one per thread, balanced by estimated cost)
+and the kernel runs ``prange(n_lanes)``, each lane walking its own scenario list.
+
+Numba's cache does not notice edits to a called kernel in another file (`scan_nb`, `fast_nb`):
+after editing those during development, delete ``kernels/__pycache__/batch_nb.*`` (installed
+releases are not affected: every file gets a new stamp).
+"""
+
+import numpy as np
+from numba import njit, prange
+
+from .scan_nb import replay_scan_nb
+
+try:  # the fast kernel (`fast_nb`) has the same signature; fall back to the scan kernel without it
+    from .fast_nb import replay_fast_nb as _replay_fast_nb
+
+    HAVE_FAST = True
+except ImportError:  # pragma: no cover - only while fast_nb does not exist
+    _replay_fast_nb = replay_scan_nb
+    HAVE_FAST = False
+
+
+@njit(parallel=True, cache=True)
+def replay_batch_nb(request_id, arrival_step, prompt_len, max_new_tokens, priority, cache_hit,
+                    required_blocks, deadline_step, has_deadline, preemptible, order, trace_start,
+                    sc_trace, sc_policy, sc_capacity, sc_interval, sc_max_steps,
+                    lane_start, lane_scenarios, req_start, event_start,
+                    events, req_out, summary):
+    """Run scenarios in parallel with the fast kernel (`fast_nb`, or `scan_nb` where it is absent).
+
+    Traces, concatenated (T traces, N rows in all): the 11 trace arrays of `replay_scan_nb`, each
+    of length N, where ``order`` holds row indices *local to each trace*; ``trace_start`` int64
+    (T + 1,): trace t is rows ``trace_start[t]:trace_start[t + 1]``.
+
+    Scenarios (S of them), int64 (S,) each: ``sc_trace`` (trace index), ``sc_policy`` (POLICY_*),
+    ``sc_capacity`` (free_kv_blocks), ``sc_interval`` (aging_interval > 0), ``sc_max_steps`` (-1 for
+    no limit).
+
+    Work split: ``lane_start`` int64 (L + 1,), ``lane_scenarios`` int64 (M,): lane l runs scenarios
+    ``lane_scenarios[lane_start[l]:lane_start[l + 1]]`` in that order (M <= S: a call may run a
+    subset, e.g. one chunk of a progress bar).  Lanes run in parallel.
+
+    Outputs (preallocated): ``req_start`` int64 (S + 1,) and ``req_out`` int64 (R, RQ_NCOLS):
+    scenario s writes rows ``req_start[s]:req_start[s + 1]`` (its trace's length);
+    ``event_start`` int64 (S + 1,) and ``events`` int64 (E, EV_NCOLS): scenario s logs into rows
+    ``event_start[s]:event_start[s + 1]`` (an empty range keeps no log); ``summary`` int64
+    (S, SM_NCOLS).
+    """
+    n_lanes = lane_start.shape[0] - 1
+    for lane in prange(n_lanes):
+        for k in range(lane_start[lane], lane_start[lane + 1]):
+            s = lane_scenarios[k]
+            t = sc_trace[s]
+            a = trace_start[t]
+            b = trace_start[t + 1]
+            _replay_fast_nb(request_id[a:b], arrival_step[a:b], prompt_len[a:b], max_new_tokens[a:b],
+                            priority[a:b], cache_hit[a:b], required_blocks[a:b], deadline_step[a:b],
+                            has_deadline[a:b], preemptible[a:b], order[a:b],
+                            sc_policy[s], sc_capacity[s], sc_interval[s], sc_max_steps[s],
+                            events[event_start[s]:event_start[s + 1]], req_out[req_start[s]:req_start[s + 1]],
+                            summary[s])
+
+
+@njit(parallel=True, cache=True)
+def replay_batch_scan_nb(request_id, arrival_step, prompt_len, max_new_tokens, priority, cache_hit,
+                         required_blocks, deadline_step, has_deadline, preemptible, order, trace_start,
+                         sc_trace, sc_policy, sc_capacity, sc_interval, sc_max_steps,
+                         lane_start, lane_scenarios, req_start, event_start,
+                         events, req_out, summary):
+    """`replay_batch_nb` with the scan kernel (the readable baseline); same arrays."""
+    n_lanes = lane_start.shape[0] - 1
+    for lane in prange(n_lanes):
+        for k in range(lane_start[lane], lane_start[lane + 1]):
+            s = lane_scenarios[k]
+            t = sc_trace[s]
+            a = trace_start[t]
+            b = trace_start[t + 1]
+            replay_scan_nb(request_id[a:b], arrival_step[a:b], prompt_len[a:b], max_new_tokens[a:b],
+                           priority[a:b], cache_hit[a:b], required_blocks[a:b], deadline_step[a:b],
+                           has_deadline[a:b], preemptible[a:b], order[a:b],
+                           sc_policy[s], sc_capacity[s], sc_interval[s], sc_max_steps[s],
+                           events[event_start[s]:event_start[s + 1]], req_out[req_start[s]:req_start[s + 1]],
+                           summary[s])
+

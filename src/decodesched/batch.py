@@ -1,0 +1,319 @@
+"""Batches of scenarios: many (trace, policy, capacity, aging interval) replays in one parallel call.
+
+The public entry points are `Scenario`, `grid` and `simulate_batch`; `BatchResult` gives each
+scenario back as a `SimulationResult` (`result(i)`) or as one flat row of metrics (`rows()`), and
+`write_metrics_csv` writes those rows.  Every scenario's result is identical to `simulate` run on
+it alone, for any thread count and either backend.
+
+>>> trace = {"request_id": [1, 2], "arrival_step": [0, 0], "prompt_len": [4, 2],
+...          "max_new_tokens": [3, 1], "priority": [0, 5], "cache_hit": [False, True],
+...          "required_blocks": [2, 2], "deadline_step": [None, 9], "preemptible": [True, True]}
+>>> batch = simulate_batch([trace], grid(1, ["fixed_priority", "fcfs"], [2, 4], [4]))
+>>> [(s.policy, s.free_kv_blocks) for s in batch.scenarios]
+[('fixed_priority', 2), ('fixed_priority', 4), ('fcfs', 2), ('fcfs', 4)]
+>>> [row["finished"] for row in batch.rows()]
+[2, 2, 2, 2]
+
+Stable surface (other modules, e.g. `decodesched.distributed`, build on it): ``Scenario(trace,
+policy, free_kv_blocks, aging_interval, max_steps=None)``, ``grid(traces, policies, kv_blocks,
+aging_intervals, max_steps=None)``, ``simulate_batch(traces, scenarios, *, record_events=False,
+threads=None, backend="cpu", engine="fast", progress=False)``, ``BatchResult.result(i)``,
+``BatchResult.rows()``, ``ROW_KEYS`` and ``write_metrics_csv(rows, path)``.
+"""
+
+from __future__ import annotations
+
+import csv
+import itertools
+import math
+import os
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import metrics as _metrics
+from ._io import Progress, atomic_writer
+from .engine import ENGINES, SimulationResult, check_config, event_capacity, trace_arrays
+from .errors import UserError
+from .kernels import enums as E
+from .trace import Trace, load_trace
+
+BACKENDS = ("cpu", "cuda")
+# The scenario columns of a metrics row, then `metrics.FLAT_COLUMNS`.
+SCENARIO_KEYS = ("trace", "policy", "kv_blocks", "aging_interval")
+ROW_KEYS = SCENARIO_KEYS + _metrics.FLAT_COLUMNS
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """One replay configuration: which trace (an index into the batch's traces) and the scheduler.
+
+    ``max_steps`` None means no limit.
+    """
+
+    trace: int
+    policy: str
+    free_kv_blocks: int
+    aging_interval: int = 4
+    max_steps: int | None = None
+
+
+def grid(traces, policies: Sequence[str], kv_blocks: Sequence[int], aging_intervals: Sequence[int],
+         max_steps: int | None = None) -> list[Scenario]:
+    """Every combination, in the order trace, policy, capacity, aging interval (the last varies fastest).
+
+    `traces` is the number of traces or the traces themselves (only their count is used).
+
+    >>> [(s.trace, s.policy, s.free_kv_blocks, s.aging_interval) for s in grid(1, ["aging"], [8, 16], [2])]
+    [(0, 'aging', 8, 2), (0, 'aging', 16, 2)]
+    """
+    n_traces = traces if isinstance(traces, (int, np.integer)) and not isinstance(traces, bool) else len(_as_list(traces))
+    return [Scenario(int(t), p, c, k, max_steps)
+            for t, p, c, k in itertools.product(range(n_traces), policies, kv_blocks, aging_intervals)]
+
+
+def _as_list(traces) -> list:
+    """A single trace (Trace, path, mapping of columns, DataFrame, list of row dicts) or a list of them."""
+    if isinstance(traces, (Trace, str, os.PathLike, Mapping)) or hasattr(traces, "columns"):
+        return [traces]
+    if isinstance(traces, (list, tuple)) and traces and isinstance(traces[0], Mapping) and np.isscalar(
+            traces[0].get("request_id", [])):
+        return [traces]  # one trace given as row dicts
+    return list(traces)
+
+
+@dataclass
+class BatchResult:
+    """The outcome of `simulate_batch`: raw kernel arrays for every scenario, sliced on demand.
+
+    ``request_state`` int64 (sum of the scenarios' trace lengths, RQ_NCOLS): scenario i owns rows
+    ``req_start[i]:req_start[i + 1]``; ``event_log`` int64 (.., EV_NCOLS) likewise with
+    ``event_start`` (None when events were not recorded); ``summary`` int64 (n_scenarios, SM_NCOLS).
+    """
+
+    traces: list[Trace]
+    scenarios: list[Scenario]
+    request_state: np.ndarray
+    req_start: np.ndarray
+    summary: np.ndarray
+    event_log: np.ndarray | None
+    event_start: np.ndarray | None
+    backend: str = "cpu"
+    threads: int = 1
+    seconds: float = 0.0
+    _metrics: dict = field(default_factory=dict, repr=False)
+
+    def __len__(self) -> int:
+        return len(self.scenarios)
+
+    def result(self, i: int) -> SimulationResult:
+        """Scenario `i` as a `SimulationResult` (equal to `simulate` run on it alone)."""
+        sc = self.scenarios[i]
+        state = self.request_state[self.req_start[i]:self.req_start[i + 1]]
+        summary = self.summary[i]
+        events = None
+        if self.event_log is not None:
+            a = int(self.event_start[i])
+            events = self.event_log[a:a + int(summary[E.SM_EVENTS])]
+        return SimulationResult(self.traces[sc.trace], sc.policy, int(sc.free_kv_blocks), int(sc.aging_interval),
+                                sc.max_steps, events, state, summary)
+
+    def metrics(self, i: int) -> dict:
+        """The aggregate metrics of scenario `i` (SPEC section 6), computed once."""
+        if i not in self._metrics:
+            self._metrics[i] = self.result(i).metrics
+        return self._metrics[i]
+
+    def trace_labels(self) -> list[str]:
+        """A name per trace, made unique with ``#index`` where names repeat."""
+        names = [t.name for t in self.traces]
+        return [f"{n}#{i}" if names.count(n) > 1 else n for i, n in enumerate(names)]
+
+    def rows(self) -> list[dict]:
+        """One dict per scenario: ``trace, policy, kv_blocks, aging_interval``, then `metrics.flat_metrics`."""
+        labels = self.trace_labels()
+        out = []
+        for i, sc in enumerate(self.scenarios):
+            row = {"trace": labels[sc.trace], "policy": sc.policy, "kv_blocks": int(sc.free_kv_blocks),
+                   "aging_interval": int(sc.aging_interval)}
+            row.update(_metrics.flat_metrics(self.metrics(i)))
+            out.append(row)
+        return out
+
+
+def _check_threads(threads) -> int | None:
+    if threads is None:
+        return None
+    import numba
+
+    limit = numba.config.NUMBA_NUM_THREADS
+    if isinstance(threads, bool) or not isinstance(threads, (int, np.integer)) or not 1 <= threads <= limit:
+        raise UserError(f"threads must be an integer from 1 to {limit} (NUMBA_NUM_THREADS), got {threads!r}")
+    return int(threads)
+
+
+def _check_backend(backend: str) -> None:
+    if backend not in BACKENDS:
+        raise UserError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+    if backend == "cuda":
+        try:
+            from numba import cuda
+        except Exception as exc:  # pragma: no cover - numba without its cuda package
+            raise UserError(f"backend 'cuda' needs numba.cuda, which failed to import: {exc}") from None
+        simulated = os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0")
+        if not simulated and not cuda.is_available():
+            raise UserError("backend 'cuda' needs an NVIDIA GPU with a working CUDA driver, and none was found "
+                            "(use --backend cpu, or set NUMBA_ENABLE_CUDASIM=1 before starting Python to run the "
+                            "CUDA code in Numba's slow simulator)")
+
+
+def simulate_batch(traces, scenarios: Sequence[Scenario], *, record_events: bool = False, threads: int | None = None,
+                   backend: str = "cpu", engine: str = "fast", progress: bool | None = False) -> BatchResult:
+    """Replay every scenario in parallel; return a `BatchResult`.
+
+    `traces`: a list of anything `load_trace` accepts (or a single one); each `Scenario.trace` is an
+    index into it.  Every scenario is validated (`engine.check_config`) before anything runs.
+    ``record_events=False`` (the default) keeps only per-request results and metrics, so a sweep
+    over a long trace fits in memory; with True each scenario keeps its event log too.
+    `threads`: Numba threads for this call (default: Numba's current setting); restored after.
+    `backend`: ``"cpu"`` (``prange`` over scenarios) or ``"cuda"`` (one GPU thread per scenario,
+    always the scan algorithm; `engine` is then ignored).  `progress`: a bar on stderr (None: only on
+    a terminal), advanced per chunk of scenarios.
+    """
+    traces = [load_trace(t) for t in _as_list(traces)]
+    if not traces:
+        raise UserError("simulate_batch needs at least one trace")
+    scenarios = list(scenarios)
+    if not scenarios:
+        raise UserError("simulate_batch needs at least one scenario")
+    if engine not in ENGINES:
+        raise UserError(f"unknown engine {engine!r}; choose one of {', '.join(ENGINES)}")
+    _check_backend(backend)
+    threads = _check_threads(threads)
+    n_sc = len(scenarios)
+    sc_trace = np.empty(n_sc, np.int64)
+    sc_policy = np.empty(n_sc, np.int64)
+    sc_capacity = np.empty(n_sc, np.int64)
+    sc_interval = np.empty(n_sc, np.int64)
+    sc_max_steps = np.empty(n_sc, np.int64)
+    for i, sc in enumerate(scenarios):
+        if not isinstance(sc, Scenario):
+            raise UserError(f"scenario {i}: expected a Scenario, got {type(sc).__name__}")
+        t = sc.trace
+        if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or not 0 <= t < len(traces):
+            raise UserError(f"scenario {i}: trace index {t!r} is not one of 0..{len(traces) - 1}")
+        try:
+            code, capacity, interval, limit = check_config(sc.policy, sc.free_kv_blocks, sc.aging_interval,
+                                                           sc.max_steps)
+        except UserError as exc:
+            raise UserError(f"scenario {i}: {exc}") from None
+        sc_trace[i], sc_policy[i], sc_capacity[i], sc_interval[i], sc_max_steps[i] = t, code, capacity, interval, limit
+
+    lengths = np.array([len(t) for t in traces], np.int64)
+    trace_start = np.zeros(len(traces) + 1, np.int64)
+    trace_start[1:] = np.cumsum(lengths)
+    cols = [np.concatenate(c) for c in zip(*(trace_arrays(t) for t in traces))]
+    req_start = np.zeros(n_sc + 1, np.int64)
+    req_start[1:] = np.cumsum(lengths[sc_trace])
+    event_start = np.zeros(n_sc + 1, np.int64)
+    if record_events:
+        caps = [event_capacity(traces[t], int(m)) for t, m in zip(sc_trace.tolist(), sc_max_steps.tolist())]
+        event_start[1:] = np.cumsum(caps)
+    events = np.zeros((int(event_start[-1]), E.EV_NCOLS), np.int64)
+    req_out = np.zeros((int(req_start[-1]), E.RQ_NCOLS), np.int64)
+    summary = np.zeros((n_sc, E.SM_NCOLS), np.int64)
+    arrays = (*cols, trace_start, sc_trace, sc_policy, sc_capacity, sc_interval, sc_max_steps)
+
+    # Estimated cost (only its ratios matter): the scan kernel's steps times backlog.
+    work = np.array([t.work_steps for t in traces], np.float64)[sc_trace]
+    steps = np.where(sc_max_steps >= 0, np.minimum(work, sc_max_steps), work)
+    cost = steps * lengths[sc_trace]
+
+    import numba
+
+    previous = numba.get_num_threads()
+    start = time.perf_counter()
+    try:
+        if threads is not None:
+            numba.set_num_threads(threads)
+        used = numba.get_num_threads()
+        with Progress(n_sc, "sweep", enabled=progress) as bar:
+            if backend == "cuda":
+                from .kernels.cuda_nb import replay_batch_cuda
+
+                replay_batch_cuda(*arrays, req_start, event_start, events, req_out, summary)
+                bar.advance(n_sc)
+            else:
+                kernel = _cpu_kernel(engine)
+                for chunk in _chunks(cost, used, progress):
+                    lane_start, lane_scenarios = assign_lanes(cost[chunk], used)
+                    kernel(*arrays, lane_start, chunk[lane_scenarios], req_start, event_start, events, req_out,
+                           summary)
+                    bar.advance(len(chunk))
+    finally:
+        numba.set_num_threads(previous)
+    seconds = time.perf_counter() - start
+    return BatchResult(traces, scenarios, req_out, req_start, summary, events if record_events else None,
+                       event_start if record_events else None, backend, used if backend == "cpu" else 1, seconds)
+
+
+def _cpu_kernel(engine: str):
+    from .kernels import batch_nb
+
+    return batch_nb.replay_batch_scan_nb if engine == "scan" else batch_nb.replay_batch_nb
+
+
+def _chunks(cost: np.ndarray, threads: int, progress) -> list[np.ndarray]:
+    """Scenario indices per kernel call: one call without a bar; with one, about 20 calls, most costly first.
+
+    Each call ends at a barrier, so chunks hold several scenarios per thread to keep threads busy.
+    """
+    order = np.argsort(-cost, kind="stable").astype(np.int64)
+    if progress is False:
+        return [order]
+    size = max(4 * threads, math.ceil(len(order) / 20))
+    return [order[i:i + size] for i in range(0, len(order), size)]
+
+
+def assign_lanes(cost: np.ndarray, n_lanes: int) -> tuple[np.ndarray, np.ndarray]:
+    """Greedy longest-first split of scenarios over lanes: returns ``(lane_start, lane_scenarios)``.
+
+    Positions ``0..len(cost)-1``, most costly first (ties in input order), each go to the lane with
+    the least total cost so far (ties to the lowest lane), so equal costs are dealt round-robin.
+
+    >>> assign_lanes(np.array([1.0, 1.0, 1.0, 5.0]), 2)
+    (array([0, 1, 4]), array([3, 0, 1, 2]))
+    """
+    m = int(cost.shape[0])
+    n_lanes = max(1, min(int(n_lanes), m))
+    ranked = np.argsort(-cost, kind="stable")
+    load = np.zeros(n_lanes)
+    members: list[list[int]] = [[] for _ in range(n_lanes)]
+    for s in ranked.tolist():
+        lane = int(np.argmin(load))
+        members[lane].append(s)
+        load[lane] += cost[s]
+    lane_start = np.zeros(n_lanes + 1, np.int64)
+    lane_start[1:] = np.cumsum([len(x) for x in members])
+    return lane_start, np.array([s for x in members for s in x], dtype=np.int64)
+
+
+def _csv_value(v):
+    if v is None:
+        return ""
+    if isinstance(v, float):
+        if math.isnan(v):
+            return ""
+        return int(v) if v.is_integer() else round(v, 6)
+    return v
+
+
+def write_metrics_csv(rows: Sequence[dict], path) -> None:
+    """Write metrics rows (`BatchResult.rows`) as CSV atomically: `ROW_KEYS` columns, empty for NaN."""
+    with atomic_writer(path) as fh:
+        w = csv.writer(fh, lineterminator="\n")
+        w.writerow(ROW_KEYS)
+        for row in rows:
+            w.writerow([_csv_value(row.get(k)) for k in ROW_KEYS])
