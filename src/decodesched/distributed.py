@@ -1,0 +1,248 @@
+"""Sweeps on a Dask cluster: the same rows as a local `simulate_batch`, computed in chunks on workers.
+
+``decodesched sweep ... --dask tcp://HOST:PORT`` (an existing scheduler) or ``--dask local`` (a
+`LocalCluster` of two worker processes on 127.0.0.1) calls `run_sweep`:
+
+1. every trace is scattered once to every worker (``broadcast=True``), so a chunk ships only its
+   scenarios;
+2. the scenarios are cut into chunks of ``chunk_size`` (consecutive in grid order); each chunk is one
+   task that runs `decodesched.batch.simulate_batch` on a worker (no event log) and returns its rows;
+3. chunks are gathered as they complete.  A worker that dies mid-sweep costs only the chunks it was
+   running: the scheduler reschedules them on the remaining (or restarted) workers, and a chunk that
+   raises is retried ``retries`` times;
+4. with a ``checkpoint_path``, each finished chunk's rows are appended to a JSON-lines file.  Its first
+   line holds a hash of the traces and the scenarios, so a rerun of the *same* sweep (after Ctrl-C, a
+   lost scheduler, a crash) computes only the scenarios not yet saved, while a different sweep
+   starts afresh.  The file is removed once the sweep completes.
+
+The rows come back in scenario order, identical to ``simulate_batch(traces, scenarios).rows()``.
+Dask is optional: ``pip install 'decodesched[dask]'``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import math
+import os
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+
+from ._io import Progress
+from .errors import UserError
+
+INSTALL_HINT = "pip install 'decodesched[dask]'"
+DEFAULT_CHUNK_SIZE = 64
+CHECKPOINT_FORMAT = "decodesched-sweep-checkpoint/1"
+
+
+def _import_dask():
+    try:
+        import distributed
+    except ImportError:
+        raise UserError(f"--dask needs Dask's distributed scheduler, which is not installed; {INSTALL_HINT}") from None
+    return distributed
+
+
+def sweep_key(traces, scenarios) -> str:
+    """A hash of the traces (every column, name and time scale) and the scenarios, in order."""
+    h = hashlib.sha256()
+    for t in traces:
+        h.update(repr((t.name, t.steps_per_second, len(t))).encode())
+        for name in ("request_id", "arrival_step", "prompt_len", "max_new_tokens", "priority", "cache_hit",
+                     "required_blocks", "deadline_step", "has_deadline", "preemptible"):
+            h.update(np.ascontiguousarray(getattr(t, name)).tobytes())
+    for s in scenarios:
+        h.update(repr((int(s.trace), s.policy, int(s.free_kv_blocks), int(s.aging_interval), s.max_steps)).encode())
+    return h.hexdigest()
+
+
+def _run_chunk(traces, scenarios, first, threads):
+    """On a worker: one chunk of scenarios; returns ``(first, rows)``."""
+    from .batch import simulate_batch
+
+    rows = simulate_batch(traces, scenarios, record_events=False, threads=threads).rows()
+    return first, rows
+
+
+def _json_safe(rows: list[dict]) -> list[dict]:
+    return [{k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in r.items()} for r in rows]
+
+
+def _from_json(rows: list[dict]) -> list[dict]:
+    return [{k: (math.nan if v is None else v) for k, v in r.items()} for r in rows]
+
+
+def read_checkpoint(path, key: str, n_scenarios: int) -> dict[int, dict]:
+    """Rows saved by an earlier run of the same sweep: ``{scenario index: row}`` (empty if none).
+
+    A file of another sweep, or one that cannot be read, yields nothing; a torn last line (the run
+    died while writing it) is ignored.
+    """
+    path = Path(path)
+    if not path.is_file():
+        return {}
+    done: dict[int, dict] = {}
+    try:
+        with open(path, encoding="utf-8") as fh:
+            header = json.loads(fh.readline() or "null")
+            if not isinstance(header, dict) or header.get("format") != CHECKPOINT_FORMAT or header.get("sweep") != key:
+                return {}
+            for line in fh:
+                try:
+                    rec = json.loads(line)
+                    first, rows = int(rec["first"]), _from_json(rec["rows"])
+                except (ValueError, KeyError, TypeError):
+                    break  # a torn last line
+                for i, row in enumerate(rows):
+                    if 0 <= first + i < n_scenarios:
+                        done[first + i] = row
+    except (OSError, ValueError):
+        return {}
+    return done
+
+
+class _Checkpoint:
+    """Append-only JSON lines: a header, then one line per finished chunk, flushed and synced."""
+
+    def __init__(self, path, key: str, n_scenarios: int, resumed: dict[int, dict]):
+        self.path = Path(path)
+        if resumed:
+            self.fh = open(self.path, "a", encoding="utf-8")
+        else:
+            self.fh = open(self.path, "w", encoding="utf-8")
+            self._write({"format": CHECKPOINT_FORMAT, "sweep": key, "scenarios": n_scenarios})
+
+    def _write(self, record: dict) -> None:
+        self.fh.write(json.dumps(record, allow_nan=False) + "\n")
+        self.fh.flush()
+        with contextlib.suppress(OSError):
+            os.fsync(self.fh.fileno())
+
+    def add(self, first: int, rows: list[dict]) -> None:
+        self._write({"first": int(first), "rows": _json_safe(rows)})
+
+    def close(self) -> None:
+        self.fh.close()
+
+
+@contextlib.contextmanager
+def connect(address: str, *, n_workers: int = 2):
+    """A `distributed.Client` for ``address``: ``"local"`` starts a `LocalCluster` of `n_workers`
+    single-threaded worker processes on 127.0.0.1 (shut down on exit); anything else is a scheduler
+    address such as ``tcp://10.0.0.5:8786``."""
+    distributed = _import_dask()
+    if not isinstance(address, str) or not address:
+        raise UserError(f"--dask needs a scheduler address (tcp://HOST:PORT) or 'local', got {address!r}")
+    if address == "local":
+        cluster = distributed.LocalCluster(n_workers=n_workers, processes=True, threads_per_worker=1,
+                                           host="127.0.0.1", dashboard_address=None)
+        try:
+            with distributed.Client(cluster) as client:
+                yield client
+        finally:
+            cluster.close()
+        return
+    try:
+        client = distributed.Client(address, timeout=30)
+    except (OSError, TimeoutError, ValueError) as exc:
+        raise UserError(f"cannot reach the Dask scheduler at {address}: {exc}") from None
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+def run_sweep(traces, scenarios: Sequence, address, *, chunk_size: int = DEFAULT_CHUNK_SIZE,
+              checkpoint_path=None, progress: bool | None = False, threads: int | None = None,
+              retries: int = 2, on_chunk: Callable[[int, int], None] | None = None) -> list[dict]:
+    """Run `scenarios` over `traces` on a Dask cluster; return the rows of ``simulate_batch(...).rows()``.
+
+    `address`: ``"local"``, a scheduler address, or an existing `distributed.Client`.
+    `traces`: anything `simulate_batch` accepts.  `threads`: Numba threads per chunk on the workers
+    (default: the workers' Numba setting).  `on_chunk(done, total)` is called on the client after
+    each chunk computed in this run (not for rows resumed from the checkpoint); an exception it
+    raises stops the sweep, keeping the checkpoint.
+    """
+    from .batch import Scenario, _as_list
+    from .engine import check_config
+    from .trace import load_trace
+
+    _import_dask()
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, (int, np.integer)) or chunk_size < 1:
+        raise UserError(f"chunk size must be a positive integer, got {chunk_size!r}")
+    traces = [load_trace(t) for t in _as_list(traces)]
+    scenarios = list(scenarios)
+    if not traces or not scenarios:
+        raise UserError("a sweep needs at least one trace and one scenario")
+    # Validate everything here, before any cluster work (the same checks as a local run).
+    for i, sc in enumerate(scenarios):
+        if not isinstance(sc, Scenario):
+            raise UserError(f"scenario {i}: expected a Scenario, got {type(sc).__name__}")
+        t = sc.trace
+        if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or not 0 <= t < len(traces):
+            raise UserError(f"scenario {i}: trace index {t!r} is not one of 0..{len(traces) - 1}")
+        try:
+            check_config(sc.policy, sc.free_kv_blocks, sc.aging_interval, sc.max_steps)
+        except UserError as exc:
+            raise UserError(f"scenario {i}: {exc}") from None
+
+    n = len(scenarios)
+    key = sweep_key(traces, scenarios)
+    done = read_checkpoint(checkpoint_path, key, n) if checkpoint_path else {}
+    todo = [i for i in range(n) if i not in done]
+    chunks = []  # (first index, scenarios) over runs of consecutive missing indices
+    run_start = 0
+    while run_start < len(todo):
+        run_end = run_start
+        while run_end + 1 < len(todo) and todo[run_end + 1] == todo[run_end] + 1:
+            run_end += 1
+        lo, hi = todo[run_start], todo[run_end] + 1
+        chunks += [(a, scenarios[a:min(a + chunk_size, hi)]) for a in range(lo, hi, chunk_size)]
+        run_start = run_end + 1
+
+    checkpoint = _Checkpoint(checkpoint_path, key, n, done) if checkpoint_path else None
+    try:
+        if chunks:
+            _compute(traces, chunks, address, done, checkpoint, progress, threads, retries, on_chunk, n)
+    finally:
+        if checkpoint is not None:
+            checkpoint.close()
+    if checkpoint_path:
+        with contextlib.suppress(OSError):
+            os.unlink(checkpoint_path)
+    return [done[i] for i in range(n)]
+
+
+def _compute(traces, chunks, address, done, checkpoint, progress, threads, retries, on_chunk, n) -> None:
+    distributed = _import_dask()
+    if isinstance(address, distributed.Client):
+        ctx = contextlib.nullcontext(address)
+    else:
+        ctx = connect(address)
+    with ctx as client:
+        trace_futures = client.scatter(traces, broadcast=True)
+        futures = [client.submit(_run_chunk, trace_futures, chunk, first, threads, retries=retries, pure=False)
+                   for first, chunk in chunks]
+        completed = 0
+        try:
+            with Progress(n, "sweep", enabled=progress) as bar:
+                bar.advance(len(done))
+                for fut in distributed.as_completed(futures):
+                    first, rows = fut.result()
+                    for i, row in enumerate(rows):
+                        done[first + i] = row
+                    if checkpoint is not None:
+                        checkpoint.add(first, rows)
+                    completed += 1
+                    bar.advance(len(rows))
+                    if on_chunk is not None:
+                        on_chunk(completed, len(chunks))
+        finally:
+            for fut in futures:
+                fut.cancel()
+            with contextlib.suppress(Exception):
+                client.cancel(trace_futures)
