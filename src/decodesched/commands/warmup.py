@@ -1,0 +1,94 @@
+"""`decodesched warmup`: compile every kernel (or load it from Numba's cache) on a tiny trace.
+
+Run it once after installing (or after changing the Numba version): later runs then start in
+well under a second instead of compiling for several seconds per kernel.  Prints, per kernel,
+whether it was compiled or loaded from the cache, and how long that took.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+TINY_TRACE = {
+    "request_id": [1, 2, 3],
+    "arrival_step": [0, 0, 2],
+    "prompt_len": [4, 2, 3],
+    "max_new_tokens": [2, 1, 2],
+    "priority": [0, 1, 0],
+    "cache_hit": [False, True, False],
+    "required_blocks": [1, 2, 1],
+    "deadline_step": [None, 6, None],
+    "preemptible": [True, True, False],
+}
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("warmup", help="compile (or load from cache) every kernel, with timings",
+                       description="Compile every Numba kernel on a tiny trace, or load it from Numba's on-disk "
+                       "cache, and print what was done and how long each took.")
+    p.add_argument("--cuda", action="store_true", help="also compile the CUDA kernel (needs a GPU or "
+                                                       "NUMBA_ENABLE_CUDASIM=1)")
+    p.set_defaults(func=run)
+
+
+def _what(dispatchers, before: dict) -> str:
+    """'compiled', 'loaded from cache', or 'already loaded', from the dispatchers' cache counters."""
+    hits = sum(sum(d.stats.cache_hits.values()) for d in dispatchers) - before["hits"]
+    misses = sum(sum(d.stats.cache_misses.values()) for d in dispatchers) - before["misses"]
+    if misses:
+        return "compiled (now cached)"
+    if hits:
+        return "loaded from cache"
+    return "already loaded"
+
+
+def _counters(dispatchers) -> dict:
+    return {"hits": sum(sum(d.stats.cache_hits.values()) for d in dispatchers),
+            "misses": sum(sum(d.stats.cache_misses.values()) for d in dispatchers)}
+
+
+def tasks(cuda: bool = False):
+    """(label, dispatchers, thunk) for every kernel the package runs, in dependency order."""
+    from .. import batch, engine
+    from ..kernels import batch_nb, scan_nb
+    from ..trace import load_trace
+
+    trace = load_trace(TINY_TRACE, name="warmup")
+    scenarios = batch.grid(1, ["fixed_priority", "aging"], [2], [2])
+    out = [("scan kernel (replay_scan_nb)", [scan_nb.replay_scan_nb, scan_nb.find_victim_nb],
+            lambda: engine.simulate(trace, "aging", 2, 2, engine="scan"))]
+    if batch_nb.HAVE_FAST:
+        from ..kernels import fast_nb
+
+        out.append(("fast kernel (replay_fast_nb)", [fast_nb.replay_fast_nb],
+                    lambda: engine.simulate(trace, "aging", 2, 2, engine="fast")))
+    out.append(("batch kernel (replay_batch_nb)", [batch_nb.replay_batch_nb],
+                lambda: batch.simulate_batch([trace], scenarios, engine="fast")))
+    out.append(("batch scan kernel (replay_batch_scan_nb)", [batch_nb.replay_batch_scan_nb],
+                lambda: batch.simulate_batch([trace], scenarios, engine="scan")))
+    if cuda:
+        def run_cuda():
+            batch.simulate_batch([trace], scenarios, backend="cuda")
+
+        out.append(("CUDA kernel (replay_batch_cuda_kernel)", [], run_cuda))
+    return out
+
+
+def run(args) -> int:
+    import numba
+
+    print(f"Numba {numba.__version__}, cache in {os.environ.get('NUMBA_CACHE_DIR') or 'kernels/__pycache__ beside the sources'}")
+    total = time.perf_counter()
+    for label, dispatchers, thunk in tasks(args.cuda):
+        before = _counters(dispatchers)
+        start = time.perf_counter()
+        thunk()
+        seconds = time.perf_counter() - start
+        if dispatchers:
+            what = _what(dispatchers, before)
+        else:
+            what = "ran in the simulator" if os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0") else "compiled"
+        print(f"  {label:42s} {what:22s} {seconds:7.2f} s")
+    print(f"warmup done in {time.perf_counter() - total:.2f} s")
+    return 0
