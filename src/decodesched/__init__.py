@@ -12,11 +12,16 @@ __version__ = "0.1.0"
 from .model import DecodeSchedulerSim, RequestState  # noqa: E402
 from .trace import Trace, TraceError, load_trace  # noqa: E402
 from .engine import SimulationResult, simulate  # noqa: E402
+from .batch import BatchResult, Scenario, grid, simulate_batch  # noqa: E402
 
 __all__ = [
     "DecodeSchedulerSim",
     "RequestState",
     "SimulationResult",
+    "BatchResult",
+    "Scenario",
+    "grid",
+    "simulate_batch",
     "Trace",
     "TraceError",
     "load_trace",
