@@ -1,0 +1,441 @@
+"""The fast kernel: the same replay as `scan_nb`, event for event, without scanning the backlog.
+
+Same signature and output contract as `replay_scan_nb`.  The idea (SPEC section 2 read as a query):
+the request a step runs is the first in key order that is *runnable*: admitted, or its blocks fit in
+the free blocks, or one victim (admitted, preemptible, strictly lower effective priority, blocks at
+least ``required_blocks - free``) exists.  Failing admission attempts have no side effects, so that
+is all the model's walk does.
+
+Structures (all allocated inside the call; nothing global, safe to run per scenario in ``prange``):
+
+* **Groups.**  Keys are compared as rows of an int64 matrix ``gk`` whose order inside a group never
+  changes while a request is not chosen: fixed_priority and fcfs have one group; deadline has two
+  (with a deadline, keyed by ``deadline - remaining`` so that the shared ``- clock`` drops out;
+  without one); aging has one group per residue ``(enqueue step + times chosen) mod aging_interval``
+  (within a residue every effective priority rises at the same steps, see `_aging_*`).  Across
+  groups the real key at the current clock decides (`_akey_less`), which is where a slack of
+  1_000_000_000 or more ties with or sorts after "no deadline".
+* **Waiting** (not admitted: prefill, or preempted) requests sit in one treap per (group, priority
+  class) with a min-``required_blocks`` aggregate.  With no aging a priority class has one threshold
+  ``free + max victim blocks among lower classes``, so its first runnable request is one pruned
+  left-first descent.  The best waiting request is cached and recomputed only when free blocks, the
+  victim set or waiting membership change (admission, preemption, finish, arrival), plus, under
+  deadline while some real slack may still reach the sentinel, a re-comparison of the cached
+  per-structure answers.
+* **Admitted** requests (all in decode phase) sit in one binary heap per group: a decode step of an
+  admitted request is a sift-down.
+* **Victims** (admitted, preemptible) sit in one treap per priority class ordered by
+  ``(-required_blocks, request_id)``; a segment tree over classes holds each class's largest blocks,
+  giving ``max victim blocks below a class`` and the seed's victim (lowest class that has one big
+  enough, then its largest, then the smallest id) in O(log P).
+* ``wait_steps`` is lazy: ``steps run - steps run at enqueue - times chosen``, frozen at finish.
+  Requests needing more blocks than the capacity can never run; they enter no structure.
+
+Cost per step (n = requests waiting, A = admitted, P = distinct priority values, G = groups):
+a decode step of an admitted request is O(log A); a step that admits, preempts or finishes, or
+follows an arrival, also costs O(G * P * log n) expected (treap depth) for the cached query.  So the
+cost grows logarithmically with the backlog; it grows linearly with P (fine for priority classes;
+a trace where every request has its own priority degrades to O(n) per admission).  Under deadline,
+while the clock is more than 1_000_000_000 below the latest deadline (real slack may still reach
+the sentinel) every step also re-compares G * P cached answers.
+
+Policy aging: see `_replay_aging` below (or the routing note in `replay_fast_nb`).
+"""
+
+import numpy as np
+from numba import njit
+
+from .enums import (
+    ACTION_DECODE_ONE_STEP,
+    ACTION_FINISH,
+    ACTION_PREFILL_TO_DECODE,
+    EV_ACTION,
+    EV_FREE,
+    EV_GENERATED,
+    EV_MISSED,
+    EV_ROW,
+    EV_STEP,
+    EV_VICTIM_ROW,
+    EV_WAIT,
+    NEVER,
+    NO_DEADLINE_SLACK,
+    NO_ROW,
+    PHASE_DECODE,
+    PHASE_PREFILL,
+    POLICY_AGING,
+    POLICY_DEADLINE,
+    POLICY_FCFS,
+    RQ_ADMITTED,
+    RQ_ENQUEUED,
+    RQ_FINISH_STEP,
+    RQ_FIRST_STEP,
+    RQ_FIRST_TOKEN_STEP,
+    RQ_GENERATED,
+    RQ_PHASE,
+    RQ_PREEMPTIONS,
+    RQ_STATUS,
+    RQ_WAIT,
+    SM_CLOCK,
+    SM_EVENTS,
+    SM_FREE,
+    SM_STOP,
+    STATUS_FINISHED,
+    STATUS_PREEMPTED,
+    STATUS_RUNNING,
+    STATUS_WAITING,
+    STOP_DRAINED,
+    STOP_MAX_STEPS,
+    STOP_STUCK,
+)
+from .ordered_nb import (
+    heap_push_nb,
+    heap_remove_nb,
+    heap_sift_down_nb,
+    key_less_nb,
+    treap_delete_nb,
+    treap_first_fit_nb,
+    treap_first_nb,
+    treap_insert_nb,
+    treap_priorities_nb,
+)
+from .scan_nb import replay_scan_nb
+
+GK_NCOLS = 6
+
+
+@njit(cache=True)
+def _set_key(r, policy, gk, phase, generated, enqueue_clock, request_id, prompt_len, max_new_tokens, priority,
+             cache_hit, deadline_step, has_deadline):
+    """Write row r's group key: its sort key with the parts shared by its whole group left out."""
+    if policy == POLICY_FCFS:
+        gk[r, 0] = 0
+        gk[r, 1] = phase[r]
+        gk[r, 2] = enqueue_clock[r]
+        gk[r, 3] = request_id[r]
+        gk[r, 4] = 0
+        gk[r, 5] = 0
+        return
+    d = np.int64(0)
+    if policy == POLICY_DEADLINE and has_deadline[r]:
+        remaining = max_new_tokens[r] - generated[r]
+        if phase[r] == PHASE_PREFILL:
+            remaining += 1
+        d = deadline_step[r] - remaining  # slack = d - clock
+    gk[r, 0] = d
+    gk[r, 1] = phase[r]
+    gk[r, 2] = 0 if cache_hit[r] else 1
+    gk[r, 3] = -priority[r]
+    gk[r, 4] = prompt_len[r] + generated[r]
+    gk[r, 5] = request_id[r]
+
+
+@njit(cache=True)
+def _akey_less(a, b, gk, deadline_policy, has_deadline, clock):
+    """The real sort key of a before that of b at `clock` (rows of any groups)."""
+    if deadline_policy:
+        sa = gk[a, 0] - clock if has_deadline[a] else np.int64(NO_DEADLINE_SLACK)
+        sb = gk[b, 0] - clock if has_deadline[b] else np.int64(NO_DEADLINE_SLACK)
+        if sa != sb:
+            return sa < sb
+        for k in range(1, GK_NCOLS):
+            if gk[a, k] != gk[b, k]:
+                return gk[a, k] < gk[b, k]
+        return False
+    return key_less_nb(gk, a, b)
+
+
+# A max segment tree over priority classes: leaf i = largest blocks among class i's victims (0: none).
+
+@njit(cache=True)
+def _seg_set(seg, size, i, value):
+    i += size
+    seg[i] = value
+    i >>= 1
+    while i >= 1:
+        a = seg[2 * i]
+        b = seg[2 * i + 1]
+        seg[i] = a if a > b else b
+        i >>= 1
+
+
+@njit(cache=True)
+def _seg_prefix_max(seg, size, j):
+    """max of leaves [0, j)."""
+    res = np.int64(0)
+    lo = size
+    hi = j + size
+    while lo < hi:
+        if lo & 1:
+            if seg[lo] > res:
+                res = seg[lo]
+            lo += 1
+        if hi & 1:
+            hi -= 1
+            if seg[hi] > res:
+                res = seg[hi]
+        lo >>= 1
+        hi >>= 1
+    return res
+
+
+@njit(cache=True)
+def _seg_first_ge(seg, size, need):
+    """The first leaf with value >= need, or -1."""
+    if seg[1] < need:
+        return -1
+    i = 1
+    while i < size:
+        if seg[2 * i] >= need:
+            i = 2 * i
+        else:
+            i = 2 * i + 1
+    return i - size
+
+
+@njit(cache=True)
+def replay_fast_nb(request_id, arrival_step, prompt_len, max_new_tokens, priority, cache_hit,
+                   required_blocks, deadline_step, has_deadline, preemptible, order,
+                   policy, free_kv_blocks, aging_interval, max_steps,
+                   events, req_out, summary):
+    """Replay one trace under one configuration; arguments and outputs exactly as `replay_scan_nb`."""
+    if policy == POLICY_AGING:
+        replay_scan_nb(request_id, arrival_step, prompt_len, max_new_tokens, priority, cache_hit,
+                       required_blocks, deadline_step, has_deadline, preemptible, order,
+                       policy, free_kv_blocks, aging_interval, max_steps, events, req_out, summary)
+        return
+    _replay_static(request_id, arrival_step, prompt_len, max_new_tokens, priority, cache_hit,
+                   required_blocks, deadline_step, has_deadline, preemptible, order,
+                   policy, free_kv_blocks, max_steps, events, req_out, summary)
+
+
+@njit(cache=True)
+def _replay_static(request_id, arrival_step, prompt_len, max_new_tokens, priority, cache_hit,
+                   required_blocks, deadline_step, has_deadline, preemptible, order,
+                   policy, free_kv_blocks, max_steps, events, req_out, summary):
+    """fixed_priority, fcfs and deadline: effective priority = priority, so it never changes."""
+    n = request_id.shape[0]
+    deadline_policy = policy == POLICY_DEADLINE
+    n_groups = 2 if deadline_policy else 1
+
+    # Priority classes: 0 = the lowest priority.
+    classes = np.unique(priority) if n > 0 else np.zeros(1, np.int64)
+    n_classes = classes.shape[0]
+    pclass = np.searchsorted(classes, priority)
+    seg_size = 1
+    while seg_size < n_classes:
+        seg_size *= 2
+    seg = np.zeros(2 * seg_size, np.int64)
+
+    max_deadline = np.int64(-(2**62))
+    if deadline_policy:
+        for r in range(n):
+            if has_deadline[r] and deadline_step[r] > max_deadline:
+                max_deadline = deadline_step[r]
+
+    phase = np.zeros(n, np.int64)
+    generated = np.zeros(n, np.int64)
+    chosen_count = np.zeros(n, np.int64)
+    enqueue_steps = np.zeros(n, np.int64)
+    wait_final = np.full(n, -1, np.int64)
+    status = np.zeros(n, np.int64)
+    preemptions = np.zeros(n, np.int64)
+    admitted = np.zeros(n, np.bool_)
+    enqueued = np.zeros(n, np.bool_)
+    enqueue_clock = np.zeros(n, np.int64)
+    first_step = np.full(n, NEVER, np.int64)
+    first_token_step = np.full(n, NEVER, np.int64)
+    finish_step = np.full(n, NEVER, np.int64)
+    group = np.zeros(n, np.int64)
+    if deadline_policy:
+        for r in range(n):
+            if has_deadline[r]:
+                group[r] = 1
+
+    gk = np.zeros((n, GK_NCOLS), np.int64)
+    vk = np.empty((n, 2), np.int64)  # victim order: (-blocks, id)
+    for r in range(n):
+        vk[r, 0] = -required_blocks[r]
+        vk[r, 1] = request_id[r]
+    lt = np.full(n, -1, np.int64)
+    rt = np.full(n, -1, np.int64)
+    mb = np.zeros(n, np.int64)
+    tp = treap_priorities_nb(n)
+    n_struct = n_groups * n_classes
+    wroot = np.full(n_struct, -1, np.int64)
+    cand = np.full(n_struct, -1, np.int64)
+    vroot = np.full(n_classes, -1, np.int64)
+    heap = np.empty((n_groups, max(n, 1)), np.int64)
+    hsize = np.zeros(n_groups, np.int64)
+    hpos = np.full(n, -1, np.int64)
+
+    pos = 0
+    clock = np.int64(0)
+    free = np.int64(free_kv_blocks)
+    capacity = np.int64(free_kv_blocks)
+    steps = np.int64(0)
+    unfinished = 0
+    max_events = events.shape[0]
+    stop = STOP_DRAINED
+    wait_dirty = True
+    best_wait = NO_ROW
+
+    while True:
+        if max_steps >= 0 and steps >= max_steps:
+            stop = STOP_MAX_STEPS
+            break
+        while pos < n and arrival_step[order[pos]] <= clock:
+            r = order[pos]
+            pos += 1
+            enqueued[r] = True
+            enqueue_clock[r] = clock
+            enqueue_steps[r] = steps
+            unfinished += 1
+            if required_blocks[r] > capacity:
+                continue  # can never be admitted: free never exceeds the capacity
+            _set_key(r, policy, gk, phase, generated, enqueue_clock, request_id, prompt_len, max_new_tokens,
+                     priority, cache_hit, deadline_step, has_deadline)
+            s = group[r] * n_classes + pclass[r]
+            wroot[s] = treap_insert_nb(wroot[s], r, gk, lt, rt, tp, mb, required_blocks)
+            wait_dirty = True
+
+        # The first runnable waiting request (cached while free blocks, victims and waiters stay).
+        if wait_dirty:
+            for s in range(n_struct):
+                c = NO_ROW
+                if wroot[s] >= 0:
+                    j = s % n_classes
+                    limit = free + _seg_prefix_max(seg, seg_size, j)
+                    c = treap_first_fit_nb(wroot[s], limit, lt, rt, mb, required_blocks)
+                cand[s] = c
+        if wait_dirty or (deadline_policy and clock + NO_DEADLINE_SLACK <= max_deadline):
+            best_wait = NO_ROW
+            for s in range(n_struct):
+                c = cand[s]
+                if c != NO_ROW and (best_wait == NO_ROW or _akey_less(c, best_wait, gk, deadline_policy,
+                                                                      has_deadline, clock)):
+                    best_wait = c
+            wait_dirty = False
+
+        chosen = best_wait
+        for g in range(n_groups):
+            if hsize[g] > 0:
+                c = heap[g, 0]
+                if chosen == NO_ROW or _akey_less(c, chosen, gk, deadline_policy, has_deadline, clock):
+                    chosen = c
+
+        if chosen == NO_ROW:
+            if pos < n:
+                clock = arrival_step[order[pos]]  # idle gap: jump, nobody waits
+                continue
+            stop = STOP_DRAINED if unfinished == 0 else STOP_STUCK
+            break
+
+        victim = NO_ROW
+        was_admitted = admitted[chosen]
+        if not was_admitted:
+            need = required_blocks[chosen]
+            if need > free:
+                c_class = pclass[chosen]
+                k = _seg_first_ge(seg, seg_size, need - free)
+                # the lowest class with a victim large enough; it is below the challenger's class
+                victim = treap_first_nb(vroot[k], lt)
+                admitted[victim] = False
+                status[victim] = STATUS_PREEMPTED
+                preemptions[victim] += 1
+                free += required_blocks[victim]
+                vroot[k] = treap_delete_nb(vroot[k], victim, vk, lt, rt, tp, mb, required_blocks)
+                top = treap_first_nb(vroot[k], lt)
+                _seg_set(seg, seg_size, k, required_blocks[top] if top >= 0 else 0)
+                heap_remove_nb(heap, hsize, hpos, group[victim], victim, gk)
+                sv = group[victim] * n_classes + pclass[victim]
+                wroot[sv] = treap_insert_nb(wroot[sv], victim, gk, lt, rt, tp, mb, required_blocks)
+                if k >= c_class:
+                    raise AssertionError("fast kernel: victim class not below the challenger")
+            s = group[chosen] * n_classes + pclass[chosen]
+            wroot[s] = treap_delete_nb(wroot[s], chosen, gk, lt, rt, tp, mb, required_blocks)
+            free -= need
+            admitted[chosen] = True
+            wait_dirty = True
+        status[chosen] = STATUS_RUNNING
+        chosen_count[chosen] += 1
+
+        action = ACTION_DECODE_ONE_STEP
+        if phase[chosen] == PHASE_PREFILL:
+            phase[chosen] = PHASE_DECODE
+            action = ACTION_PREFILL_TO_DECODE
+            first_step[chosen] = clock
+        else:
+            generated[chosen] += 1
+            if generated[chosen] == 1:
+                first_token_step[chosen] = clock
+            if generated[chosen] >= max_new_tokens[chosen]:
+                action = ACTION_FINISH
+        finished = action == ACTION_FINISH
+
+        if finished:
+            free += required_blocks[chosen]
+            admitted[chosen] = False
+            status[chosen] = STATUS_FINISHED
+            finish_step[chosen] = clock
+            unfinished -= 1
+            wait_final[chosen] = steps + 1 - enqueue_steps[chosen] - chosen_count[chosen]
+            if was_admitted:
+                heap_remove_nb(heap, hsize, hpos, group[chosen], chosen, gk)
+                if preemptible[chosen]:
+                    k = pclass[chosen]
+                    vroot[k] = treap_delete_nb(vroot[k], chosen, vk, lt, rt, tp, mb, required_blocks)
+                    top = treap_first_nb(vroot[k], lt)
+                    _seg_set(seg, seg_size, k, required_blocks[top] if top >= 0 else 0)
+            wait_dirty = True
+        else:
+            _set_key(chosen, policy, gk, phase, generated, enqueue_clock, request_id, prompt_len, max_new_tokens,
+                     priority, cache_hit, deadline_step, has_deadline)
+            if was_admitted:
+                heap_sift_down_nb(heap, hsize, hpos, group[chosen], hpos[chosen], gk)
+            else:
+                heap_push_nb(heap, hsize, hpos, group[chosen], chosen, gk)
+                if preemptible[chosen]:
+                    k = pclass[chosen]
+                    vroot[k] = treap_insert_nb(vroot[k], chosen, vk, lt, rt, tp, mb, required_blocks)
+                    top = treap_first_nb(vroot[k], lt)
+                    _seg_set(seg, seg_size, k, required_blocks[top])
+
+        missed = 0
+        if has_deadline[chosen]:
+            remaining = max_new_tokens[chosen] - generated[chosen]
+            if clock + 1 + remaining > deadline_step[chosen]:
+                missed = 1
+        if steps < max_events:
+            ev = events[steps]
+            ev[EV_STEP] = clock
+            ev[EV_ROW] = chosen
+            ev[EV_ACTION] = action
+            ev[EV_GENERATED] = generated[chosen]
+            ev[EV_WAIT] = steps + 1 - enqueue_steps[chosen] - chosen_count[chosen]
+            ev[EV_FREE] = free
+            ev[EV_VICTIM_ROW] = victim
+            ev[EV_MISSED] = missed
+        clock += 1
+        steps += 1
+
+    for r in range(n):
+        out = req_out[r]
+        out[RQ_ENQUEUED] = 1 if enqueued[r] else 0
+        out[RQ_PHASE] = phase[r]
+        out[RQ_STATUS] = status[r] if enqueued[r] else STATUS_WAITING
+        out[RQ_GENERATED] = generated[r]
+        if not enqueued[r]:
+            out[RQ_WAIT] = 0
+        elif wait_final[r] >= 0:
+            out[RQ_WAIT] = wait_final[r]
+        else:
+            out[RQ_WAIT] = steps - enqueue_steps[r] - chosen_count[r]
+        out[RQ_PREEMPTIONS] = preemptions[r]
+        out[RQ_ADMITTED] = 1 if admitted[r] else 0
+        out[RQ_FIRST_STEP] = first_step[r]
+        out[RQ_FIRST_TOKEN_STEP] = first_token_step[r]
+        out[RQ_FINISH_STEP] = finish_step[r]
+    summary[SM_EVENTS] = steps
+    summary[SM_CLOCK] = clock
+    summary[SM_FREE] = free
+    summary[SM_STOP] = stop
