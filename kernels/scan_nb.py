@@ -70,9 +70,7 @@ def schedule_key_nb(r, policy, aging_interval, clock, request_id, prompt_len, ma
         if phase[r] == PHASE_PREFILL:
             remaining += 1
         slack = deadline_step[r] - clock - remaining
-    eff = priority[r]
-    if policy == POLICY_AGING:
-        eff += wait[r] // aging_interval
+    eff = effective_priority_nb(r, policy, aging_interval, priority, wait)
     cache_rank = np.int64(0) if cache_hit[r] else np.int64(1)
     return (slack, np.int64(phase[r]), cache_rank, -eff, prompt_len[r] + generated[r], request_id[r])
 
@@ -107,6 +105,9 @@ def replay_scan_nb(request_id, arrival_step, prompt_len, max_new_tokens, priorit
     finish_step = np.full(n, NEVER, np.int64)
     active = np.empty(n, np.int64)  # unfinished enqueued rows, in no particular order
     victims = np.empty(n, np.int64)  # scratch: admitted preemptible rows of this step
+    victim_eff = np.empty(n, np.int64)  # their effective priorities
+    sorted_eff = np.empty(n, np.int64)  # the same, ascending
+    max_blocks_below = np.empty(n, np.int64)  # max blocks among the first k+1 of sorted_eff
     n_active = 0
     pos = 0
     clock = np.int64(0)
@@ -127,21 +128,28 @@ def replay_scan_nb(request_id, arrival_step, prompt_len, max_new_tokens, priorit
             n_active += 1
             pos += 1
 
-        # Admitted, preemptible requests are the possible victims of this step.
+        # Admitted, preemptible requests are the possible victims of this step. Sorted by effective
+        # priority with a running max of their blocks, they tell in O(log m) whether a challenger has
+        # a victim: the largest victim below its priority, plus the free blocks, must cover it.
         n_victims = 0
-        max_victim_blocks = np.int64(0)
         for i in range(n_active):
             r = active[i]
             if admitted[r] and preemptible[r]:
                 victims[n_victims] = r
+                victim_eff[n_victims] = effective_priority_nb(r, policy, aging_interval, priority, wait)
                 n_victims += 1
-                if required_blocks[r] > max_victim_blocks:
-                    max_victim_blocks = required_blocks[r]
+        if n_victims > 0:
+            by_eff = np.argsort(victim_eff[:n_victims])
+            running_max = np.int64(0)
+            for k in range(n_victims):
+                v = victims[by_eff[k]]
+                sorted_eff[k] = victim_eff[by_eff[k]]
+                running_max = max(running_max, required_blocks[v])
+                max_blocks_below[k] = running_max
 
         # The first candidate in key order that can run: admitted, fits, or can preempt one victim.
         # Failed attempts change nothing in the seed, so this equals its walk over sorted candidates.
         best = NO_ROW
-        best_victim = NO_ROW
         best_key = (np.int64(0), np.int64(0), np.int64(0), np.int64(0), np.int64(0), np.int64(0))
         for i in range(n_active):
             r = active[i]
@@ -150,17 +158,17 @@ def replay_scan_nb(request_id, arrival_step, prompt_len, max_new_tokens, priorit
                                   enqueue_clock)
             if best != NO_ROW and not key < best_key:
                 continue
-            victim = NO_ROW
             if not admitted[r] and required_blocks[r] > free:
-                if required_blocks[r] > free + max_victim_blocks:
-                    continue
-                victim = find_victim_nb(r, victims, n_victims, free, policy, aging_interval, priority, wait,
-                                        required_blocks, request_id)
-                if victim == NO_ROW:
+                eff = effective_priority_nb(r, policy, aging_interval, priority, wait)
+                below = np.searchsorted(sorted_eff[:n_victims], eff)  # victims with a strictly lower priority
+                if below == 0 or free + max_blocks_below[below - 1] < required_blocks[r]:
                     continue
             best = r
-            best_victim = victim
             best_key = key
+        best_victim = NO_ROW
+        if best != NO_ROW and not admitted[best] and required_blocks[best] > free:
+            best_victim = find_victim_nb(best, victims, n_victims, free, policy, aging_interval, priority, wait,
+                                         required_blocks, request_id)
 
         if best == NO_ROW:
             if pos < n:
@@ -243,6 +251,14 @@ def replay_scan_nb(request_id, arrival_step, prompt_len, max_new_tokens, priorit
     summary[SM_STOP] = stop
 
 
+@njit(cache=True, inline="always")
+def effective_priority_nb(r, policy, aging_interval, priority, wait):
+    """Business priority, plus one level per `aging_interval` waited steps under aging."""
+    if policy == POLICY_AGING:
+        return priority[r] + wait[r] // aging_interval
+    return priority[r]
+
+
 @njit(cache=True)
 def find_victim_nb(challenger, victims, n_victims, free, policy, aging_interval, priority, wait,
                    required_blocks, request_id):
@@ -252,18 +268,14 @@ def find_victim_nb(challenger, victims, n_victims, free, policy, aging_interval,
     `free`, cover the challenger: the first in order (effective_priority, -required_blocks, request_id).
     """
     need = required_blocks[challenger]
-    c_eff = priority[challenger]
-    if policy == POLICY_AGING:
-        c_eff += wait[challenger] // aging_interval
+    c_eff = effective_priority_nb(challenger, policy, aging_interval, priority, wait)
     best = NO_ROW
     best_eff = np.int64(0)
     for i in range(n_victims):
         v = victims[i]
         if free + required_blocks[v] < need:
             continue
-        eff = priority[v]
-        if policy == POLICY_AGING:
-            eff += wait[v] // aging_interval
+        eff = effective_priority_nb(v, policy, aging_interval, priority, wait)
         if eff >= c_eff:
             continue
         if best == NO_ROW or (eff, -required_blocks[v], request_id[v]) < (
