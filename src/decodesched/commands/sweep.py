@@ -7,9 +7,9 @@ runs on stderr, a table with one row per scenario prints, and the CSV gets one r
 (`batch.ROW_KEYS`: its trace, policy, capacity and aging interval, then the metrics of SPEC
 section 6).  Bad input exits 2 with one line before anything runs, and no CSV is left behind.
 
-``--dask ADDRESS`` hands the same traces and scenarios to ``decodesched.distributed.run_sweep(traces,
-scenarios, address=ADDRESS, engine=ENGINE, max_steps=N, progress=True)``, which returns the rows
-(as `BatchResult.rows`); that module is optional (``pip install 'decodesched[dask]'``).
+``--dask ADDRESS`` hands the same traces and scenarios (max_steps included) to
+``decodesched.distributed.run_sweep(traces, scenarios, ADDRESS, progress=None, threads=N)``, which
+returns the rows (as `BatchResult.rows`); Dask is optional (``pip install 'decodesched[dask]'``).
 """
 
 from __future__ import annotations
@@ -139,8 +139,9 @@ def _run_dask(args, traces, scenarios):
         if exc.name in ("decodesched.distributed", "dask", "distributed"):
             raise UserError("--dask needs the optional Dask support: pip install 'decodesched[dask]'") from None
         raise
-    return distributed.run_sweep(traces, scenarios, address=args.dask, engine=args.engine,
-                                 max_steps=args.max_steps, progress=True)
+    if args.engine != "fast":
+        raise UserError("--dask runs the fast engine on the workers; drop --engine scan")
+    return distributed.run_sweep(traces, scenarios, args.dask, progress=None, threads=args.threads)
 
 
 def _cell(v) -> str:
