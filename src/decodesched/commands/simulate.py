@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 from ..engine import ENGINES, POLICIES, simulate
 from ..errors import UserError
@@ -32,8 +33,14 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     for path in (args.events, args.requests):
-        if path is not None and path == args.trace:
+        if path is None:
+            continue
+        if Path(path).resolve() == Path(args.trace).resolve():
             raise UserError(f"{path}: refusing to overwrite the input trace")
+        if not Path(path).resolve().parent.is_dir():
+            raise UserError(f"{path}: no such directory {Path(path).parent}")
+        if Path(path).is_dir():
+            raise UserError(f"{path}: is a directory")
     trace = load_trace(args.trace)
     start = time.perf_counter()
     result = simulate(trace, args.policy, args.kv_blocks, args.aging_interval, args.max_steps,

@@ -1,0 +1,83 @@
+"""`decodesched simulate`: the summary table, the files, and bad input (exit 2, one line, no partial file)."""
+
+import csv
+import subprocess
+import sys
+
+import pytest
+
+from decodesched.cli import main
+from decodesched.trace import TRACE_COLUMNS
+
+TRACE = [
+    "1,0,4,3,0,false,2,,true",
+    "2,1,2,2,2,true,2,8,true",
+    "3,1,3,1,1,false,9,,true",  # needs more blocks than exist: unservable
+]
+
+
+@pytest.fixture
+def trace_csv(tmp_path):
+    p = tmp_path / "trace.csv"
+    p.write_text(",".join(TRACE_COLUMNS) + "\n" + "\n".join(TRACE) + "\n")
+    return p
+
+
+def test_prints_a_summary_and_writes_both_files(trace_csv, tmp_path, capsys):
+    ev, rq = tmp_path / "ev.csv", tmp_path / "rq.csv"
+    code = main(["simulate", str(trace_csv), "--policy", "deadline", "--kv-blocks", "4", "--aging-interval", "2",
+                 "--events", str(ev), "--requests", str(rq)])
+    out = capsys.readouterr().out
+    assert code == 0
+    for label in ("queue_wait P50", "ttft P95", "e2e P99", "starvation", "preemptions", "deadline misses",
+                  "unservable"):
+        assert label in out
+    assert "stuck" in out  # request 3 could never run
+    with open(ev) as fh:
+        events = list(csv.DictReader(fh))
+    assert len(events) == (1 + 3) + (1 + 2)
+    with open(rq) as fh:
+        requests = {r["request_id"]: r for r in csv.DictReader(fh)}
+    assert requests["3"]["status"] == "unservable" and requests["3"]["first_step"] == ""
+
+
+def test_max_steps(trace_csv, tmp_path):
+    ev = tmp_path / "ev.csv"
+    assert main(["simulate", str(trace_csv), "--policy", "aging", "--kv-blocks", "4", "--aging-interval", "1",
+                 "--max-steps", "2", "--events", str(ev)]) == 0
+    assert len(ev.read_text().splitlines()) == 1 + 2
+
+
+def run_cli(*args):
+    return subprocess.run([sys.executable, "-m", "decodesched.cli", *args], capture_output=True, text=True)
+
+
+@pytest.mark.parametrize("extra, match", [
+    (["--kv-blocks", "-1"], "free_kv_blocks must be >= 0"),
+    (["--kv-blocks", "4", "--aging-interval", "0"], "aging_interval must be > 0"),
+    (["--kv-blocks", "4", "--max-steps", "-3"], "max_steps must be >= 0"),
+    (["--kv-blocks", "four"], "invalid int value"),
+])
+def test_bad_options_exit_2_with_one_line(trace_csv, tmp_path, extra, match):
+    out = tmp_path / "ev.csv"
+    p = run_cli("simulate", str(trace_csv), "--policy", "fixed_priority", *extra, "--events", str(out))
+    assert p.returncode == 2
+    assert len(p.stderr.strip().splitlines()) == 1 and match in p.stderr
+    assert "Traceback" not in p.stderr and not out.exists()
+
+
+def test_bad_trace_exits_2_naming_row_and_column(tmp_path):
+    bad = tmp_path / "bad.csv"
+    bad.write_text(",".join(TRACE_COLUMNS) + "\n" + "1,0,4,3,0,false,2,,true\n2,0,4,x,0,false,2,,true\n")
+    out = tmp_path / "rq.csv"
+    p = run_cli("simulate", str(bad), "--policy", "fcfs", "--kv-blocks", "4", "--requests", str(out))
+    assert p.returncode == 2 and "row 2 (line 3), column max_new_tokens" in p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1 and not out.exists()
+
+
+def test_unwritable_output_leaves_nothing(trace_csv, tmp_path):
+    p = run_cli("simulate", str(trace_csv), "--policy", "fcfs", "--kv-blocks", "4",
+                "--events", str(tmp_path / "missing-dir" / "ev.csv"))
+    assert p.returncode == 2 and "no such directory" in p.stderr
+    assert not (tmp_path / "missing-dir").exists()
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["trace.csv"]
