@@ -122,10 +122,14 @@ def run(args) -> int:
 
     png_path, csv_path = out / "ttft_cdf.png", out / "summary.csv"
     try:
-        with atomic_writer(csv_path) as fh:
-            fh.write(summary)
         with atomic_writer(png_path, "wb") as fh:
             fh.write(png)
+        try:
+            with atomic_writer(csv_path) as fh:
+                fh.write(summary)
+        except BaseException:
+            png_path.unlink(missing_ok=True)  # both files or neither
+            raise
     except OSError as exc:
         raise UserError(f"{out}: cannot write the demo output ({exc.strerror or exc})") from None
 
@@ -171,6 +175,7 @@ def render_ttft_cdf(ttft: dict[str, np.ndarray], steps_per_second: float | None,
     styles = {"fcfs": ("tab:gray", "--"), "fixed_priority": ("tab:blue", "-"), "aging": ("tab:green", "-"),
               "deadline": ("tab:red", "-")}
     lo, hi, tail_lo = math.inf, 0.0, math.inf
+    plotted = 0
     for policy, values in ttft.items():
         v = np.sort(values[~np.isnan(values)]) / scale
         if v.size == 0:
@@ -178,6 +183,7 @@ def render_ttft_cdf(ttft: dict[str, np.ndarray], steps_per_second: float | None,
         y = np.arange(1, v.size + 1) / values.size
         p99 = float(np.percentile(v, 99))
         color, ls = styles.get(policy, (None, "-"))
+        plotted += 1
         for ax in (ax_all, ax_tail):
             ax.step(v, y, where="post", color=color, linestyle=ls, linewidth=1.6,
                     label=f"{policy} (P99 {p99:.3g} {short})")
@@ -197,7 +203,10 @@ def render_ttft_cdf(ttft: dict[str, np.ndarray], steps_per_second: float | None,
     ax_all.set_ylabel("fraction of requests with TTFT \u2264 x")
     ax_all.set_ylim(0, 1.02)
     ax_all.set_title("TTFT CDF per policy", fontsize=10)
-    ax_all.legend(loc="upper left", fontsize=9, title="policy", title_fontsize=9)
+    if plotted:
+        ax_all.legend(loc="upper left", fontsize=9, title="policy", title_fontsize=9)
+    else:  # no request of any policy got its first token (e.g. capacity below every request's blocks)
+        ax_all.text(0.5, 0.5, "no request got a first token", transform=ax_all.transAxes, ha="center")
     ax_tail.set_ylim(0.95, 1.002)
     if math.isfinite(tail_lo) and hi > tail_lo:
         ax_tail.set_xlim(tail_lo * (0.7 if log else 0.95), hi * (1.3 if log else 1.02))
