@@ -68,6 +68,7 @@ import tempfile
 import threading
 import time
 import uuid
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -294,28 +295,54 @@ c.Execute.raise_on_iopub_timeout = False
 
 
 def build_template(course: Course, workroot: Path, options: Options) -> Path:
-    """A private course whose gradebook holds only the release (no hidden tests, no students)."""
+    """A private course whose gradebook holds only the release (no hidden tests, no students).
+
+    It starts from a copy of the instructor's gradebook (made by `nbgrader generate_assignment`),
+    removes every student, and replaces every stored cell source with the release version, so the
+    hidden tests that nbgrader keeps in the gradebook never reach a student's kernel.
+    """
+    from nbgrader.api import Gradebook, MissingEntry
+
     tpl = workroot / "template"
     (tpl / "source" / spec.ASSIGNMENT).mkdir(parents=True)
-    shutil.copy2(course.release_nb_path, tpl / "source" / spec.ASSIGNMENT / spec.NOTEBOOK)
     (tpl / "nbgrader_config.py").write_text(NBGRADER_CONFIG.format(root=".", cell_timeout=options.cell_timeout()))
-    proc = subprocess.run(
-        _nbgrader_argv("generate_assignment", spec.ASSIGNMENT, "--force", "--log-level=ERROR"),
-        cwd=tpl, capture_output=True, text=True, timeout=300,
-        env={**os.environ, "HOME": str(workroot)},
-    )
-    if proc.returncode != 0 or not (tpl / "gradebook.db").is_file():
-        raise UserError(f"could not prepare the grading course from {course.release_nb_path}: {proc.stderr.strip()[-400:]}")
-    # Keep only what autograde needs: the config, the gradebook, an empty source folder.
-    shutil.rmtree(tpl / "release", ignore_errors=True)
-    (tpl / "source" / spec.ASSIGNMENT / spec.NOTEBOOK).unlink()
+    db = tpl / "gradebook.db"
+    shutil.copyfile(course.gradebook, db)
+    release_cells = {}
+    for cell in course.release["cells"]:
+        gid = _nbgrader_meta(cell).get("grade_id")
+        if isinstance(gid, str):
+            release_cells[gid] = cell
+    notebook = spec.NOTEBOOK[: -len(".ipynb")]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with Gradebook(f"sqlite:///{db}") as gb:
+            try:
+                nb = gb.find_notebook(notebook, spec.ASSIGNMENT)
+            except MissingEntry:
+                raise UserError(f"{course.gradebook}: the assignment {spec.ASSIGNMENT} is not in the gradebook; "
+                                "run `decodesched assignment build` first") from None
+            for student in list(gb.students):
+                gb.remove_student(student.id)
+            for sc in nb.source_cells:
+                rel = release_cells.get(sc.name)
+                sc.source = _cell_source(rel) if rel is not None else ""
+                if rel is not None and _nbgrader_meta(rel).get("checksum"):
+                    sc.checksum = _nbgrader_meta(rel)["checksum"]
+            gb.db.commit()
+    con = sqlite3.connect(db)
+    try:
+        con.execute("VACUUM")  # no deleted hidden-test text left in free pages
+    finally:
+        con.close()
     return tpl
 
 
 def canary_cell(nonce: str) -> dict:
     src = (
         f"# {CANARY_TAG}: checks that asserts, comparisons and builtins still work in this kernel\n"
-        f"print({nonce!r}, 1 == 2, [3, 1, 2] == [3, 1, 2], sorted([3, 1, 2]), len('abc'), isinstance(1, int), type(True).__name__)\n"
+        f"print({nonce!r}, 1 == 2, [3, 1, 2] == [3, 1, 2], sorted([3, 1, 2]), len('abc'), isinstance(1, int), "
+        f"isinstance('a', int), type(True).__name__, str(7), abs(-2))\n"
         f"assert 1 == 2, {nonce!r}\n"
     )
     return {"cell_type": "code", "execution_count": None, "id": "decodesched-canary", "metadata": {},
@@ -323,7 +350,7 @@ def canary_cell(nonce: str) -> dict:
 
 
 def _canary_expected(nonce: str) -> str:
-    return f"{nonce} False True [1, 2, 3] 3 True bool"
+    return f"{nonce} False True [1, 2, 3] 3 True False bool 7 2"
 
 
 # ----------------------------------------------------------------------------- one submission
@@ -488,7 +515,10 @@ def grade_one(sub: Submission, course: Course, template: Path, workroot: Path, o
     if altered:
         tampered.append("locked or test cells were altered: " + ", ".join(altered))
 
-    verdict = checks.verdict_for_source(source, limits=limits)
+    verdict = checks.verdict_for_source(
+        source, limits={"timeout_s": limits.timeout_s, "cpu_s": limits.cpu_s, "memory_mb": limits.memory_mb},
+        hide=limits.hide,
+    )
     vstatus = verdict.status if verdict.status in STATUSES else "crashed"
     notes += [str(n) for n in (verdict.notes or [])]
     statuses = {vstatus}
@@ -559,7 +589,8 @@ def update_gradebook(course: Course, results: list[Result]) -> None:
     """Write the verdicts into the instructor's gradebook, so `nbgrader export` agrees."""
     from nbgrader.api import Gradebook, MissingEntry
 
-    with Gradebook(f"sqlite:///{course.gradebook}") as gb:
+    with warnings.catch_warnings(), Gradebook(f"sqlite:///{course.gradebook}") as gb:
+        warnings.simplefilter("ignore")  # nbgrader's add_submission trips SQLAlchemy autoflush warnings
         gb.find_assignment(spec.ASSIGNMENT)
         for r in sorted(results, key=lambda r: r.student_id):
             if not STUDENT_ID_RE.match(r.student_id):

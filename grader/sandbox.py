@@ -327,7 +327,8 @@ def run_isolated(
         "nproc": NPROC_LIMIT if root else None,
         "hide": [str(Path(p).resolve()) for p in hide if Path(p).exists()] if root else [],
         "expose": sorted({os.path.realpath(sys.base_prefix), os.path.realpath(sys.prefix),
-                          os.path.dirname(os.path.realpath(sys.executable))} | {os.path.realpath(p) for p in expose}),
+                          os.path.dirname(os.path.realpath(sys.executable)), str(cwd)}
+                         | {os.path.realpath(p) for p in expose}),
     }
     notes = []
     status_r, status_w = os.pipe()

@@ -1,0 +1,138 @@
+"""grader.sandbox.run_isolated: limits, kills, output caps and (as root) isolation."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+import uuid
+
+import pytest
+
+from decodesched.grader import sandbox
+
+
+def _run(tmp_path, code, **kw):
+    (tmp_path / "x.py").write_text(code)
+    args = dict(cwd=tmp_path, timeout_s=10, cpu_s=5, memory_mb=400)
+    args.update(kw)
+    return sandbox.run_isolated([sys.executable, "-I", "-S", "x.py"], **args)
+
+
+def _procs_with(token: str) -> list[int]:
+    out = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/cmdline", "rb") as fh:
+                if token.encode() in fh.read():
+                    with open(f"/proc/{name}/stat", "rb") as st:
+                        if b") Z" not in st.read():
+                            out.append(int(name))
+        except OSError:
+            pass
+    return out
+
+
+def test_plain_run_returns_output_and_scrubbed_env(tmp_path, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", "/should/not/leak")
+    monkeypatch.setenv("SECRET_TOKEN", "abc")
+    out = _run(tmp_path, "import os, sys\nprint('hi', os.environ.get('SECRET_TOKEN'), os.environ.get('PYTHONPATH'))\n"
+                         "print(os.environ['DECODESCHED_SANDBOX'])\nsys.stderr.write('err')\n", marker="m-123")
+    assert out.ok and out.returncode == 0 and out.signal is None
+    assert out.stdout.splitlines() == [b"hi None None", b"m-123"]
+    assert out.stderr == b"err"
+    assert not out.timed_out and not out.memory_exceeded
+
+
+def test_exit_code_and_signal_are_reported(tmp_path):
+    assert _run(tmp_path, "import os; os._exit(7)").returncode == 7
+    seg = _run(tmp_path, "import ctypes; ctypes.string_at(0)")
+    assert seg.signal == signal.SIGSEGV and seg.returncode is None and not seg.ok
+
+
+def test_loop_swallowing_interrupts_is_killed_at_the_wall_clock(tmp_path):
+    start = time.monotonic()
+    out = _run(tmp_path, "import time\nwhile True:\n  try:\n    time.sleep(0.05)\n  except BaseException:\n    pass\n",
+               timeout_s=1.5)
+    assert out.timed_out and not out.ok
+    assert time.monotonic() - start < 8
+
+
+def test_cpu_limit(tmp_path):
+    out = _run(tmp_path, "while True: pass", cpu_s=1, timeout_s=20)
+    assert out.timed_out and out.cpu_exceeded
+    assert out.wall_s < 10
+
+
+def test_address_space_limit_reports_memory(tmp_path):
+    out = _run(tmp_path, "x = bytearray(2 * 1024**3)", memory_mb=300)
+    assert out.memory_exceeded and not out.ok
+
+
+def test_resident_memory_watchdog_without_address_space_limit(tmp_path):
+    code = "hog = []\nwhile True:\n    hog.append(bytearray(32 * 1024 * 1024))\n"
+    out = _run(tmp_path, code, memory_mb=200, address_space=False, timeout_s=30)
+    assert out.memory_exceeded and out.returncode is None
+
+
+def test_background_processes_do_not_outlive_the_run(tmp_path):
+    token = f"bg-{uuid.uuid4().hex}"
+    code = (
+        "import os, subprocess, sys, time\n"
+        f"subprocess.Popen([sys.executable, '-c', 'import time\\nwhile True: time.sleep(0.2)  # {token}'],"
+        " start_new_session=True)\n"
+        "if os.fork() == 0:\n"
+        "    os.setsid()\n"
+        "    if os.fork() == 0:\n"
+        f"        os.execve('/bin/sleep', ['/bin/sleep', '1000', '{token}'], {{}})\n"
+        "    os._exit(0)\n"
+        "time.sleep(0.5)\nprint('parent done')\n"
+    )
+    out = _run(tmp_path, code)
+    assert out.returncode == 0 and out.stdout.strip() == b"parent done"
+    assert out.leftovers_killed >= 2
+    time.sleep(0.2)
+    assert _procs_with(token) == []
+
+
+def test_flooding_output_is_capped_without_deadlock(tmp_path):
+    code = "import sys\nfor _ in range(400):\n    sys.stdout.write('x' * 100000)\n    sys.stderr.write('y' * 1000)\n"
+    out = _run(tmp_path, code, max_output_bytes=50_000)
+    assert out.returncode == 0
+    assert len(out.stdout) == 50_000 and set(out.stdout) == {ord("x")}
+    assert out.output_truncated
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="private uid and mount namespace need root")
+def test_root_isolation_private_uid_hidden_paths_and_no_writes(tmp_path):
+    secret_dir = tmp_path / "secret"
+    secret_dir.mkdir()
+    (secret_dir / "hidden.txt").write_text("hidden tests")
+    protected = tmp_path / "protected"
+    protected.mkdir()
+    work = tmp_path / "work"
+    work.mkdir()
+    code = (
+        "import os\n"
+        "print(os.getuid() != 0, os.getgid() != 0)\n"
+        f"print(os.path.exists({str(secret_dir / 'hidden.txt')!r}))\n"
+        "try:\n"
+        f"    open({str(protected / 'pwned')!r}, 'w').write('x'); print('wrote')\n"
+        "except OSError as e:\n"
+        "    print('denied')\n"
+        "open('mine.txt', 'w').write('ok'); print('own folder ok')\n"
+        "try:\n"
+        "    os.kill(1, 9); print('killed init?')\n"
+        "except OSError:\n"
+        "    print('no signal')\n"
+    )
+    (work / "x.py").write_text(code)
+    out = sandbox.run_isolated([sys.executable, "-I", "-S", "x.py"], cwd=work, timeout_s=10, cpu_s=5,
+                               memory_mb=400, hide=[secret_dir])
+    assert out.stdout.decode().split("\n")[:5] == ["True True", "False", "denied", "own folder ok", "no signal"]
+    assert not (protected / "pwned").exists()
+    assert (secret_dir / "hidden.txt").read_text() == "hidden tests"
+    assert (work / "mine.txt").stat().st_uid == 0  # handed back to the grader after the run
