@@ -272,7 +272,7 @@ def _targeted() -> list[dict]:
        new(free_kv_blocks=4), enq(1, 1, 4, priority=0, required_blocks=1), enq(2, 1, 4, priority=1, required_blocks=3),
        STEP, STEP, enq(3, 1, 1, priority=5, required_blocks=3), STEP, STATE)
     sc(c, "h3_negative_and_zero_ids", "victim ids 0 and negative are reported as such / id 为 0 或负数的 victim",
-       new(free_kv_blocks=1), enq(0, 1, 2, priority=0), STEP, enq(-3, 1, 2, priority=1), STEP, STATE,
+       new(free_kv_blocks=1), enq(0, 1, 2, priority=0), STEP, enq(-1, 1, 2, priority=1), STEP, STATE,
        enq(7, 1, 1, priority=2), STEP, STATE)
     sc(c, "h3_ensure_direct", "_ensure_capacity: admitted -> None; fits -> admit; no victim -> None, nothing changes",
        new(free_kv_blocks=3), enq(1, 1, 2, priority=2, required_blocks=2), enq(2, 1, 2, priority=2, required_blocks=2),
@@ -344,7 +344,7 @@ def _random_trace(rng: random.Random, index: int) -> dict:
             "deadline_step": deadline,
             "preemptible": rng.random() < 0.75,
         })
-    max_steps = None if rng.random() < 0.85 else rng.randint(0, 12)
+    max_steps = None if rng.random() < 0.85 else rng.randint(1, 12)
     return {"rows": rows, "policy": policy, "free_kv_blocks": capacity, "aging_interval": rng.randint(1, 4),
             "max_steps": max_steps}
 
