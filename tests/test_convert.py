@@ -309,3 +309,12 @@ def test_cli_inspect_bad_trace_exits_2(tmp_path, capsys):
     assert cli(["trace", "inspect", str(bad)]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "missing column" in err
+
+
+def test_convert_help_documents_the_rules(capsys):
+    assert cli(["trace", "convert", "--help"]) == 0
+    text = capsys.readouterr().out
+    for words in ("work_steps / (L * span_seconds)", "ceil((prompt_len + max_new_tokens) / --block-size)",
+                  "--deadline-fraction", "--slo-factor", "--protected-classes", "seen in earlier requests",
+                  "meta.json", "39% hits"):
+        assert words in text, words

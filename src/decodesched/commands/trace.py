@@ -26,7 +26,7 @@ conversion rules (seeded: the same source, options and --seed give the same trac
   cache_hit       = azure: false (no prefix data). mooncake: the request's first
                     --cache-min-blocks hash_ids were all seen in earlier requests (1 = "first
                     block seen before"; in the Mooncake conversation trace every request shares
-                    block 0, so use 2 for a real signal, about 39%% hits).
+                    block 0, so use 2 for a real signal, about 39% hits).
   priority        = drawn from --priority-classes with --priority-weights
                     (default {','.join(map(str, cv.DEFAULT_PRIORITY_CLASSES))} with \
 {','.join(map(str, cv.DEFAULT_PRIORITY_WEIGHTS))}; larger runs first)
