@@ -1,0 +1,403 @@
+"""Hostile submissions for `decodesched grade` (issue 3, item 5), built from the release notebook.
+
+Every attack is a *real submission*: the release notebook with the student's solution cell filled
+in by honest code (the reference solution with one bug, `HONEST_BUG`, so the honest part earns a
+known, non-full score) plus the attack, placed where a student would put it. The honest code keeps
+working outside a Jupyter kernel (attacks aimed at the kernel are guarded), so the test can check
+that each submission is graded on exactly what its honest part earns, never more.
+
+Build the notebooks by hand with::
+
+    python tests/grader_attacks/attacks.py RELEASE.ipynb OUT_DIR
+
+`EXPECT[name] = (status, score)` where score is "honest" (equal to the honest part's score),
+"below" (strictly below it: the cheat made its own answers wrong), "at_most" (<= the honest
+part's score: it died part-way), or a number.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import sys
+from pathlib import Path
+
+REFERENCE = Path(__file__).resolve().parents[2] / "grader" / "solutions" / "reference.py"
+SOLUTION_CELL = "scheduler_solution"
+# One honest bug: the cache-hit rank is ignored in the sort key (costs TODO 2 points).
+HONEST_BUG = ("cache_rank = 0 if req.cache_hit else 1", "cache_rank = 0")
+IN_KERNEL = "'get_ipython' in globals()"
+
+ATTACKS: dict[str, str] = {}
+
+# Objects whose == is always true (and that still sort like the real key).
+ATTACKS["eq_always_true"] = '''
+class _AlwaysEqual(tuple):
+    def __eq__(self, other):
+        return True
+    def __ne__(self, other):
+        return False
+    __hash__ = tuple.__hash__
+_honest_key = DecodeSchedulerSim._schedule_key
+def _cheating_key(self, req):
+    return _AlwaysEqual(_honest_key(self, req))
+DecodeSchedulerSim._schedule_key = _cheating_key
+'''
+
+# An IPython AST transformer that turns every assert of later cells into `pass`.
+ATTACKS["ast_transformer"] = '''
+import ast as _ast
+class _DropAsserts(_ast.NodeTransformer):
+    def visit_Assert(self, node):
+        return _ast.copy_location(_ast.Pass(), node)
+try:
+    get_ipython().ast_transformers.append(_DropAsserts())
+except NameError:
+    pass
+'''
+
+# An IPython input transformer that rewrites assert lines before they are parsed.
+ATTACKS["input_transformer"] = '''
+def _drop_assert_lines(lines):
+    out = []
+    for line in lines:
+        body = line.lstrip()
+        out.append(line[: len(line) - len(body)] + "pass\\n" if body.startswith("assert") else line)
+    return out
+try:
+    get_ipython().input_transformers_post.append(_drop_assert_lines)
+except NameError:
+    pass
+'''
+
+# Looks for the source notebook, hidden tests, the grader's reference, the gradebook and other
+# students' submissions (paths learnt from the grader's command line in /proc and by walking up
+# and around). If it can read any of them it "uses" them: it switches to fully correct code, so
+# a leak would show as a higher score.
+ATTACKS["reads_hidden_files"] = '''
+import os as _os, time as _time
+def _secret_paths():
+    roots = set()
+    d = _os.getcwd()
+    while True:
+        roots.add(d)
+        if d == "/":
+            break
+        d = _os.path.dirname(d)
+    for pid in _os.listdir("/proc"):
+        try:
+            with open("/proc/%s/cmdline" % pid, "rb") as fh:
+                for arg in fh.read().split(b"\\0"):
+                    arg = arg.decode("utf-8", "replace")
+                    if arg.startswith("/") and _os.path.isdir(arg):
+                        roots.add(arg)
+        except OSError:
+            pass
+    roots.update(["/work", "/tmp", "/root", "/home"])
+    found, deadline = [], _time.monotonic() + 3
+    wanted = ("gradebook.db", "reference.py", "checks.py", "model.py", "decode_scheduling.ipynb")
+    for root in sorted(roots):
+        for dirpath, dirnames, filenames in _os.walk(root):
+            if _time.monotonic() > deadline:
+                return found
+            if dirpath.count("/") - root.count("/") > 6:
+                dirnames[:] = []
+            dirnames[:] = [n for n in dirnames if n not in (".venv", "site-packages", "proc", "sys", ".git", "shared")]
+            for name in filenames:
+                path = _os.path.join(dirpath, name)
+                if name in wanted or (name.endswith(".ipynb") and "attack" not in name):
+                    try:
+                        with open(path, "rb") as fh:
+                            data = fh.read(1 << 20)
+                    except OSError:
+                        continue
+                    if (b"BEGIN HIDDEN TESTS" in data or b"BEGIN SOLUTION" in data or b"grade_cells" in data
+                            or b"DecodeSchedulerSim" in data):
+                        found.append(path)
+    return found
+_leaks = [] if 'get_ipython' in globals() else _secret_paths()
+if _leaks:
+    # A leak was usable: behave like the reference (the honest bug disappears).
+    def _leaked_key(self, req):
+        slack = 1_000_000_000
+        if self.policy == 'deadline' and req.deadline_step is not None:
+            slack = req.deadline_step - self.clock - self._remaining_steps(req)
+        return (slack, 0 if req.phase == 'prefill' else 1, 0 if req.cache_hit else 1,
+                -self._effective_priority(req), req.total_len, req.request_id)
+    DecodeSchedulerSim._schedule_key = _leaked_key
+'''
+
+# Finds gradebook.db files (walking up from the kernel's folder and from /proc command lines) and
+# gives itself full marks: manual scores and extra credit.
+ATTACKS["writes_gradebook"] = '''
+import os as _os, sqlite3 as _sqlite3
+def _gradebooks():
+    seen = set()
+    d = _os.getcwd()
+    while True:
+        seen.add(_os.path.join(d, "gradebook.db"))
+        if d == "/":
+            break
+        d = _os.path.dirname(d)
+    for pid in _os.listdir("/proc"):
+        try:
+            with open("/proc/%s/cmdline" % pid, "rb") as fh:
+                for arg in fh.read().split(b"\\0"):
+                    arg = arg.decode("utf-8", "replace")
+                    if arg.startswith("/"):
+                        seen.add(_os.path.join(arg, "gradebook.db"))
+        except OSError:
+            pass
+    return [p for p in sorted(seen) if _os.path.isfile(p)]
+for _db in _gradebooks():
+    try:
+        _con = _sqlite3.connect(_db, timeout=1)
+        _con.execute("UPDATE grade SET manual_score = (SELECT max_score FROM grade_cells WHERE grade_cells.id = grade.cell_id), extra_credit = 50")
+        _con.commit()
+        _con.close()
+    except Exception:
+        pass
+'''
+
+# Finds the grader's --out folder and submissions folder from /proc and overwrites the results
+# and another student's submission.
+ATTACKS["writes_out_dir"] = '''
+import os as _os
+def _grader_args():
+    found = []
+    for pid in _os.listdir("/proc"):
+        try:
+            with open("/proc/%s/cmdline" % pid, "rb") as fh:
+                args = [a.decode("utf-8", "replace") for a in fh.read().split(b"\\0")]
+        except OSError:
+            continue
+        if "grade" in args:
+            for i, a in enumerate(args):
+                if a == "--out" and i + 1 < len(args):
+                    found.append(("out", args[i + 1]))
+                elif a.startswith("/") and _os.path.isdir(a):
+                    found.append(("dir", a))
+    return found
+for _kind, _path in _grader_args():
+    for _name, _text in (("grades.csv", "student_id,score\\nwrites_out_dir,100\\n"), ("PWNED.txt", "pwned"),
+                         ("feedback/honest_reference.html", "pwned"), ("honest_reference.ipynb", "{}")):
+        try:
+            _os.makedirs(_os.path.dirname(_os.path.join(_path, _name)), exist_ok=True)
+            with open(_os.path.join(_path, _name), "w") as _fh:
+                _fh.write(_text)
+        except OSError:
+            pass
+'''
+
+# Patches builtins so that type checks in tests always pass.
+ATTACKS["patches_builtins"] = '''
+import builtins as _builtins
+_builtins.isinstance = lambda obj, cls: True
+'''
+
+# Imports the grader's own modules (and nbgrader's, and the verdict harness if it is __main__) and
+# patches them to give full marks.
+ATTACKS["patches_grader_modules"] = '''
+import sys as _sys
+try:
+    import decodesched.grader.checks as _checks
+    _checks.judge = lambda *a, **k: {}
+    import decodesched.grader.pipeline as _pipeline
+    _pipeline.grade_one = lambda *a, **k: None
+except Exception:
+    pass
+try:
+    import nbgrader.utils as _nbu
+    _nbu.determine_grade = lambda cell, log=None: (cell.metadata.nbgrader["points"], cell.metadata.nbgrader["points"])
+except Exception:
+    pass
+_main = _sys.modules.get("__main__")
+for _name in ("normalise", "compare", "judge"):
+    if hasattr(_main, _name):
+        try:
+            setattr(_main, _name, lambda x, *a, **k: x)
+        except Exception:
+            pass
+'''
+
+# Kills its own kernel with os._exit (the verdict process is left alone).
+ATTACKS["os_exit"] = f'''
+import os as _os
+if {IN_KERNEL}:
+    _os._exit(0)
+'''
+
+# A segfault inside step() once the clock reaches 40 (long traces only).
+ATTACKS["segfault"] = '''
+import ctypes as _ctypes
+_honest_step = DecodeSchedulerSim.step
+def _crashing_step(self):
+    if self.clock >= 40:
+        _ctypes.string_at(0)
+    return _honest_step(self)
+DecodeSchedulerSim.step = _crashing_step
+'''
+
+# Kernel death by SIGKILL; outside a kernel it tries to kill its parent (the sandbox launcher).
+ATTACKS["kernel_death"] = f'''
+import os as _os, signal as _signal
+if {IN_KERNEL}:
+    _os.kill(_os.getpid(), _signal.SIGKILL)
+else:
+    try:
+        _os.kill(_os.getppid(), _signal.SIGKILL)
+    except OSError:
+        pass
+'''
+
+# An infinite Python loop in the kernel (nbgrader interrupts the cell).
+ATTACKS["loop_python"] = f'''
+if {IN_KERNEL}:
+    while True:
+        pass
+'''
+
+# An infinite loop that swallows KeyboardInterrupt (and any alarm), everywhere.
+ATTACKS["loop_swallows_interrupt"] = '''
+import time as _time
+while True:
+    try:
+        _time.sleep(0.05)
+    except BaseException:
+        pass
+'''
+
+# An infinite loop inside @njit code, where no interrupt is ever seen.
+ATTACKS["loop_njit"] = f'''
+if {IN_KERNEL}:
+    try:
+        from numba import njit as _njit
+        @_njit(cache=False)
+        def _spin(x):
+            while x >= 0:
+                x = (x * 7 + 1) % 1000003
+            return x
+        _spin(1)
+    except ImportError:
+        pass
+'''
+
+# Memory exhaustion.
+ATTACKS["memory_bomb"] = '''
+def _eat_memory():
+    hog = []
+    while True:
+        hog.append(bytearray(64 * 1024 * 1024))
+_eat_memory()
+'''
+
+# Background processes that try to outlive the kernel: a new session, and a double fork that
+# also wipes its environment (so it carries no marker).
+ATTACKS["background_process"] = '''
+import os as _os, subprocess as _sp, sys as _sys
+try:
+    _sp.Popen([_sys.executable, "-c", "import os, time\\nos.setsid()\\nwhile True: time.sleep(0.5)  # decodesched-attack-bg"],
+              start_new_session=True, stdin=_sp.DEVNULL, stdout=_sp.DEVNULL, stderr=_sp.DEVNULL)
+    if _os.fork() == 0:
+        try:
+            _os.setsid()
+            if _os.fork() == 0:
+                _os.execve("/bin/sleep", ["/bin/sleep", "987654"], {})
+        finally:
+            _os._exit(0)
+    _os.wait()
+except Exception:
+    pass
+'''
+
+# Floods stdout (about 30 MB), then carries on.
+ATTACKS["flood_stdout"] = '''
+import sys as _sys
+for _ in range(300):
+    _sys.stdout.write("x" * 100_000 + "\\n")
+'''
+
+EXPECT = {
+    "eq_always_true": ("tampered", "below"),
+    "ast_transformer": ("tampered", "honest"),
+    "input_transformer": ("tampered", "honest"),
+    "reads_hidden_files": ("graded", "honest"),
+    "writes_gradebook": ("tampered", "honest"),
+    "writes_out_dir": ("graded", "honest"),
+    "patches_builtins": ("tampered", "honest"),
+    "patches_grader_modules": ("graded", "honest"),
+    "os_exit": ("crashed", "honest"),
+    "segfault": ("crashed", "at_most"),
+    "kernel_death": ("crashed", "honest"),
+    "loop_python": ("timeout", "honest"),
+    "loop_swallows_interrupt": ("timeout", 0.0),
+    "loop_njit": ("timeout", "honest"),
+    "memory_bomb": ("memory", "honest"),
+    "background_process": ("graded", "honest"),
+    "flood_stdout": ("graded", "honest"),
+    # honest and broken submissions graded in the same run
+    "honest_reference": ("graded", 100.0),
+    "honest_buggy": ("graded", "honest"),
+    "release_untouched": ("graded", 0.0),
+    "altered_test_cell": ("tampered", "honest"),
+    "no_solution_cell": ("invalid", 0.0),
+    "broken_json": ("invalid", 0.0),
+}
+
+
+def reference_source() -> str:
+    return REFERENCE.read_text(encoding="utf-8")
+
+
+def honest_source() -> str:
+    ref = reference_source()
+    assert HONEST_BUG[0] in ref, "the reference solution changed; update HONEST_BUG"
+    return ref.replace(HONEST_BUG[0], HONEST_BUG[1])
+
+
+def _with_solution(release: dict, source: str) -> dict:
+    nb = copy.deepcopy(release)
+    cells = [c for c in nb["cells"] if c.get("metadata", {}).get("nbgrader", {}).get("grade_id") == SOLUTION_CELL]
+    assert len(cells) == 1, "the release must have exactly one solution cell"
+    cells[0]["source"] = source
+    return nb
+
+
+def build(release_path, out_dir) -> dict[str, Path]:
+    """Write every submission of EXPECT as OUT_DIR/<name>.ipynb; return name -> path."""
+    release = json.loads(Path(release_path).read_text(encoding="utf-8"))
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    honest = honest_source()
+    nbs: dict[str, object] = {name: _with_solution(release, honest.rstrip() + "\n\n" + code.strip() + "\n")
+                              for name, code in ATTACKS.items()}
+    nbs["honest_reference"] = _with_solution(release, reference_source())
+    nbs["honest_buggy"] = _with_solution(release, honest)
+    nbs["release_untouched"] = copy.deepcopy(release)
+    altered = _with_solution(release, honest)
+    tests = [c for c in altered["cells"] if c.get("metadata", {}).get("nbgrader", {}).get("grade")
+             and c["metadata"]["nbgrader"].get("grade_id") != SOLUTION_CELL]
+    tests[0]["source"] = "# the test was here\npass\n"
+    nbs["altered_test_cell"] = altered
+    nosol = _with_solution(release, honest)
+    for c in nosol["cells"]:
+        if c.get("metadata", {}).get("nbgrader", {}).get("grade_id") == SOLUTION_CELL:
+            del c["metadata"]["nbgrader"]
+    nbs["no_solution_cell"] = nosol
+    paths = {}
+    for name, nb in nbs.items():
+        p = out / f"{name}.ipynb"
+        p.write_text(json.dumps(nb, ensure_ascii=False, indent=1), encoding="utf-8")
+        paths[name] = p
+    p = out / "broken_json.ipynb"
+    p.write_text('{"cells": [ {"cell_type": "code", "source": "import os', encoding="utf-8")
+    paths["broken_json"] = p
+    assert set(paths) == set(EXPECT)
+    return paths
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 3:
+        sys.exit("usage: python tests/grader_attacks/attacks.py RELEASE.ipynb OUT_DIR")
+    for name, path in sorted(build(sys.argv[1], sys.argv[2]).items()):
+        print(path)
