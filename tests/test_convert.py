@@ -248,7 +248,7 @@ def test_cli_convert_writes_a_loadable_trace_and_sidecar(tmp_path, azure_small, 
     assert meta["steps_per_second"] == pytest.approx(expect.steps_per_second)
     for col in ("arrival_step", "priority", "deadline_step", "has_deadline", "preemptible", "required_blocks"):
         assert np.array_equal(getattr(t, col), getattr(expect, col)), col
-    assert cv.load_converted(out).steps_per_second == pytest.approx(expect.steps_per_second)
+    assert decodesched.load_trace(out).steps_per_second == pytest.approx(expect.steps_per_second)
 
 
 def test_cli_convert_mooncake_and_requests_prefix(tmp_path, capsys):

@@ -38,7 +38,7 @@ The conversion rules (also printed by ``decodesched trace convert --help``):
 
 `write_trace` writes the CSV atomically and a sidecar ``<out>.meta.json`` beside it with
 ``steps_per_second``, the source file, its format, the options and the seed, so seconds can be
-reported later (`load_trace` does not need it; `read_meta` reads it).
+reported later (`load_trace` reads ``steps_per_second`` from it; `read_meta` reads all of it).
 """
 
 from __future__ import annotations
@@ -426,20 +426,11 @@ def read_meta(trace_path: str | os.PathLike) -> dict | None:
     return meta if isinstance(meta, dict) else None
 
 
-def load_converted(path: str | os.PathLike) -> Trace:
-    """`load_trace` plus the time scale from the sidecar, when there is one."""
-    meta = read_meta(path) or {}
-    sps = meta.get("steps_per_second")
-    ok = isinstance(sps, (int, float)) and not isinstance(sps, bool) and math.isfinite(sps) and sps > 0
-    return load_trace(path, steps_per_second=float(sps) if ok else None)
-
-
 __all__ = [
     "RawTrace",
     "TraceError",
     "bundled_trace_path",
     "detect_format",
-    "load_converted",
     "read_azure",
     "read_meta",
     "read_mooncake",

@@ -211,6 +211,6 @@ def inspect_lines(trace, meta: dict | None = None) -> list[str]:
 def run_inspect(args) -> int:
     path = Path(args.trace)
     meta = cv.read_meta(path)
-    trace = cv.load_converted(path) if meta else load_trace(path)
+    trace = load_trace(path)
     print("\n".join(inspect_lines(trace, meta)))
     return 0
