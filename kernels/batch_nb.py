@@ -20,22 +20,21 @@ from numba import njit, prange
 
 from .scan_nb import replay_scan_nb
 
-try:  # the fast kernel (`fast_nb`) has the same signature; fall back to the scan kernel without it
-    from .fast_nb import replay_fast_nb as _replay_fast_nb
+try:  # the fast kernel (`fast_nb`) has the same signature as the scan kernel
+    from .fast_nb import replay_fast_nb
 
     HAVE_FAST = True
 except ImportError:  # pragma: no cover - only while fast_nb does not exist
-    _replay_fast_nb = replay_scan_nb
     HAVE_FAST = False
 
 
 @njit(parallel=True, cache=True)
-def replay_batch_nb(request_id, arrival_step, prompt_len, max_new_tokens, priority, cache_hit,
-                    required_blocks, deadline_step, has_deadline, preemptible, order, trace_start,
-                    sc_trace, sc_policy, sc_capacity, sc_interval, sc_max_steps,
-                    lane_start, lane_scenarios, req_start, event_start,
-                    events, req_out, summary):
-    """Run scenarios in parallel with the fast kernel (`fast_nb`, or `scan_nb` where it is absent).
+def replay_batch_scan_nb(request_id, arrival_step, prompt_len, max_new_tokens, priority, cache_hit,
+                         required_blocks, deadline_step, has_deadline, preemptible, order, trace_start,
+                         sc_trace, sc_policy, sc_capacity, sc_interval, sc_max_steps,
+                         lane_start, lane_scenarios, req_start, event_start,
+                         events, req_out, summary):
+    """Run scenarios in parallel, each with the scan kernel (`scan_nb.replay_scan_nb`).
 
     Traces, concatenated (T traces, N rows in all): the 11 trace arrays of `replay_scan_nb`, each
     of length N, where ``order`` holds row indices *local to each trace*; ``trace_start`` int64
@@ -62,28 +61,6 @@ def replay_batch_nb(request_id, arrival_step, prompt_len, max_new_tokens, priori
             t = sc_trace[s]
             a = trace_start[t]
             b = trace_start[t + 1]
-            _replay_fast_nb(request_id[a:b], arrival_step[a:b], prompt_len[a:b], max_new_tokens[a:b],
-                            priority[a:b], cache_hit[a:b], required_blocks[a:b], deadline_step[a:b],
-                            has_deadline[a:b], preemptible[a:b], order[a:b],
-                            sc_policy[s], sc_capacity[s], sc_interval[s], sc_max_steps[s],
-                            events[event_start[s]:event_start[s + 1]], req_out[req_start[s]:req_start[s + 1]],
-                            summary[s])
-
-
-@njit(parallel=True, cache=True)
-def replay_batch_scan_nb(request_id, arrival_step, prompt_len, max_new_tokens, priority, cache_hit,
-                         required_blocks, deadline_step, has_deadline, preemptible, order, trace_start,
-                         sc_trace, sc_policy, sc_capacity, sc_interval, sc_max_steps,
-                         lane_start, lane_scenarios, req_start, event_start,
-                         events, req_out, summary):
-    """`replay_batch_nb` with the scan kernel (the readable baseline); same arrays."""
-    n_lanes = lane_start.shape[0] - 1
-    for lane in prange(n_lanes):
-        for k in range(lane_start[lane], lane_start[lane + 1]):
-            s = lane_scenarios[k]
-            t = sc_trace[s]
-            a = trace_start[t]
-            b = trace_start[t + 1]
             replay_scan_nb(request_id[a:b], arrival_step[a:b], prompt_len[a:b], max_new_tokens[a:b],
                            priority[a:b], cache_hit[a:b], required_blocks[a:b], deadline_step[a:b],
                            has_deadline[a:b], preemptible[a:b], order[a:b],
@@ -91,3 +68,30 @@ def replay_batch_scan_nb(request_id, arrival_step, prompt_len, max_new_tokens, p
                            events[event_start[s]:event_start[s + 1]], req_out[req_start[s]:req_start[s + 1]],
                            summary[s])
 
+
+
+if HAVE_FAST:
+
+    @njit(parallel=True, cache=True)
+    def replay_batch_nb(request_id, arrival_step, prompt_len, max_new_tokens, priority, cache_hit,
+                        required_blocks, deadline_step, has_deadline, preemptible, order, trace_start,
+                        sc_trace, sc_policy, sc_capacity, sc_interval, sc_max_steps,
+                        lane_start, lane_scenarios, req_start, event_start,
+                        events, req_out, summary):
+        """`replay_batch_scan_nb` with the fast kernel (`fast_nb.replay_fast_nb`); the same arrays."""
+        n_lanes = lane_start.shape[0] - 1
+        for lane in prange(n_lanes):
+            for k in range(lane_start[lane], lane_start[lane + 1]):
+                s = lane_scenarios[k]
+                t = sc_trace[s]
+                a = trace_start[t]
+                b = trace_start[t + 1]
+                replay_fast_nb(request_id[a:b], arrival_step[a:b], prompt_len[a:b], max_new_tokens[a:b],
+                               priority[a:b], cache_hit[a:b], required_blocks[a:b], deadline_step[a:b],
+                               has_deadline[a:b], preemptible[a:b], order[a:b],
+                               sc_policy[s], sc_capacity[s], sc_interval[s], sc_max_steps[s],
+                               events[event_start[s]:event_start[s + 1]], req_out[req_start[s]:req_start[s + 1]],
+                               summary[s])
+
+else:  # pragma: no cover - only while fast_nb does not exist
+    replay_batch_nb = replay_batch_scan_nb
