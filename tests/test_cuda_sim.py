@@ -13,6 +13,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 SCRIPT = textwrap.dedent(
     """
     import json, sys
@@ -100,3 +102,40 @@ def test_cuda_backend_under_simulator_via_cli(tmp_path):
         outs.append(out.read_text())
     assert outs[0] == outs[1]
     assert len(outs[0].splitlines()) == 1 + 4
+
+
+PTX_SCRIPT = textwrap.dedent(
+    """
+    import sys
+    from numba import cuda, types
+    from numba.cuda.cudadrv import nvvm
+    if not nvvm.is_available():
+        print("SKIP no libNVVM"); sys.exit(0)
+    import numba.cuda.dispatcher as dispatcher
+    if not hasattr(dispatcher, "get_current_device"):
+        print("SKIP numba internals changed"); sys.exit(0)
+
+    class Hopper:  # device functions ask the current device for its compute capability
+        compute_capability = (9, 0)
+
+    dispatcher.get_current_device = lambda: Hopper()
+    from decodesched.kernels import cuda_nb
+
+    i64, b1, i64_2 = types.int64[::1], types.boolean[::1], types.int64[:, ::1]
+    sig = (i64,) * 5 + (b1, i64, i64, b1, b1, i64, i64) + (i64,) * 7 + (i64_2,) * 6
+    ptx, restype = cuda.compile_ptx(cuda_nb.replay_batch_cuda_kernel.py_func, sig, cc=(9, 0))
+    assert ".entry" in ptx and "st.global" in ptx
+    print("OK", len(ptx))
+    """
+)
+
+
+def test_cuda_kernel_compiles_for_a_real_gpu():
+    """The simulator runs device code as Python; this compiles it with the real CUDA target (to PTX,
+    no GPU needed where libNVVM is installed), so typing or lowering errors show up without a GPU."""
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+    proc = subprocess.run([sys.executable, "-c", PTX_SCRIPT], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    if proc.stdout.startswith("SKIP"):
+        pytest.skip(proc.stdout.strip())
+    assert proc.stdout.startswith("OK")
