@@ -255,6 +255,74 @@ def altered_cells(nb: dict, release: dict) -> list[str]:
     return sorted(altered)
 
 
+_TRANSFORMER_ATTRS = {"ast_transformers", "input_transformers_post", "input_transformers_cleanup",
+                      "input_transformer_manager", "input_splitter", "register_magic_function"}
+
+
+def static_evidence(sources) -> list[str]:
+    """Plain signs of cheating in the student's own code cells (parsed, never run).
+
+    Assigning to attributes of ``builtins``, registering IPython input/AST transformers, or naming
+    the gradebook file has no place in a scheduler. Obfuscated variants are not caught here; they
+    are caught by their effects (canary, gradebook copy, strict verdict types) or earn nothing.
+    """
+    import ast
+
+    found = set()
+    for source in sources:
+        text = "\n".join("pass" if line.lstrip().startswith(("%", "!")) else line for line in source.split("\n"))
+        try:
+            tree = ast.parse(text)
+        except (SyntaxError, ValueError, RecursionError, MemoryError):
+            continue
+        names = {"builtins", "__builtins__"}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                names |= {a.asname or a.name for a in node.names if a.name == "builtins"}
+
+        def is_builtins(expr) -> bool:
+            if isinstance(expr, ast.Name) and expr.id in names:
+                return True
+            if isinstance(expr, ast.Attribute) and expr.attr == "__dict__":
+                return is_builtins(expr.value)
+            if isinstance(expr, ast.Call) and isinstance(expr.func, ast.Name) and expr.func.id == "vars" and expr.args:
+                return is_builtins(expr.args[0])
+            return False
+
+        for node in ast.walk(tree):
+            targets = []
+            if isinstance(node, (ast.Assign, ast.Delete)):
+                targets = node.targets
+            elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+                targets = [node.target]
+            for t in targets:
+                if isinstance(t, (ast.Attribute, ast.Subscript)) and is_builtins(t.value):
+                    found.add("the code assigns to builtins")
+            if isinstance(node, ast.Call):
+                f = node.func
+                if isinstance(f, ast.Name) and f.id in ("setattr", "delattr") and node.args and is_builtins(node.args[0]):
+                    found.add("the code assigns to builtins")
+                if isinstance(f, ast.Attribute) and f.attr in ("update", "__setitem__", "setdefault", "pop") and is_builtins(f.value):
+                    found.add("the code assigns to builtins")
+            if isinstance(node, ast.Attribute) and node.attr in _TRANSFORMER_ATTRS:
+                found.add("the code registers IPython input or AST transformers")
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and "gradebook" in node.value.lower():
+                found.add("the code looks for the nbgrader gradebook")
+    return sorted(found)
+
+
+def student_code_cells(nb: dict) -> list[str]:
+    """Sources of the code cells the student wrote: the solution cell and cells without grading metadata."""
+    out = []
+    for cell in nb["cells"]:
+        meta = _nbgrader_meta(cell)
+        if cell.get("cell_type") != "code":
+            continue
+        if meta.get("grade_id") == spec.SOLUTION_CELL or not (meta.get("grade") or meta.get("locked")):
+            out.append(_cell_source(cell))
+    return out
+
+
 # ----------------------------------------------------------------------------- the course
 @dataclass
 class Course:
@@ -514,6 +582,7 @@ def grade_one(sub: Submission, course: Course, template: Path, workroot: Path, o
     altered = altered_cells(nb, course.release)
     if altered:
         tampered.append("locked or test cells were altered: " + ", ".join(altered))
+    tampered += static_evidence(student_code_cells(nb))
 
     verdict = checks.verdict_for_source(
         source, limits={"timeout_s": limits.timeout_s, "cpu_s": limits.cpu_s, "memory_mb": limits.memory_mb},

@@ -145,3 +145,24 @@ def test_canary_expectation_matches_plain_python(capsys):
     with pytest.raises(AssertionError, match=nonce):
         exec(compile(src, "<canary>", "exec"), {})
     assert capsys.readouterr().out.strip() == pipeline._canary_expected(nonce)
+
+
+@pytest.mark.parametrize("code", [
+    "import builtins\nbuiltins.isinstance = lambda o, t: True\n",
+    "import builtins as b\nsetattr(b, 'len', None)\n",
+    "__builtins__['print'] = None\n",
+    "vars(__builtins__).update(x=1)\n",
+    "get_ipython().ast_transformers.append(object())\n",
+    "ip = get_ipython()\nip.input_transformers_post.append(lambda l: l)\n",
+    "import sqlite3\nsqlite3.connect('../../gradebook.db')\n",
+])
+def test_static_evidence_flags_plain_cheats(code):
+    assert pipeline.static_evidence([code])
+
+
+def test_static_evidence_accepts_honest_code():
+    honest = (
+        "%matplotlib inline\nfrom dataclasses import dataclass\nimport builtins\n"
+        "x = builtins.len([1])\nclass DecodeSchedulerSim:\n    def step(self):\n        self.queue = sorted(self.queue)\n"
+    )
+    assert pipeline.static_evidence([honest, "def broken(:\n"]) == []

@@ -195,7 +195,7 @@ import builtins as _builtins
 _builtins.isinstance = lambda obj, cls: True
 '''
 
-# Imports the grader's own modules (and nbgrader's, and the verdict harness if it is __main__) and
+# Imports the grader's own modules (and the verdict harness, if it is __main__) and
 # patches them to give full marks.
 ATTACKS["patches_grader_modules"] = '''
 import sys as _sys
@@ -204,11 +204,6 @@ try:
     _checks.judge = lambda *a, **k: {}
     import decodesched.grader.pipeline as _pipeline
     _pipeline.grade_one = lambda *a, **k: None
-except Exception:
-    pass
-try:
-    import nbgrader.utils as _nbu
-    _nbu.determine_grade = lambda cell, log=None: (cell.metadata.nbgrader["points"], cell.metadata.nbgrader["points"])
 except Exception:
     pass
 _main = _sys.modules.get("__main__")
@@ -227,12 +222,12 @@ if {IN_KERNEL}:
     _os._exit(0)
 '''
 
-# A segfault inside step() once the clock reaches 40 (long traces only).
+# A segfault inside step() once the clock reaches 20 (long traces only).
 ATTACKS["segfault"] = '''
 import ctypes as _ctypes
 _honest_step = DecodeSchedulerSim.step
 def _crashing_step(self):
-    if self.clock >= 40:
+    if self.clock >= 20:
         _ctypes.string_at(0)
     return _honest_step(self)
 DecodeSchedulerSim.step = _crashing_step
@@ -321,11 +316,11 @@ EXPECT = {
     "eq_always_true": ("tampered", "below"),
     "ast_transformer": ("tampered", "honest"),
     "input_transformer": ("tampered", "honest"),
-    "reads_hidden_files": ("graded", "honest"),
+    "reads_hidden_files": ("tampered", "honest"),  # it names gradebook.db: static evidence
     "writes_gradebook": ("tampered", "honest"),
     "writes_out_dir": ("graded", "honest"),
     "patches_builtins": ("tampered", "honest"),
-    "patches_grader_modules": ("graded", "honest"),
+    "patches_grader_modules": ("graded", "at_most"),
     "os_exit": ("crashed", "honest"),
     "segfault": ("crashed", "at_most"),
     "kernel_death": ("crashed", "honest"),
