@@ -24,7 +24,6 @@ import json
 import os
 import random
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -50,7 +49,7 @@ class Limits:
     timeout_s: float = 60.0
     cpu_s: float = 60.0
     memory_mb: int = 1024
-    scenario_timeout_s: float = 5.0
+    scenario_timeout_s: float = 3.0
 
 
 @dataclass
@@ -582,7 +581,9 @@ def compare(scenario: dict, obs) -> str:
     """'' if the observations match the expected ones, else the first difference in words."""
     exp = scenario["expected"]
     if obs is None:
-        return "did not run (the harness stopped before this check: crash, timeout or memory)"
+        return "did not run (the checks' process stopped before this check)"
+    if isinstance(obs, list) and obs and isinstance(obs[0], dict) and "killed" in obs[0]:
+        return f"did not run to the end ({obs[0]['killed']})"
     if not isinstance(obs, list):
         return "no usable observations"
     step_no = 0
@@ -774,7 +775,7 @@ def _differential_lines(failures, total, rerun, budget_s) -> list[str]:
     not_run = [s for s, d in failures if d.startswith("did not run")]
     ran = [(s, d) for s, d in failures if not d.startswith("did not run")]
     if not ran:
-        lines.append(f"{len(not_run)} traces did not run (the harness stopped: crash, timeout or memory)")
+        lines.append(f"{len(not_run)} traces did not run to the end (crash, time or memory limit)")
         return lines
     s, d = min(ran, key=lambda item: _size(item[0]["trace"]))
     trace, diff = s["trace"], d
@@ -834,10 +835,11 @@ class HarnessRun:
     done: bool
     outcome: object | None
     wall_s: float
+    forged: list = field(default_factory=list)  # signs that the output file was written by someone else
 
 
 def run_harness(source: str, scenarios: list[dict], *, limits: Limits | None = None, hide=()) -> HarnessRun:
-    """Run the harness on `scenarios` in a private temporary folder under the sandbox."""
+    """Run the harness once on `scenarios` in a private temporary folder under the sandbox."""
     limits = limits or Limits()
     start = time.monotonic()
     tmp = tempfile.mkdtemp(prefix="dsched-verdict-")
@@ -857,44 +859,97 @@ def run_harness(source: str, scenarios: list[dict], *, limits: Limits | None = N
             json.dump(job, fh)
         argv = [sys.executable, "-I", "-S", "harness.py", "in.json", "out.jsonl"]
         outcome = _run_sandboxed(argv, tmp, limits, hide)
-        lines = []
+        lines, forged = [], []
         try:
             with open(os.path.join(tmp, "out.jsonl"), "rb") as fh:
                 raw = fh.read(64 * 1024 * 1024)
-            for chunk in raw.split(b"\n"):
-                if not chunk.strip():
-                    continue
-                try:
-                    lines.append(json.loads(chunk.decode("ascii")))
-                except (ValueError, UnicodeDecodeError):
-                    lines.append({"garbage": True})
         except OSError:
-            pass
+            raw = b""
+        for chunk in raw.split(b"\n"):
+            if not chunk.strip():
+                continue
+            try:
+                lines.append(json.loads(chunk.decode("ascii")))
+            except (ValueError, UnicodeDecodeError):
+                forged.append("unreadable line in the harness output")
         load = next((ln for ln in lines if isinstance(ln, dict) and "load" in ln), None)
         done = any(isinstance(ln, dict) and "done" in ln for ln in lines)
-        obs = _observations_by_id(lines)
         known = {s["id"] for s in scenarios}
-        obs = {k: v for k, v in obs.items() if k in known}
-        return HarnessRun(load=load, obs=obs, done=done, outcome=outcome, wall_s=time.monotonic() - start)
+        obs, seen = {}, set()
+        for ln in lines:
+            if isinstance(ln, dict) and "id" in ln:
+                sid = ln.get("id")
+                if sid not in known or sid in seen or not isinstance(ln.get("obs"), list):
+                    forged.append(f"unexpected result line for {str(sid)[:40]!r}")
+                    continue
+                seen.add(sid)
+                obs[sid] = ln["obs"]
+        return HarnessRun(load=load, obs=obs, done=done, outcome=outcome, wall_s=time.monotonic() - start,
+                          forged=forged)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _run_sandboxed(argv, cwd, limits: Limits, hide):
-    try:
-        from .sandbox import run_isolated
-    except ImportError:  # pragma: no cover - the sandbox module is part of the package
-        run_isolated = None
-    if run_isolated is not None:
-        return run_isolated(argv, cwd=cwd, timeout_s=limits.timeout_s, cpu_s=limits.cpu_s,
-                            memory_mb=limits.memory_mb, hide=hide)
-    proc = subprocess.run(argv, cwd=cwd, capture_output=True, timeout=limits.timeout_s)  # pragma: no cover
-    return proc  # pragma: no cover
+    from .sandbox import run_isolated
+
+    return run_isolated(argv, cwd=cwd, timeout_s=limits.timeout_s, cpu_s=limits.cpu_s,
+                        memory_mb=limits.memory_mb, hide=hide)
 
 
 def _default_hide() -> list[str]:
     from .spec import COURSE_ROOT
     return [str(COURSE_ROOT), str(Path(__file__).resolve().parent)]
+
+
+def _why_stopped(out) -> str:
+    if out is None:
+        return "the process did not start"
+    if getattr(out, "timed_out", False):
+        return "time limit"
+    if getattr(out, "memory_exceeded", False):
+        return "memory limit"
+    sig = getattr(out, "signal", None)
+    if sig:
+        return f"killed by signal {sig}"
+    return f"the process exited early (exit code {getattr(out, 'returncode', None)})"
+
+
+def collect_observations(source: str, scenarios: list[dict], limits: Limits, hide, max_runs: int = 40):
+    """Run the harness; if it dies part-way, restart it after the check that killed it.
+
+    The scenario being run when the process died (the first one without observations) is marked as
+    failed with the reason; the rest run in a fresh process, so one crash or hang loses only its own
+    checks.  The whole verdict stays within ``limits.timeout_s`` of wall clock.
+    """
+    start = time.monotonic()
+    pending = list(scenarios)
+    obs: dict = {}
+    runs: list[HarnessRun] = []
+    per_run = max(10.0, min(limits.timeout_s * 0.4, 30.0))
+    for _ in range(max_runs):
+        left = limits.timeout_s - (time.monotonic() - start)
+        if not pending or left < 2.0:
+            break
+        run_limits = Limits(timeout_s=min(per_run, left), cpu_s=min(limits.cpu_s, per_run, left),
+                            memory_mb=limits.memory_mb, scenario_timeout_s=limits.scenario_timeout_s)
+        hr = run_harness(source, pending, limits=run_limits, hide=hide)
+        runs.append(hr)
+        obs.update(hr.obs)
+        if hr.done:
+            pending = []
+            break
+        missing = [s for s in pending if s["id"] not in hr.obs]
+        if not missing:
+            pending = []
+            break
+        obs[missing[0]["id"]] = [{"killed": _why_stopped(hr.outcome)}]
+        pending = missing[1:]
+        if hr.load is None:
+            break  # it dies while loading: every restart would die the same way
+    for s in pending:
+        obs.setdefault(s["id"], [{"killed": "not run: the time budget was spent by earlier checks"}])
+    return obs, runs
 
 
 def verdict_for_source(source, *, limits: Limits | dict | None = None, seed: int = 0, shrink_failures: bool = True,
@@ -911,46 +966,53 @@ def verdict_for_source(source, *, limits: Limits | dict | None = None, seed: int
         return Verdict(cells=cells, status="invalid", total=0.0, max_total=max_total,
                        notes=["the solution cell is missing or empty"])
     scenarios = build_scenarios(seed, n_random)
-    hr = run_harness(source, scenarios, limits=limits, hide=hide)
-    out = hr.outcome
-    notes = []
-    timed_out = bool(getattr(out, "timed_out", False))
-    memory = bool(getattr(out, "memory_exceeded", False))
+    obs, runs = collect_observations(source, scenarios, limits, hide)
+    outcomes = [r.outcome for r in runs]
+    timed_out = any(getattr(o, "timed_out", False) for o in outcomes)
+    memory = any(getattr(o, "memory_exceeded", False) for o in outcomes)
+    crashed = any(not r.done for r in runs) and not timed_out and not memory
+    all_obs_text = json.dumps(list(obs.values()))
+    scenario_timeouts = '"timeout": true' in all_obs_text
+    mem_in_obs = '"raised": "MemoryError"' in all_obs_text
+    forged = [f for r in runs for f in r.forged]
 
     def rerun(more):
         small = Limits(timeout_s=min(limits.timeout_s, 20.0), cpu_s=min(limits.cpu_s, 20.0),
                        memory_mb=limits.memory_mb, scenario_timeout_s=limits.scenario_timeout_s)
         return run_harness(source, more, limits=small, hide=hide).obs
 
-    can_rerun = shrink_failures and not timed_out and not memory
-    cells = judge(scenarios, hr.obs, rerun=rerun if can_rerun else None)
-    if hr.load is None:
-        notes.append("the solution cell did not load (the harness stopped at once)")
-    elif hr.load.get("load") == "error":
-        notes.append(hr.load.get("error", "the solution cell raised an error"))
+    can_rerun = shrink_failures and not timed_out and not memory and not crashed and not scenario_timeouts
+    cells = judge(scenarios, obs, rerun=rerun if can_rerun else None)
+    notes = []
+    first = runs[0] if runs else None
+    if first is not None and first.load is None:
+        notes.append("the solution cell did not load (the checks' process stopped at once)")
+    elif first is not None and first.load.get("load") == "error":
+        notes.append(str(first.load.get("error", "the solution cell raised an error"))[:300])
     found: set = set()
-    _walk_bad(list(hr.obs.values()), found)
+    _walk_bad(list(obs.values()), found)
     suspicious = sorted(x for x in found if "overrides comparison" in x)
-    mem_in_obs = "MemoryError" in json.dumps(list(hr.obs.values()))
-    if timed_out:
+    if forged or suspicious:
+        status = "tampered"
+        if suspicious:
+            notes.append("values with forged comparison were returned (" + ", ".join(suspicious[:3]) +
+                         "): those checks score 0")
+        if forged:
+            notes.append("the checks' output was written by someone else: " + forged[0])
+    elif memory or mem_in_obs:
+        status = "memory"
+        notes.append("memory limit reached: checks that ran out of memory score 0")
+    elif timed_out or scenario_timeouts:
         status = "timeout"
         notes.append("time limit reached: checks that did not finish score 0")
-    elif memory or (mem_in_obs and not hr.done):
-        status = "memory"
-        notes.append("memory limit reached: checks that did not finish score 0")
-    elif not hr.done:
+    elif crashed:
         status = "crashed"
-        sig = getattr(out, "signal", None)
-        rc = getattr(out, "returncode", None)
-        notes.append(f"the checks' process died (exit code {rc}, signal {sig}): checks that did not run score 0")
-    elif suspicious:
-        status = "tampered"
-        notes.append("values with forged comparison were returned (" + ", ".join(suspicious[:3]) +
-                     "): those checks score 0")
+        reasons = [_why_stopped(r.outcome) for r in runs if not r.done]
+        why = "; ".join(sorted(set(reasons)))
+        notes.append(f"the checks' process died {len(reasons)} time(s) ({why}): each check it was running scores 0, "
+                     "the others ran in a fresh process")
     else:
         status = "graded"
-        if mem_in_obs:
-            notes.append("some checks ran out of memory")
     if found and not suspicious:
         notes.append("non-plain values were returned (" + ", ".join(sorted(found)[:3]) + "): those checks failed")
     total = round(sum(v.score for v in cells.values()), 2)

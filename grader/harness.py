@@ -278,6 +278,70 @@ def _strip_magics(source):
     return "\n".join(lines)
 
 
+class _Anything:
+    """Stands in for IPython objects (``get_ipython()``, ``display``): every use is accepted and ignored."""
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def __call__(self, *args, **kwargs):
+        return _Anything()
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return _Anything()
+
+    def __iter__(self):
+        return iter(())
+
+
+def load_solution(source, namespace, budget_s):
+    """Execute the cell one top-level statement at a time; a failing statement does not stop the rest.
+
+    Returns the errors, as short strings.
+    """
+    import __future__
+    import ast
+
+    errors = []
+    try:
+        tree = ast.parse(_strip_magics(source), "<solution cell>")
+    except SyntaxError as exc:
+        return ["SyntaxError: %s (line %s)" % (exc.msg, exc.lineno)]
+    except _BaseException as exc:  # noqa: BLE001
+        err = _error(exc)
+        return ["%s: %s" % (err.get("raised", "error"), err.get("msg", ""))]
+    flags = 0
+    deadline = _monotonic() + budget_s
+    for node in tree.body:
+        if _type(node) is ast.ImportFrom and node.module == "__future__":
+            for alias in node.names:
+                feature = _getattr(__future__, alias.name, None)
+                if feature is not None:
+                    flags |= feature.compiler_flag
+            continue
+        left = deadline - _monotonic()
+        if left <= 0:
+            errors.append("loading the solution cell timed out")
+            break
+        try:
+            code = compile(ast.Module(body=[node], type_ignores=[]), "<solution cell>", "exec", flags=flags,
+                           dont_inherit=True)
+            signal.setitimer(signal.ITIMER_REAL, left)
+            try:
+                exec(code, namespace)
+            finally:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+        except _BaseException as exc:  # noqa: BLE001 - the cell may raise anything
+            err = _error(exc)
+            if err.get("timeout"):
+                errors.append("loading the solution cell timed out (line %s)" % node.lineno)
+                break
+            errors.append("line %s raised %s: %s" % (node.lineno, err["raised"], err["msg"]))
+    return errors
+
+
 def _alarm(_signum, _frame):
     raise ScenarioTimeout()
 
@@ -302,22 +366,14 @@ def main(argv):
 
     module = types.ModuleType("solution")
     module.__file__ = "<solution cell>"
+    module.__dict__["get_ipython"] = _Anything  # IPython hooks in a cell do nothing here
+    module.__dict__["display"] = _Anything()
     sys.modules["solution"] = module
-    try:
-        signal.setitimer(signal.ITIMER_REAL, max(budget * 4, 5.0))
-        code = compile(_strip_magics(job["solution_source"]), "<solution cell>", "exec")
-        exec(code, module.__dict__)
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        missing = [n for n in ("DecodeSchedulerSim", "RequestState") if n not in module.__dict__]
-        if missing:
-            emit({"load": "error", "error": "the solution cell does not define %s" % ", ".join(missing)})
-        else:
-            emit({"load": "ok"})
-    except _BaseException as exc:  # noqa: BLE001
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        err = _error(exc)
-        text = "timed out" if err.get("timeout") else "%s: %s" % (err["raised"], err["msg"])
-        emit({"load": "error", "error": "the solution cell raised " + text})
+    errors = load_solution(job["solution_source"], module.__dict__, max(budget * 4, 5.0))
+    missing = [n for n in ("DecodeSchedulerSim", "RequestState") if n not in module.__dict__]
+    if missing:
+        errors.append("the solution cell does not define %s" % ", ".join(missing))
+    emit({"load": "error", "error": "; ".join(errors)[:500]} if errors else {"load": "ok"})
     ns = module.__dict__
     count = 0
     for scenario in job["scenarios"]:
