@@ -260,6 +260,7 @@ def _replay_static(request_id, arrival_step, prompt_len, max_new_tokens, priorit
     rt = np.full(n, -1, np.int64)
     mb = np.zeros(n, np.int64)
     tp = treap_priorities_nb(n)
+    stack = np.empty(n + 64, np.int64)  # treap path scratch
     n_struct = n_groups * n_classes
     wroot = np.full(n_struct, -1, np.int64)
     cand = np.full(n_struct, -1, np.int64)
@@ -295,7 +296,7 @@ def _replay_static(request_id, arrival_step, prompt_len, max_new_tokens, priorit
             _set_key(r, policy, gk, phase, generated, enqueue_clock, request_id, prompt_len, max_new_tokens,
                      priority, cache_hit, deadline_step, has_deadline)
             s = group[r] * n_classes + pclass[r]
-            wroot[s] = treap_insert_nb(wroot[s], r, gk, lt, rt, tp, mb, required_blocks)
+            wroot[s] = treap_insert_nb(wroot[s], r, stack, gk, lt, rt, tp, mb, required_blocks)
             wait_dirty = True
 
         # The first runnable waiting request (cached while free blocks, victims and waiters stay).
@@ -343,16 +344,16 @@ def _replay_static(request_id, arrival_step, prompt_len, max_new_tokens, priorit
                 status[victim] = STATUS_PREEMPTED
                 preemptions[victim] += 1
                 free += required_blocks[victim]
-                vroot[k] = treap_delete_nb(vroot[k], victim, vk, lt, rt, tp, mb, required_blocks)
+                vroot[k] = treap_delete_nb(vroot[k], victim, stack, vk, lt, rt, tp, mb, required_blocks)
                 top = treap_first_nb(vroot[k], lt)
                 _seg_set(seg, seg_size, k, required_blocks[top] if top >= 0 else 0)
                 heap_remove_nb(heap, hsize, hpos, group[victim], victim, gk)
                 sv = group[victim] * n_classes + pclass[victim]
-                wroot[sv] = treap_insert_nb(wroot[sv], victim, gk, lt, rt, tp, mb, required_blocks)
+                wroot[sv] = treap_insert_nb(wroot[sv], victim, stack, gk, lt, rt, tp, mb, required_blocks)
                 if k >= c_class:
                     raise AssertionError("fast kernel: victim class not below the challenger")
             s = group[chosen] * n_classes + pclass[chosen]
-            wroot[s] = treap_delete_nb(wroot[s], chosen, gk, lt, rt, tp, mb, required_blocks)
+            wroot[s] = treap_delete_nb(wroot[s], chosen, stack, gk, lt, rt, tp, mb, required_blocks)
             free -= need
             admitted[chosen] = True
             wait_dirty = True
@@ -383,7 +384,7 @@ def _replay_static(request_id, arrival_step, prompt_len, max_new_tokens, priorit
                 heap_remove_nb(heap, hsize, hpos, group[chosen], chosen, gk)
                 if preemptible[chosen]:
                     k = pclass[chosen]
-                    vroot[k] = treap_delete_nb(vroot[k], chosen, vk, lt, rt, tp, mb, required_blocks)
+                    vroot[k] = treap_delete_nb(vroot[k], chosen, stack, vk, lt, rt, tp, mb, required_blocks)
                     top = treap_first_nb(vroot[k], lt)
                     _seg_set(seg, seg_size, k, required_blocks[top] if top >= 0 else 0)
             wait_dirty = True
@@ -396,7 +397,7 @@ def _replay_static(request_id, arrival_step, prompt_len, max_new_tokens, priorit
                 heap_push_nb(heap, hsize, hpos, group[chosen], chosen, gk)
                 if preemptible[chosen]:
                     k = pclass[chosen]
-                    vroot[k] = treap_insert_nb(vroot[k], chosen, vk, lt, rt, tp, mb, required_blocks)
+                    vroot[k] = treap_insert_nb(vroot[k], chosen, stack, vk, lt, rt, tp, mb, required_blocks)
                     top = treap_first_nb(vroot[k], lt)
                     _seg_set(seg, seg_size, k, required_blocks[top])
 

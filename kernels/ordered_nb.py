@@ -7,7 +7,9 @@ of an int64 key matrix ``gk`` (one row per trace row); a structure only ever hol
 keep their relative order while they are in it (the fast kernel's groups guarantee this), so keys
 may drift as a whole.  ``tp`` holds each node's random heap priority (a hash of the row: no state).
 
-Expected cost: O(log n) per insert, delete and first-fit query.
+Expected cost: O(log n) per insert, delete and first-fit query.  Everything is iterative (recursive
+Numba calls pass every array again and cost microseconds); ``stack`` is caller-owned scratch for
+the path, of length n + 64 (a treap's depth is O(log n) with overwhelming probability).
 """
 
 import numpy as np
@@ -50,70 +52,132 @@ def _pull(t, lt, rt, mb, blocks):
 
 
 @njit(cache=True)
-def _split(t, x, gk, lt, rt, tp, mb, blocks):
-    """Split treap t into (keys < gk[x], keys >= gk[x])."""
-    if t < 0:
-        return -1, -1
-    if key_less_nb(gk, t, x):
-        a, b = _split(rt[t], x, gk, lt, rt, tp, mb, blocks)
-        rt[t] = a
-        _pull(t, lt, rt, mb, blocks)
-        return t, b
-    a, b = _split(lt[t], x, gk, lt, rt, tp, mb, blocks)
-    lt[t] = b
-    _pull(t, lt, rt, mb, blocks)
-    return a, t
+def _attach(parent, right_side, child, root, lt, rt):
+    """Hang `child` under `parent` (or make it the root); return the root."""
+    if parent < 0:
+        return child
+    if right_side:
+        rt[parent] = child
+    else:
+        lt[parent] = child
+    return root
 
 
 @njit(cache=True)
-def _merge(a, b, lt, rt, tp, mb, blocks):
-    """Merge two treaps, every key of a before every key of b."""
+def _pull_path(stack, lo, hi, lt, rt, mb, blocks):
+    for i in range(hi - 1, lo - 1, -1):
+        _pull(stack[i], lt, rt, mb, blocks)
+
+
+@njit(cache=True)
+def _split(t, x, base, stack, gk, lt, rt, mb, blocks):
+    """Split treap t into (keys < gk[x], keys >= gk[x]), iteratively; return both roots."""
+    lroot = -1
+    rroot = -1
+    lhook = -1
+    rhook = -1
+    k = base
+    while t >= 0:
+        stack[k] = t
+        k += 1
+        if key_less_nb(gk, t, x):
+            if lhook < 0:
+                lroot = t
+            else:
+                rt[lhook] = t
+            lhook = t
+            t = rt[t]
+        else:
+            if rhook < 0:
+                rroot = t
+            else:
+                lt[rhook] = t
+            rhook = t
+            t = lt[t]
+    if lhook >= 0:
+        rt[lhook] = -1
+    if rhook >= 0:
+        lt[rhook] = -1
+    _pull_path(stack, base, k, lt, rt, mb, blocks)
+    return lroot, rroot
+
+
+@njit(cache=True)
+def _merge(a, b, base, stack, lt, rt, tp, mb, blocks):
+    """Merge two treaps, every key of a before every key of b, iteratively; return the root."""
     if a < 0:
         return b
     if b < 0:
         return a
-    if tp[a] > tp[b]:
-        rt[a] = _merge(rt[a], b, lt, rt, tp, mb, blocks)
-        _pull(a, lt, rt, mb, blocks)
-        return a
-    lt[b] = _merge(a, lt[b], lt, rt, tp, mb, blocks)
-    _pull(b, lt, rt, mb, blocks)
-    return b
-
-
-@njit(cache=True)
-def treap_insert_nb(t, x, gk, lt, rt, tp, mb, blocks):
-    """Insert row x into treap t; return the new root."""
-    if t < 0:
-        lt[x] = -1
-        rt[x] = -1
-        mb[x] = blocks[x]
-        return x
-    if tp[x] > tp[t]:
-        a, b = _split(t, x, gk, lt, rt, tp, mb, blocks)
-        lt[x] = a
-        rt[x] = b
-        _pull(x, lt, rt, mb, blocks)
-        return x
-    if key_less_nb(gk, x, t):
-        lt[t] = treap_insert_nb(lt[t], x, gk, lt, rt, tp, mb, blocks)
+    root = -1
+    hook = -1
+    right_side = False
+    k = base
+    while a >= 0 and b >= 0:
+        if tp[a] > tp[b]:
+            root = _attach(hook, right_side, a, root, lt, rt)
+            stack[k] = a
+            k += 1
+            hook = a
+            right_side = True
+            a = rt[a]
+        else:
+            root = _attach(hook, right_side, b, root, lt, rt)
+            stack[k] = b
+            k += 1
+            hook = b
+            right_side = False
+            b = lt[b]
+    rest = a if a >= 0 else b
+    if right_side:
+        rt[hook] = rest
     else:
-        rt[t] = treap_insert_nb(rt[t], x, gk, lt, rt, tp, mb, blocks)
-    _pull(t, lt, rt, mb, blocks)
-    return t
+        lt[hook] = rest
+    _pull_path(stack, base, k, lt, rt, mb, blocks)
+    return root
 
 
 @njit(cache=True)
-def treap_delete_nb(t, x, gk, lt, rt, tp, mb, blocks):
+def treap_insert_nb(t, x, stack, gk, lt, rt, tp, mb, blocks):
+    """Insert row x into treap t; return the new root.  `stack`: scratch of length >= depth."""
+    root = t
+    parent = -1
+    right_side = False
+    sp = 0
+    while t >= 0 and tp[t] > tp[x]:
+        stack[sp] = t
+        sp += 1
+        parent = t
+        right_side = not key_less_nb(gk, x, t)
+        t = rt[t] if right_side else lt[t]
+    a, b = _split(t, x, sp, stack, gk, lt, rt, mb, blocks)
+    lt[x] = a
+    rt[x] = b
+    _pull(x, lt, rt, mb, blocks)
+    root = _attach(parent, right_side, x, root, lt, rt)
+    _pull_path(stack, 0, sp, lt, rt, mb, blocks)
+    return root
+
+
+@njit(cache=True)
+def treap_delete_nb(t, x, stack, gk, lt, rt, tp, mb, blocks):
     """Remove row x (which must be in treap t); return the new root."""
-    if t == x:
-        return _merge(lt[t], rt[t], lt, rt, tp, mb, blocks)
-    if key_less_nb(gk, x, t):
-        lt[t] = treap_delete_nb(lt[t], x, gk, lt, rt, tp, mb, blocks)
-    else:
-        rt[t] = treap_delete_nb(rt[t], x, gk, lt, rt, tp, mb, blocks)
-    _pull(t, lt, rt, mb, blocks)
-    return t
+    root = t
+    parent = -1
+    right_side = False
+    sp = 0
+    while t != x:
+        stack[sp] = t
+        sp += 1
+        parent = t
+        right_side = not key_less_nb(gk, x, t)
+        t = rt[t] if right_side else lt[t]
+    m = _merge(lt[x], rt[x], sp, stack, lt, rt, tp, mb, blocks)
+    lt[x] = -1
+    rt[x] = -1
+    root = _attach(parent, right_side, m, root, lt, rt)
+    _pull_path(stack, 0, sp, lt, rt, mb, blocks)
+    return root
 
 
 @njit(cache=True)

@@ -108,10 +108,8 @@ def replay_kernel(engine: str):
 
         return replay_scan_nb
     if engine == "fast":
-        try:
-            from .kernels.fast_nb import replay_fast_nb
-        except ImportError:  # the fast kernel is optional while it is being built
-            from .kernels.scan_nb import replay_scan_nb as replay_fast_nb
+        from .kernels.fast_nb import replay_fast_nb
+
         return replay_fast_nb
     raise UserError(f"unknown engine {engine!r}; choose one of {', '.join(ENGINES)}")
 

@@ -1,0 +1,191 @@
+"""The fast kernel equals the model event for event, and the scan kernel on long overloaded traces.
+
+* thousands of small random traces (tests/oracle.py) against the pure-Python model, every policy;
+* long backlogged random traces (tight capacity, preemptions, far deadlines) against the scan kernel,
+  array for array (events, final request state, summary);
+* a prefix of the real Azure 2023 conversation trace at offered load 1.5;
+* the ordered structures (treap with min-blocks aggregate, heap) against sorted Python lists.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from oracle import POLICIES, assert_matches_model, configs, traces
+
+from decodesched.engine import policy_code, simulate, trace_arrays
+from decodesched.kernels import enums as E
+from decodesched.kernels.fast_nb import replay_fast_nb
+from decodesched.kernels.ordered_nb import (
+    heap_push_nb,
+    heap_remove_nb,
+    heap_sift_down_nb,
+    treap_delete_nb,
+    treap_first_fit_nb,
+    treap_insert_nb,
+    treap_priorities_nb,
+)
+from decodesched.kernels.scan_nb import replay_scan_nb
+from decodesched.synthetic import backlog_trace
+from decodesched.trace import load_trace
+
+SETTINGS = dict(deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+
+
+def run_kernel(kernel, trace, policy, capacity, interval=4, max_steps=-1):
+    n_events = trace.work_steps if max_steps < 0 else min(trace.work_steps, max_steps)
+    events = np.zeros((n_events, E.EV_NCOLS), np.int64)
+    req_out = np.zeros((len(trace), E.RQ_NCOLS), np.int64)
+    summary = np.zeros(E.SM_NCOLS, np.int64)
+    kernel(*trace_arrays(trace), policy_code(policy), capacity, interval, max_steps, events, req_out, summary)
+    return events[: summary[E.SM_EVENTS]], req_out, summary
+
+
+def assert_same_as_scan(trace, policy, capacity, interval=4, max_steps=-1):
+    fast = run_kernel(replay_fast_nb, trace, policy, capacity, interval, max_steps)
+    scan = run_kernel(replay_scan_nb, trace, policy, capacity, interval, max_steps)
+    ev_f, ev_s = fast[0], scan[0]
+    assert ev_f.shape == ev_s.shape, f"{policy}: {len(ev_f)} events, scan {len(ev_s)}"
+    bad = np.nonzero((ev_f != ev_s).any(axis=1))[0]
+    assert bad.size == 0, f"{policy}: first differing event {bad[0]}: fast {ev_f[bad[0]]} scan {ev_s[bad[0]]}"
+    np.testing.assert_array_equal(fast[1], scan[1])
+    np.testing.assert_array_equal(fast[2], scan[2])
+    return fast
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_matches_model_on_small_random_traces(policy):
+    @settings(max_examples=900 if policy != "aging" else 400, **SETTINGS)
+    @given(rows=traces(), cfg=configs)
+    def check(rows, cfg):
+        _, capacity, interval, max_steps = cfg
+        result = simulate(rows, policy=policy, free_kv_blocks=capacity, aging_interval=interval,
+                          max_steps=max_steps, engine="fast")
+        assert_matches_model(result, rows, policy, capacity, interval, max_steps)
+
+    check()
+
+
+@settings(max_examples=300, **SETTINGS)
+@given(rows=traces(max_requests=30, max_len=8, max_arrival=20, max_blocks=10),
+       policy=st.sampled_from(POLICIES), capacity=st.integers(0, 25), interval=st.integers(1, 6))
+def test_matches_model_on_busier_random_traces(rows, policy, capacity, interval):
+    result = simulate(rows, policy=policy, free_kv_blocks=capacity, aging_interval=interval, engine="fast")
+    assert_matches_model(result, rows, policy, capacity, interval, None)
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("seed,n,capacity", [(1, 400, 12), (2, 1500, 30), (3, 3000, 60)])
+def test_equals_scan_on_overloaded_traces(policy, seed, n, capacity):
+    trace = backlog_trace(n, seed=seed, priorities=4, max_blocks=12, non_preemptible_fraction=0.2)
+    events, req_out, summary = assert_same_as_scan(trace, policy, capacity, interval=3)
+    assert summary[E.SM_EVENTS] > n  # it ran the backlog, not a stub
+    if policy != "fcfs":
+        assert req_out[:, E.RQ_PREEMPTIONS].sum() > 0  # the traces do exercise preemption
+
+
+def test_equals_scan_with_far_deadlines_and_oversized_requests():
+    """Deadlines whose slack crosses the 1_000_000_000 sentinel during the replay, requests that can
+    never fit (more blocks than the capacity), negative ids and one priority per request."""
+    rng = np.random.default_rng(7)
+    n = 600
+    arrival = np.sort(rng.integers(0, 300, n))
+    new = rng.integers(1, 6, n)
+    has_deadline = rng.random(n) < 0.6
+    offset = np.where(rng.random(n) < 0.5, rng.integers(999_999_700, 1_000_000_300, n), rng.integers(2, 40, n))
+    trace = load_trace({
+        "request_id": rng.permutation(n).astype(np.int64) - n // 2,
+        "arrival_step": arrival,
+        "prompt_len": rng.integers(1, 20, n),
+        "max_new_tokens": new,
+        "priority": rng.permutation(n) if n else [],
+        "cache_hit": rng.random(n) < 0.3,
+        "required_blocks": rng.integers(1, 14, n),
+        "deadline_step": [int(a + o) if h else None for a, o, h in zip(arrival, offset, has_deadline)],
+        "preemptible": rng.random(n) < 0.8,
+    })
+    for policy in POLICIES:
+        _, req_out, summary = assert_same_as_scan(trace, policy, 12, interval=2)
+        assert summary[E.SM_STOP] == E.STOP_STUCK  # the oversized requests are reported, not dropped
+
+
+def test_max_steps_and_no_event_log_agree_with_scan():
+    trace = backlog_trace(500, seed=11)
+    for policy in POLICIES:
+        assert_same_as_scan(trace, policy, 20, max_steps=777)
+        fast = np.zeros((0, E.EV_NCOLS), np.int64), np.zeros((len(trace), E.RQ_NCOLS), np.int64)
+        summary = np.zeros(E.SM_NCOLS, np.int64)
+        replay_fast_nb(*trace_arrays(trace), policy_code(policy), 20, 4, -1, fast[0], fast[1], summary)
+        _, req_out, want = run_kernel(replay_scan_nb, trace, policy, 20)
+        np.testing.assert_array_equal(fast[1], req_out)
+        np.testing.assert_array_equal(summary, want)
+
+
+def test_equals_scan_on_azure_prefix_at_load_1_5():
+    from decodesched.convert import bundled_trace_path, read_azure, to_trace
+
+    raw = read_azure(bundled_trace_path()).head(1200)
+    trace = to_trace(raw, load=1.5, seed=0)
+    for policy in POLICIES:
+        _, req_out, summary = assert_same_as_scan(trace, policy, 600)
+        assert summary[E.SM_STOP] == E.STOP_DRAINED
+
+
+# The ordered structures on their own.
+
+def test_treap_against_sorted_list():
+    rng = np.random.default_rng(3)
+    n = 400
+    gk = np.zeros((n, 6), np.int64)
+    gk[:, 1] = rng.integers(0, 5, n)
+    gk[:, 5] = rng.permutation(n)
+    blocks = rng.integers(1, 30, n)
+    lt = np.full(n, -1, np.int64)
+    rt = np.full(n, -1, np.int64)
+    mb = np.zeros(n, np.int64)
+    stack = np.empty(n + 64, np.int64)
+    tp = treap_priorities_nb(n)
+    root = -1
+    inside: set[int] = set()
+    for _ in range(3000):
+        x = int(rng.integers(0, n))
+        if x in inside:
+            root = treap_delete_nb(root, x, stack, gk, lt, rt, tp, mb, blocks)
+            inside.remove(x)
+        else:
+            root = treap_insert_nb(root, x, stack, gk, lt, rt, tp, mb, blocks)
+            inside.add(x)
+        limit = int(rng.integers(0, 32))
+        in_order = sorted(inside, key=lambda r: tuple(gk[r]))
+        want = next((r for r in in_order if blocks[r] <= limit), -1)
+        assert treap_first_fit_nb(root, limit, lt, rt, mb, blocks) == want
+
+
+def test_heap_against_sorted_list():
+    rng = np.random.default_rng(4)
+    n = 300
+    gk = np.zeros((n, 6), np.int64)
+    gk[:, 4] = rng.integers(0, 50, n)
+    gk[:, 5] = np.arange(n)
+    heap = np.empty((1, n), np.int64)
+    hsize = np.zeros(1, np.int64)
+    pos = np.full(n, -1, np.int64)
+    inside: set[int] = set()
+    for _ in range(3000):
+        x = int(rng.integers(0, n))
+        op = rng.integers(0, 3)
+        if x in inside and op == 0:
+            heap_remove_nb(heap, hsize, pos, 0, x, gk)
+            inside.remove(x)
+        elif x not in inside:
+            heap_push_nb(heap, hsize, pos, 0, x, gk)
+            inside.add(x)
+        elif hsize[0] > 0:  # the top's key grows, as a decode step does
+            top = heap[0, 0]
+            gk[top, 4] += int(rng.integers(1, 4))
+            heap_sift_down_nb(heap, hsize, pos, 0, 0, gk)
+        if inside:
+            assert heap[0, 0] == min(inside, key=lambda r: tuple(gk[r]))
+        assert all(heap[0, pos[r]] == r for r in inside)
