@@ -138,6 +138,8 @@ INTRO = """
 
 **课程作业 / Assignment** `decode_scheduling` — 满分 100 分 / 100 points.
 
+## 0. 为什么需要解码调度 · Why decode scheduling matters
+
 在大模型服务（LLM serving）里，很多请求同时排队：有的刚到达、还没处理输入（prefill），有的正在一个 token 一个
 token 地生成（decode），有的快要结束。GPU 上的 KV cache 容量有限，调度器每一步都要回答：**下一步推进谁？**
 这个选择决定了排队时间、首 token 延迟（TTFT）、尾延迟、谁会"饿死"，以及 deadline 能否满足。
