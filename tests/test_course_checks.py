@@ -1,0 +1,257 @@
+"""The verdict checks: strict typing in the harness, judging, shrinking, messages, and the verdict path."""
+
+import ast
+import json
+import random
+import re
+from pathlib import Path
+
+import pytest
+
+from decodesched import model
+from decodesched.grader import checks, harness, spec
+
+ROOT = Path(__file__).resolve().parents[1]
+REFERENCE = (ROOT / "grader" / "solutions" / "reference.py").read_text(encoding="utf-8")
+MUTANTS = ROOT / "grader" / "mutants"
+
+
+def _ns(source):
+    ns = {"__name__": "solution_under_test"}
+    import sys
+    import types
+
+    mod = types.ModuleType("solution_under_test")
+    sys.modules["solution_under_test"] = mod
+    harness.load_solution(source, mod.__dict__, 5.0)
+    return mod.__dict__
+
+
+def _inprocess_obs(source, scenarios):
+    """Observations of a trusted solution without the sandbox (for fast unit tests)."""
+    ns = _ns(source)
+    return {s["id"]: harness.run_scenario(ns, json.loads(json.dumps(s["ops"]))) for s in scenarios}
+
+
+# ---------------------------------------------------------------- the harness
+
+def test_harness_is_stdlib_only_and_holds_no_reference_solution():
+    src = (ROOT / "grader" / "harness.py").read_text(encoding="utf-8")
+    tree = ast.parse(src)
+    imported = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            imported |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            imported.add((node.module or "").split(".")[0])
+    assert imported <= {"json", "os", "signal", "sys", "time", "types", "__future__", "ast"}
+    for marker in ("victims.sort", "_effective_priority(req) <", "deadline_step - self.clock", "class DecodeSchedulerSim"):
+        assert marker not in src
+
+
+class _AlwaysEqual:
+    def __eq__(self, other):
+        return True
+
+    def __ne__(self, other):
+        return False
+
+    __hash__ = object.__hash__
+
+
+class _IntLike(int):
+    def __eq__(self, other):
+        return True
+
+    __hash__ = int.__hash__
+
+
+def test_normalise_is_strict():
+    assert harness.normalise((1, "a", None, True)) == [1, "a", None, True]
+    assert harness.normalise({"k": [1, 2]}) == {"k": [1, 2]}
+    assert harness.normalise(_AlwaysEqual()).startswith("<bad type: _AlwaysEqual; overrides comparison")
+    assert harness.normalise(_IntLike(3)).startswith("<bad type: _IntLike; overrides comparison")
+    assert harness.normalise(1.0).startswith("<float")
+    assert harness.normalise({1: 2}).startswith("<bad type: dict key")
+    np = pytest.importorskip("numpy")
+    assert harness.normalise(np.int64(5)) == 5 and type(harness.normalise(np.int64(5))) is int
+    assert harness.normalise(np.bool_(True)) is True
+
+
+def test_same_distinguishes_bool_from_int_and_rejects_forged_values():
+    assert not checks._same(True, 1) and not checks._same(1, True) and not checks._same(None, 0)
+    assert checks._same([1, {"a": True}], [1, {"a": True}])
+    assert not checks._same(3, harness.normalise(_IntLike(3)))
+
+
+def test_eq_always_true_scores_zero_for_that_check():
+    scen = [s for s in checks.build_scenarios() if s["id"] == "h4_event_wait"]
+    src = REFERENCE + (
+        "\nclass _Any:\n    def __eq__(self, o): return True\n    def __ne__(self, o): return False\n"
+        "_orig = DecodeSchedulerSim.step\n"
+        "def _step(self):\n    ev = _orig(self)\n    if ev is not None: ev['wait_steps'] = _Any()\n    return ev\n"
+        "DecodeSchedulerSim.step = _step\n"
+    )
+    obs = _inprocess_obs(src, scen)
+    assert "overrides comparison" in json.dumps(obs)
+    verdict = checks.judge(scen, obs)["hidden_todo4_step"]
+    assert verdict.score == 0.0 and any("wait_steps" in ln for ln in verdict.lines)
+
+
+def test_harness_replay_is_spec_section_3():
+    """The harness's replay loop over the model class gives exactly `decodesched.model.replay`."""
+    rng = random.Random(7)
+    for i in range(60):
+        trace = checks._random_trace(rng, i)
+        ns = {"DecodeSchedulerSim": model.DecodeSchedulerSim, "RequestState": model.RequestState}
+        sim = model.DecodeSchedulerSim(trace["policy"], trace["free_kv_blocks"], trace["aging_interval"])
+        got = harness.replay(sim, trace["rows"], checks._bound(trace))
+        ref = model.replay(trace["rows"], trace["policy"], trace["free_kv_blocks"], trace["aging_interval"],
+                           trace["max_steps"])
+        assert got["events"] == [harness.normalise(e) for e in ref.events]
+        assert got["free_kv_blocks"] == ref.free_kv_blocks and got["clock"] == ref.clock
+        assert set(got["states"]) == {str(k) for k in ref.states}
+        del ns
+
+
+def test_load_solution_keeps_going_after_a_failing_statement():
+    ns = {}
+    errors = harness.load_solution("import not_a_module_xyz\nx = 1\nraise ValueError('boom')\ny = 2\n", ns, 5.0)
+    assert ns["x"] == 1 and ns["y"] == 2
+    assert len(errors) == 2 and "ModuleNotFoundError" in errors[0] and "ValueError" in errors[1]
+
+
+# ---------------------------------------------------------------- judging
+
+def test_scenarios_are_deterministic_and_cover_every_cell():
+    a, b = checks.build_scenarios(0), checks.build_scenarios(0)
+    assert [s["ops"] for s in a] == [s["ops"] for s in b]
+    cells = {s["cell"] for s in a}
+    assert cells == set(spec.CELL_IDS)
+    assert sum(s["cell"] == "hidden_differential" for s in a) >= 200
+    assert [s["ops"] for s in checks.build_scenarios(1)] != [s["ops"] for s in a]
+
+
+def test_reference_in_process_passes_every_scenario():
+    scen = checks.build_scenarios()
+    verdicts = checks.judge(scen, _inprocess_obs(REFERENCE, scen))
+    assert {k: v.score for k, v in verdicts.items()} == {c.grade_id: float(c.points) for c in spec.CELLS}
+
+
+def test_partial_credit_is_proportional_and_never_above_points():
+    scen = checks.build_scenarios()
+    obs = _inprocess_obs((MUTANTS / "m05_preempts_equal_priority.py").read_text(), scen)
+    verdicts = checks.judge(scen, obs)
+    for c in spec.CELLS:
+        v = verdicts[c.grade_id]
+        assert 0 <= v.score <= c.points == v.max_score
+    assert 0 < verdicts["hidden_todo3_capacity"].score < 16
+    assert checks.judge(scen, {})["hidden_differential"].score == 0
+
+
+def test_shrinking_finds_a_minimal_trace_and_names_the_first_diverging_event():
+    src = (MUTANTS / "m05_preempts_equal_priority.py").read_text()
+    scen = checks.build_scenarios()
+    obs = _inprocess_obs(src, scen)
+    lines = checks.judge(scen, obs, rerun=lambda more: _inprocess_obs(src, more))["hidden_differential"].lines
+    text = "\n".join(lines)
+    assert re.search(r"FAIL \d+ of \d+ random traces differ", text)
+    first = next(ln for ln in lines if ln.startswith("first difference"))
+    assert re.search(r"step \d+: expected request -?\d+ \w+, got request -?\d+ \w+", first), first
+    head = lines.index("smallest failing trace / 最小失败轨迹:")
+    table = lines[head + 3:lines.index(first)]
+    assert 1 <= len(table) <= 2  # two requests of equal priority are enough to show this bug
+
+
+def test_shrink_reduces_values_while_it_still_fails():
+    trace = {"rows": [
+        {"request_id": 17, "arrival_step": 5, "prompt_len": 6, "max_new_tokens": 4, "priority": 3, "cache_hit": True,
+         "required_blocks": 4, "deadline_step": 14, "preemptible": False},
+        {"request_id": -4, "arrival_step": 0, "prompt_len": 3, "max_new_tokens": 3, "priority": -2,
+         "cache_hit": False, "required_blocks": 2, "deadline_step": None, "preemptible": True}],
+        "policy": "deadline", "free_kv_blocks": 9, "aging_interval": 2, "max_steps": None}
+
+    def student(more):  # "fails" whenever some request has max_new_tokens >= 2
+        return {s["id"]: ([] if any(r["max_new_tokens"] >= 2 for r in s["trace"]["rows"]) else checks.expected_for(s["ops"]))
+                for s in more}
+
+    small, diff = checks.shrink(trace, "x", student)
+    assert len(small["rows"]) == 1
+    r = small["rows"][0]
+    assert r["max_new_tokens"] == 2 and r["prompt_len"] == 1 and r["required_blocks"] == 1 and r["priority"] == 0
+    assert diff
+
+
+def test_messages_say_expected_and_got():
+    scen = checks.build_scenarios()
+    for name, cell, pattern in [
+        ("m18_deadline_flag_off_by_one", "hidden_todo4_step", r"expected deadline_missed=False, got deadline_missed=True"),
+        ("m13_minus_one_means_no_victim", "hidden_todo3_capacity", r"expected preempted_request_id=-1, got preempted_request_id=None"),
+        ("m09_slack_clamped_at_zero", "hidden_todo2_schedule_key", r"expected \(-\d+, .*\), got \(0, "),
+    ]:
+        obs = _inprocess_obs((MUTANTS / f"{name}.py").read_text(), scen)
+        lines = checks.judge(scen, obs)[cell].lines
+        assert any(re.search(pattern, ln) for ln in lines), (name, lines)
+
+
+def test_feedback_never_contains_hidden_test_source():
+    nb = json.loads(spec.SOURCE_NOTEBOOK.read_text(encoding="utf-8"))
+    hidden = []
+    for cell in nb["cells"]:
+        src = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
+        m = re.search(r"### BEGIN HIDDEN TESTS\n(.*?)### END HIDDEN TESTS", src, re.S)
+        if m:
+            hidden += [ln.strip() for ln in m.group(1).splitlines() if len(ln.strip()) > 15]
+    assert hidden
+    scen = checks.build_scenarios()
+    for path in sorted(MUTANTS.glob("m*.py"))[:8]:
+        text = json.dumps({k: v.lines for k, v in checks.judge(scen, _inprocess_obs(path.read_text(), scen)).items()},
+                          ensure_ascii=False)
+        for ln in hidden:
+            assert ln not in text
+        assert "Traceback" not in text
+
+
+# ---------------------------------------------------------------- the real verdict path (sandboxed child)
+
+def test_verdict_reference_full_marks_and_release_zero():
+    from decodesched.grader.selfcheck import release_solution_source
+
+    v = checks.verdict_for_source(REFERENCE)
+    assert v.status == "graded" and v.total == v.max_total == 100
+    rel = checks.verdict_for_source(release_solution_source())
+    assert rel.status == "graded" and all(c.score == 0 for c in rel.cells.values())
+    assert any("NotImplementedError" in ln for c in rel.cells.values() for ln in c.lines)
+
+
+def test_verdict_invalid_source():
+    v = checks.verdict_for_source("")
+    assert v.status == "invalid" and v.total == 0
+
+
+def test_verdict_student_cannot_import_the_reference_engine():
+    v = checks.verdict_for_source("from decodesched.model import DecodeSchedulerSim, RequestState\n")
+    assert v.total == 0 and any("decodesched" in n for n in v.notes)
+
+
+def test_verdict_crash_in_one_case_loses_only_those_checks():
+    src = REFERENCE.replace(
+        "        candidates = [req for req in self.queue if not req.done]\n",
+        "        candidates = [req for req in self.queue if not req.done]\n"
+        "        if self.policy == 'aging' and self.free_kv_blocks == 0:\n            import os; os._exit(3)\n", 1)
+    v = checks.verdict_for_source(src, shrink_failures=False)
+    assert v.status == "crashed"
+    assert 50 < v.total < 100
+    assert any("died" in n for n in v.notes)
+
+
+@pytest.mark.slow
+def test_verdict_uninterruptible_loop_is_a_timeout_with_partial_credit():
+    src = REFERENCE.replace(
+        "        candidates = [req for req in self.queue if not req.done]\n",
+        "        candidates = [req for req in self.queue if not req.done]\n"
+        "        if self.policy == 'aging' and self.clock > 3:\n"
+        "            while True:\n                try:\n                    pass\n                except BaseException:\n"
+        "                    pass\n", 1)
+    v = checks.verdict_for_source(src, limits=checks.Limits(timeout_s=12, cpu_s=12), shrink_failures=False)
+    assert v.status == "timeout" and 0 < v.total < 100
