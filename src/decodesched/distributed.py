@@ -139,7 +139,7 @@ def connect(address: str, *, n_workers: int = 2):
         raise UserError(f"--dask needs a scheduler address (tcp://HOST:PORT) or 'local', got {address!r}")
     if address == "local":
         cluster = distributed.LocalCluster(n_workers=n_workers, processes=True, threads_per_worker=1,
-                                           host="127.0.0.1", dashboard_address=None)
+                                           host="127.0.0.1", dashboard_address=":0")
         try:
             with distributed.Client(cluster) as client:
                 yield client
@@ -224,7 +224,8 @@ def _compute(traces, chunks, address, done, checkpoint, progress, threads, retri
     else:
         ctx = connect(address)
     with ctx as client:
-        trace_futures = client.scatter(traces, broadcast=True)
+        # hash=False: keys of this run only, so releasing them never touches another run's data
+        trace_futures = client.scatter(traces, broadcast=True, hash=False)
         futures = [client.submit(_run_chunk, trace_futures, chunk, first, threads, retries=retries, pure=False)
                    for first, chunk in chunks]
         completed = 0
@@ -244,5 +245,4 @@ def _compute(traces, chunks, address, done, checkpoint, progress, threads, retri
         finally:
             for fut in futures:
                 fut.cancel()
-            with contextlib.suppress(Exception):
-                client.cancel(trace_futures)
+            del trace_futures  # released once no chunk needs them

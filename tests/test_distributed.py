@@ -1,0 +1,180 @@
+"""Sweeps on a real Dask cluster (scheduler and two worker processes on 127.0.0.1).
+
+The rows of `distributed.run_sweep` must equal those of a local `simulate_batch`, also when a
+worker is killed mid-sweep and when a sweep is interrupted and resumed from its checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import sys
+import time
+
+import pytest
+
+distributed = pytest.importorskip("distributed")
+
+from decodesched import convert as cv  # noqa: E402
+from decodesched.batch import grid, simulate_batch, write_metrics_csv  # noqa: E402
+from decodesched.distributed import read_checkpoint, run_sweep, sweep_key  # noqa: E402
+from decodesched.errors import UserError  # noqa: E402
+
+POLICIES = ["fixed_priority", "aging", "deadline", "fcfs"]
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def traces():
+    raw = cv.read_azure(cv.bundled_trace_path()).head(24)
+    return [cv.to_trace(raw, load=load, name=f"azure_load{load}") for load in (0.8, 1.2)]
+
+
+@pytest.fixture(scope="module")
+def scenarios(traces):
+    # 2 traces x 4 policies x 16 capacities x 4 aging intervals = 512 scenarios
+    sc = grid(traces, POLICIES, list(range(30, 350, 20)), [1, 2, 4, 8])
+    assert len(sc) >= 500
+    return sc
+
+
+@pytest.fixture(scope="module")
+def local_rows(traces, scenarios):
+    return simulate_batch(traces, scenarios).rows()
+
+
+def _cluster():
+    return distributed.LocalCluster(n_workers=2, processes=True, threads_per_worker=1, host="127.0.0.1",
+                                    dashboard_address=":0")
+
+
+@pytest.fixture(scope="module")
+def client():
+    cluster = _cluster()
+    try:
+        with distributed.Client(cluster) as c:
+            yield c
+    finally:
+        cluster.close()
+
+
+def same_rows(a: list[dict], b: list[dict]) -> bool:
+    """Row lists equal value for value (NaN equals NaN, 1 equals 1.0 is not enough: types must match)."""
+    if len(a) != len(b):
+        return False
+    for x, y in zip(a, b):
+        if list(x) != list(y):
+            return False
+        for k in x:
+            vx, vy = x[k], y[k]
+            if isinstance(vx, float) and isinstance(vy, float) and math.isnan(vx) and math.isnan(vy):
+                continue
+            if vx != vy or type(vx) is not type(vy):
+                return False
+    return True
+
+
+def test_same_rows_helper_detects_differences():
+    row = {"a": 1, "b": math.nan, "c": "x"}
+    assert same_rows([row], [dict(row)])
+    assert not same_rows([row], [{**row, "a": 2}])
+    assert not same_rows([row], [{**row, "b": 0.0}])
+    assert not same_rows([row], [{**row, "a": 1.0}])
+    assert not same_rows([row], [row, row])
+
+
+def test_dask_sweep_equals_local_run(client, traces, scenarios, local_rows, tmp_path):
+    rows = run_sweep(traces, scenarios, client, chunk_size=32, checkpoint_path=tmp_path / "m.csv.partial.jsonl")
+    assert same_rows(rows, local_rows)
+    write_metrics_csv(rows, tmp_path / "dask.csv")
+    write_metrics_csv(local_rows, tmp_path / "local.csv")
+    assert (tmp_path / "dask.csv").read_bytes() == (tmp_path / "local.csv").read_bytes()
+    assert not (tmp_path / "m.csv.partial.jsonl").exists()  # removed once complete
+
+
+def test_killed_worker_costs_only_its_chunk(traces, scenarios, local_rows):
+    cluster = _cluster()
+    killed = []
+    try:
+        with distributed.Client(cluster) as c:
+            pids = c.run(os.getpid)  # {worker address: pid}
+            assert len(pids) == 2
+
+            def kill_one(done, total):
+                if not killed:
+                    pid = sorted(pids.values())[0]
+                    os.kill(pid, signal.SIGKILL)
+                    killed.append(pid)
+
+            rows = run_sweep(traces, scenarios, c, chunk_size=16, on_chunk=kill_one)
+            assert killed
+            time.sleep(0.2)
+            with pytest.raises(ProcessLookupError):
+                os.kill(killed[0], 0)  # that worker process is really gone
+            assert killed[0] not in c.run(os.getpid).values()
+    finally:
+        cluster.close()
+    assert same_rows(rows, local_rows)
+
+
+class Interrupt(Exception):
+    pass
+
+
+def test_interrupted_sweep_resumes_from_checkpoint(client, traces, scenarios, local_rows, tmp_path):
+    ck = tmp_path / "metrics.csv.partial.jsonl"
+    chunk = 64
+    n_chunks = -(-len(scenarios) // chunk)
+
+    def stop_after_three(done, total):
+        assert total == n_chunks
+        if done == 3:
+            raise Interrupt
+
+    with pytest.raises(Interrupt):
+        run_sweep(traces, scenarios, client, chunk_size=chunk, checkpoint_path=ck, on_chunk=stop_after_three)
+    saved = read_checkpoint(ck, sweep_key(traces, scenarios), len(scenarios))
+    assert len(saved) == 3 * chunk
+    # a torn last line (the process died while writing it) is ignored
+    with open(ck, "a", encoding="utf-8") as fh:
+        fh.write('{"first": 0, "rows": [{"tra')
+
+    computed = []
+    rows = run_sweep(traces, scenarios, client, chunk_size=chunk, checkpoint_path=ck,
+                     on_chunk=lambda done, total: computed.append(total))
+    assert len(computed) == n_chunks - 3  # only the missing chunks ran
+    assert same_rows(rows, local_rows)
+    assert not ck.exists()
+
+
+def test_checkpoint_of_another_sweep_is_not_reused(client, traces, scenarios, local_rows, tmp_path):
+    ck = tmp_path / "metrics.csv.partial.jsonl"
+    other = scenarios[:128]
+    with pytest.raises(Interrupt):
+        run_sweep(traces, [s for s in reversed(other)], client, chunk_size=32, checkpoint_path=ck,
+                  on_chunk=lambda done, total: (_ for _ in ()).throw(Interrupt()))
+    assert json.loads(ck.read_text().splitlines()[0])["sweep"] != sweep_key(traces, other)
+    computed = []
+    rows = run_sweep(traces, other, client, chunk_size=32, checkpoint_path=ck,
+                     on_chunk=lambda done, total: computed.append(done))
+    assert len(computed) == 4  # every chunk ran again
+    assert same_rows(rows, local_rows[:128])
+
+
+def test_bad_scenarios_fail_before_any_cluster_work(traces, scenarios, tmp_path):
+    from decodesched.batch import Scenario
+
+    with pytest.raises(UserError, match="scenario 1: unknown policy"):
+        run_sweep(traces, [scenarios[0], Scenario(0, "lifo", 10, 4)], "tcp://127.0.0.1:1", chunk_size=4)
+    with pytest.raises(UserError, match="trace index 5"):
+        run_sweep(traces, [Scenario(5, "fcfs", 10, 4)], "tcp://127.0.0.1:1", chunk_size=4)
+    with pytest.raises(UserError, match="chunk size"):
+        run_sweep(traces, scenarios, "tcp://127.0.0.1:1", chunk_size=0)
+
+
+def test_without_dask_says_how_to_install(traces, scenarios, monkeypatch):
+    monkeypatch.setitem(sys.modules, "distributed", None)  # import distributed -> ImportError
+    with pytest.raises(UserError, match=r"pip install 'decodesched\[dask\]'"):
+        run_sweep(traces, scenarios[:4], "local", chunk_size=4)
