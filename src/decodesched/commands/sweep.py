@@ -63,6 +63,8 @@ def add_parser(sub) -> None:
     # For the RESEARCH helper's distributed sweeps (decodesched.distributed, optional dependency).
     p.add_argument("--dask", metavar="ADDRESS", default=None,
                    help="run on a Dask cluster (scheduler address, or 'local') via decodesched.distributed")
+    p.add_argument("--chunk-size", type=int, default=64, metavar="N",
+                   help="with --dask: scenarios per task (default %(default)s)")
     p.add_argument("--out", required=True, metavar="metrics.csv", help="the metrics CSV to write")
     p.set_defaults(func=run)
 
@@ -141,7 +143,9 @@ def _run_dask(args, traces, scenarios):
         raise
     if args.engine != "fast":
         raise UserError("--dask runs the fast engine on the workers; drop --engine scan")
-    return distributed.run_sweep(traces, scenarios, args.dask, progress=None, threads=args.threads)
+    # Finished chunks go to OUT.partial.jsonl, so a rerun of an interrupted sweep resumes from them.
+    return distributed.run_sweep(traces, scenarios, args.dask, progress=None, threads=args.threads,
+                                 chunk_size=args.chunk_size, checkpoint_path=args.out + ".partial.jsonl")
 
 
 def _cell(v) -> str:
