@@ -1,0 +1,89 @@
+"""`decodesched report [RESULTS] --out DIR [--trace TRACE ...]`: PNG plots and an HTML page.
+
+RESULTS is a sweep metrics CSV (``decodesched sweep --out``); with ``--trace`` the trace is also
+replayed here under each ``--policy`` for the per-request figures.  See `decodesched.report`.
+"""
+
+from __future__ import annotations
+
+from ..engine import POLICIES
+from ..errors import UserError
+
+EPILOG = """\
+offered load of each sweep trace (first match wins): --loads NAME=L; an offered_load column in the
+CSV; the "load" in the trace's .meta.json (decodesched trace convert --load); else the trace file's
+own load, work steps / arrival span.  Trace files are looked up as NAME, NAME.csv or NAME.parquet
+beside RESULTS, in the current folder, or in --trace-dir.  Units are seconds when every trace has a
+time scale (steps_per_second in its .meta.json), else steps.
+"""
+
+
+def add_parser(sub) -> None:
+    import argparse
+
+    p = sub.add_parser("report", help="plots and an HTML page from a sweep (and one replayed trace)",
+                       description="Write PNG plots and DIR/index.html: latency, deadline attainment, starvation "
+                                   "and fairness against offered load from a sweep's metrics CSV; with --trace, "
+                                   "latency CDFs, per-class starvation and preemptions, KV occupancy and queue "
+                                   "length over time, and a Gantt-style timeline.",
+                       epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("results", nargs="?", metavar="RESULTS", help="sweep metrics CSV (decodesched sweep --out)")
+    p.add_argument("--out", required=True, metavar="DIR", help="folder for the PNGs and index.html")
+    p.add_argument("--trace", metavar="TRACE", help="also replay this trace for the per-request figures")
+    p.add_argument("--policy", type=_names, default=None, metavar="P[,P..]",
+                   help=f"policies to replay --trace with (default all: {', '.join(POLICIES)})")
+    p.add_argument("--timeline-policy", default=None, metavar="P",
+                   help="policy of the KV/queue and Gantt figures (default the first --policy)")
+    p.add_argument("--kv-blocks", type=int, default=None, metavar="N",
+                   help="capacity: the cut of the sweep figures and the replay of --trace (default: the "
+                        "sweep's lower-median capacity)")
+    p.add_argument("--aging-interval", type=int, default=None, metavar="K",
+                   help="aging interval: the cut of the sweep figures and the replay (default 4)")
+    p.add_argument("--load", type=float, default=None, metavar="L",
+                   help="offered load of the P99-against-capacity figure (default the highest)")
+    p.add_argument("--loads", type=_loads, default=None, metavar="NAME=L[,..]",
+                   help="offered load of each sweep trace, by its name in the CSV")
+    p.add_argument("--trace-dir", action="append", default=[], metavar="DIR",
+                   help="where to look for the sweep's trace files (repeatable)")
+    p.add_argument("--gantt-requests", type=int, default=30, metavar="N",
+                   help="requests shown in the Gantt timeline (default %(default)s)")
+    p.set_defaults(func=run)
+
+
+def _names(text: str) -> list[str]:
+    import argparse
+
+    items = [x.strip() for x in text.split(",")]
+    if not all(items):
+        raise argparse.ArgumentTypeError(f"empty item in {text!r}")
+    return items
+
+
+def _loads(text: str) -> dict[str, float]:
+    import argparse
+
+    out = {}
+    for item in _names(text):
+        name, sep, value = item.rpartition("=")
+        try:
+            out[name] = float(value)
+        except ValueError:
+            name = ""
+        if not sep or not name:
+            raise argparse.ArgumentTypeError(f"expected NAME=LOAD, got {item!r}")
+    return out
+
+
+def run(args) -> int:
+    from ..report import build_report
+
+    if args.results is None and args.trace is None:
+        raise UserError("give a sweep metrics CSV (RESULTS), --trace TRACE, or both")
+    plots = build_report(args.out, results=args.results, trace=args.trace, policies=args.policy,
+                         kv_blocks=args.kv_blocks, aging_interval=args.aging_interval, loads=args.loads,
+                         trace_dirs=args.trace_dir, load=args.load, timeline_policy=args.timeline_policy,
+                         gantt_requests=args.gantt_requests)
+    for p in plots:
+        print(f"{args.out}/{p.file}")
+    print(f"wrote {len(plots)} plots and {args.out}/index.html")
+    return 0
