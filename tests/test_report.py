@@ -1,0 +1,155 @@
+"""`decodesched report`: every figure renders to a real PNG with unit-labelled axes; the page links them."""
+
+from __future__ import annotations
+
+import math
+import re
+
+import numpy as np
+import pytest
+
+from decodesched import convert as cv
+from decodesched.batch import grid, simulate_batch, write_metrics_csv
+from decodesched.cli import main
+from decodesched.report import build_report, offered_load, read_sweep, trace_info
+from decodesched.trace import load_trace
+
+POLICIES = ["fixed_priority", "aging", "deadline", "fcfs"]
+LOADS = (0.7, 1.0, 1.4)
+SWEEP_PLOTS = {"latency_vs_load", "deadline_vs_load", "fairness_vs_load", "ttft_vs_capacity"}
+SCENARIO_PLOTS = {"latency_cdf", "per_class", "kv_queue_timeline", "gantt"}
+
+
+@pytest.fixture(scope="module")
+def sweep_dir(tmp_path_factory):
+    """Three converted prefixes of the bundled trace (with sidecars) and their sweep CSV."""
+    d = tmp_path_factory.mktemp("sweep")
+    raw = cv.read_azure(cv.bundled_trace_path()).head(20)
+    paths = []
+    for load in LOADS:
+        path = d / f"azure_load{load}.csv"
+        cv.write_trace(cv.to_trace(raw, load=load), path, {"load": load, "source": "bundled"})
+        paths.append(path)
+    traces = [load_trace(p) for p in paths]
+    batch = simulate_batch(traces, grid(traces, POLICIES, [60, 120, 240], [2, 4]))
+    write_metrics_csv(batch.rows(), d / "metrics.csv")
+    return d
+
+
+def _png_ok(path) -> None:
+    import matplotlib.image as mpimg
+
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    img = mpimg.imread(path)
+    assert img.shape[0] > 200 and img.shape[1] > 300
+    assert np.unique(img.reshape(-1, img.shape[-1]), axis=0).shape[0] > 10  # not a blank canvas
+
+
+def test_every_plot_renders_with_units_and_is_linked(sweep_dir, tmp_path):
+    out = tmp_path / "report"
+    plots = build_report(out, results=sweep_dir / "metrics.csv", trace=sweep_dir / "azure_load1.0.csv",
+                         kv_blocks=120, gantt_requests=12)
+    assert {p.name for p in plots} == SWEEP_PLOTS | SCENARIO_PLOTS
+    page = (out / "index.html").read_text()
+    for p in plots:
+        _png_ok(out / p.file)
+        assert f'src="{p.file}"' in page
+        assert p.caption.split(" (")[0][:30] in page
+        assert p.xlabels and p.ylabels
+    by_name = {p.name: p for p in plots}
+    # the converted traces have a time scale, so latencies are in seconds
+    assert "TTFT P99 (s)" in by_name["latency_vs_load"].ylabels
+    assert all(x == "offered load (work steps per step)" for x in by_name["latency_vs_load"].xlabels)
+    assert by_name["deadline_vs_load"].ylabels == ["deadline attainment (% of requests with a deadline)"]
+    assert "starvation: max wait (s)" in by_name["fairness_vs_load"].ylabels
+    assert by_name["ttft_vs_capacity"].xlabels == ["KV capacity (free KV blocks)"]
+    assert by_name["latency_cdf"].xlabels == ["queue wait (s)", "TTFT (s)", "end-to-end latency (s)"]
+    assert "preemptions (victim count)" in by_name["per_class"].ylabels
+    assert by_name["kv_queue_timeline"].ylabels == ["KV blocks in use", "queue length (requests waiting)"]
+    assert by_name["kv_queue_timeline"].xlabels == ["time (s)"]
+    assert by_name["gantt"].xlabels == ["time (s)"]
+    assert "first 12 of 20 requests" in by_name["gantt"].caption
+
+
+def test_steps_when_the_trace_has_no_time_scale(tmp_path):
+    raw = cv.read_azure(cv.bundled_trace_path()).head(10)
+    trace = cv.to_trace(raw, load=1.0)
+    trace.to_csv(tmp_path / "plain.csv")  # no sidecar: no time scale
+    plots = build_report(tmp_path / "r", trace=tmp_path / "plain.csv", kv_blocks=200, policies=["fcfs", "aging"])
+    by_name = {p.name: p for p in plots}
+    assert set(by_name) == SCENARIO_PLOTS
+    assert by_name["latency_cdf"].xlabels == ["queue wait (steps)", "TTFT (steps)", "end-to-end latency (steps)"]
+    assert by_name["gantt"].xlabels == ["time (steps)"]
+    assert "all 10 requests" in by_name["gantt"].caption
+    for p in plots:
+        _png_ok(tmp_path / "r" / p.file)
+
+
+def test_load_of_each_trace(sweep_dir):
+    rows = read_sweep(sweep_dir / "metrics.csv")
+    info = trace_info(rows, sweep_dir / "metrics.csv")
+    assert {n: i.load for n, i in info.items()} == {f"azure_load{x}": x for x in LOADS}  # from the sidecars
+    assert all(i.steps_per_second and i.steps_per_second > 0 for i in info.values())
+    # an explicit mapping wins over the sidecar
+    info = trace_info(rows, sweep_dir / "metrics.csv", loads={"azure_load1.0": 3.5})
+    assert info["azure_load1.0"].load == 3.5
+    # without a sidecar the load is measured on the trace: close to the converter's target
+    trace = load_trace(sweep_dir / "azure_load1.4.csv")
+    assert offered_load(trace) == pytest.approx(1.4, rel=0.02)
+    # a trace file that cannot be found: load unknown
+    info = trace_info([{**rows[0], "trace": "nowhere"}], None)
+    assert info["nowhere"].load is None
+
+
+def test_sweep_without_known_loads_skips_load_figures(sweep_dir, tmp_path):
+    csv_path = tmp_path / "metrics.csv"  # no trace files beside it
+    csv_path.write_text((sweep_dir / "metrics.csv").read_text())
+    plots = build_report(tmp_path / "r", results=csv_path, trace_dirs=[])
+    assert plots == []
+    assert "Offered load unknown" in (tmp_path / "r" / "index.html").read_text()
+    plots = build_report(tmp_path / "r2", results=csv_path, loads={f"azure_load{x}": x for x in LOADS})
+    assert {p.name for p in plots} == SWEEP_PLOTS
+
+
+def test_report_command(sweep_dir, tmp_path, capsys):
+    out = tmp_path / "rep"
+    assert main(["report", str(sweep_dir / "metrics.csv"), "--out", str(out), "--kv-blocks", "240",
+                 "--aging-interval", "2"]) == 0
+    printed = capsys.readouterr().out
+    assert "wrote 4 plots" in printed
+    page = (out / "index.html").read_text()
+    assert "240 KV blocks, aging interval 2" in page
+    linked = set(re.findall(r'src="([^"]+)"', page))
+    assert linked == {p.name for p in out.glob("*.png")}
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--kv-blocks", "7"], "no capacity (kv_blocks) 7"),
+    (["--aging-interval", "3"], "no aging interval 3"),
+    (["--load", "9"], "no load 9"),
+])
+def test_report_command_bad_input(sweep_dir, tmp_path, capsys, argv, message):
+    out = tmp_path / "rep"
+    assert main(["report", str(sweep_dir / "metrics.csv"), "--out", str(out), *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+    assert not out.exists()
+    assert list(tmp_path.iterdir()) == []  # no temporary folder left behind
+
+
+def test_report_command_needs_input(tmp_path, capsys):
+    assert main(["report", "--out", str(tmp_path / "x")]) == 2
+    assert main(["report", str(tmp_path / "missing.csv"), "--out", str(tmp_path / "x")]) == 2
+    (tmp_path / "not_sweep.csv").write_text("a,b\n1,2\n")
+    assert main(["report", str(tmp_path / "not_sweep.csv"), "--out", str(tmp_path / "x")]) == 2
+    assert "not a sweep metrics CSV" in capsys.readouterr().err
+    assert main(["report", "--trace", str(tmp_path / "not_sweep.csv"), "--out", str(tmp_path / "x")]) == 2
+    assert not (tmp_path / "x").exists()
+
+
+def test_read_sweep_parses_numbers_and_empty_cells(tmp_path):
+    p = tmp_path / "m.csv"
+    p.write_text("trace,policy,kv_blocks,aging_interval,ttft_p99\nt,fcfs,10,4,\nt,aging,10,4,2.5\n")
+    rows = read_sweep(p)
+    assert rows[0]["kv_blocks"] == 10 and math.isnan(rows[0]["ttft_p99"]) and rows[1]["ttft_p99"] == 2.5
