@@ -112,11 +112,12 @@ def to_frame(obj, table: str | None = None) -> "Any":
     pd = _pandas()
     if isinstance(obj, pd.DataFrame):
         return obj
+    from .engine import SimulationResult
     from .trace import Trace
 
     if isinstance(obj, Trace):
         return trace_frame(obj)
-    if hasattr(obj, "request_state"):  # a SimulationResult
+    if isinstance(obj, SimulationResult):
         table = table or "requests"
         if table == "requests":
             return requests_frame(obj)

@@ -1,0 +1,114 @@
+"""Results as pandas DataFrames, Arrow tables and Parquet files (`decodesched.frames`)."""
+
+from __future__ import annotations
+
+import math
+import sys
+
+import numpy as np
+import pytest
+
+pd = pytest.importorskip("pandas")
+pq = pytest.importorskip("pyarrow.parquet")
+
+import decodesched  # noqa: E402
+from decodesched import frames  # noqa: E402
+from decodesched.batch import ROW_KEYS, grid, simulate_batch  # noqa: E402
+from decodesched.errors import UserError  # noqa: E402
+
+TRACE = {  # a low-priority request that gets preempted, one that can never fit, one with a deadline
+    "request_id": [10, 11, 12, 13],
+    "arrival_step": [0, 2, 3, 3],
+    "prompt_len": [4, 2, 3, 1],
+    "max_new_tokens": [5, 2, 1, 3],
+    "priority": [0, 5, 1, 2],
+    "cache_hit": [False, True, False, False],
+    "required_blocks": [3, 3, 9, 1],
+    "deadline_step": [None, None, None, 40],
+    "preemptible": [True, True, True, False],
+}
+
+
+@pytest.fixture(scope="module")
+def result():
+    return decodesched.simulate(TRACE, policy="fixed_priority", free_kv_blocks=4)
+
+
+def test_requests_frame_matches_the_result(result):
+    df = frames.requests_frame(result)
+    req = result.requests
+    assert len(df) == len(TRACE["request_id"])
+    assert df["request_id"].tolist() == TRACE["request_id"]
+    for col in ("first_step", "first_token_step", "finish_step"):
+        raw = req[col]
+        assert df[col].dtype == "Int64"
+        assert df[col].isna().tolist() == (raw < 0).tolist()
+        assert df[col].dropna().tolist() == raw[raw >= 0].tolist()
+    assert df["deadline_step"].isna().tolist() == [d is None for d in TRACE["deadline_step"]]
+    assert df["deadline_step"].dropna().tolist() == [40]
+    assert df["status"].tolist() == req["status"].tolist()
+    assert "unservable" in df["status"].tolist()  # the request needing 9 of 4 blocks
+    np.testing.assert_array_equal(df["ttft"].to_numpy(), req["ttft"])
+    assert result.to_pandas().equals(df)
+
+
+def test_events_frame_matches_the_timeline(result):
+    df = frames.events_frame(result)
+    timeline = result.timeline()
+    assert len(df) == len(timeline) == result.n_events
+    assert list(df.columns)[0] == "step"
+    assert any(e["preempted_request_id"] is not None for e in timeline)  # the trace does preempt
+    for (_, row), event in zip(df.iterrows(), timeline):
+        for key, value in event.items():
+            if value is None:
+                assert row[key] is pd.NA
+            else:
+                assert row[key] == value
+    assert result.to_pandas("events").equals(df)
+
+
+def test_metrics_frame_of_a_batch():
+    batch = simulate_batch([TRACE], grid(1, ["fcfs", "aging"], [4, 20], [2]))
+    df = frames.metrics_frame(batch)
+    assert list(df.columns) == list(ROW_KEYS)
+    assert len(df) == 4
+    assert df["policy"].tolist() == ["fcfs", "fcfs", "aging", "aging"]
+    assert frames.to_frame(batch).equals(df)
+    assert frames.metrics_frame(batch.rows()).equals(df)
+
+
+def test_parquet_round_trips(result, tmp_path):
+    frames.to_parquet(result, tmp_path / "requests.parquet")
+    back = pd.read_parquet(tmp_path / "requests.parquet")
+    assert back["request_id"].tolist() == TRACE["request_id"]
+    assert back["finish_step"].isna().tolist() == (result.requests["finish_step"] < 0).tolist()
+
+    frames.to_parquet(result, tmp_path / "events.parquet", table="events")
+    assert len(pq.read_table(tmp_path / "events.parquet")) == result.n_events
+
+    # a trace written as Parquet is read back by load_trace, and replays identically
+    frames.to_parquet(result.trace, tmp_path / "trace.parquet")
+    again = decodesched.simulate(tmp_path / "trace.parquet", policy="fixed_priority", free_kv_blocks=4)
+    assert again.timeline() == result.timeline()
+
+    table = frames.to_arrow(simulate_batch([TRACE], grid(1, ["deadline"], [6], [4])))
+    assert table.column_names == list(ROW_KEYS) and table.num_rows == 1
+
+
+def test_errors(result, tmp_path, monkeypatch):
+    with pytest.raises(UserError, match="unknown table"):
+        frames.to_frame(result, "nope")
+    with pytest.raises(FileNotFoundError):
+        frames.to_parquet(result, tmp_path / "no_dir" / "x.parquet")
+    assert not (tmp_path / "no_dir").exists()
+    monkeypatch.setitem(sys.modules, "pandas", None)
+    with pytest.raises(UserError, match=r"pip install 'decodesched\[data\]'"):
+        frames.requests_frame(result)
+    with pytest.raises(UserError, match=r"pip install 'decodesched\[data\]'"):
+        result.to_pandas()
+
+
+def test_nan_latency_stays_nan(result):
+    df = frames.requests_frame(result)
+    unservable = df["status"] == "unservable"
+    assert all(math.isnan(v) for v in df.loc[unservable, "e2e"])
