@@ -673,20 +673,26 @@ def shrink_candidates(trace: dict) -> list[dict]:
         for f in ("prompt_len", "max_new_tokens", "required_blocks"):
             if r[f] > 1:
                 change(**{f: 1})
+                change(**{f: (r[f] + 1) // 2})
                 change(**{f: r[f] - 1})
         if r["priority"] != 0:
             change(priority=0)
+            change(priority=int(r["priority"] / 2))
             change(priority=r["priority"] - (1 if r["priority"] > 0 else -1))
         if r["arrival_step"] > 0:
             shift = r["arrival_step"]
             change(arrival_step=0, deadline_step=None if r["deadline_step"] is None else r["deadline_step"] - shift)
             change(arrival_step=0)
-            change(arrival_step=r["arrival_step"] - 1)
+            change(arrival_step=shift // 2)
+            change(arrival_step=shift - 1)
         if r["deadline_step"] is not None:
+            d, a = r["deadline_step"], r["arrival_step"]
             change(deadline_step=None)
-            if r["deadline_step"] > 10**6:
-                change(deadline_step=r["arrival_step"] + SENTINEL)
-            change(deadline_step=r["deadline_step"] - 1)
+            if d > 10**6:
+                change(deadline_step=a + SENTINEL)
+            change(deadline_step=a + 1)
+            change(deadline_step=a + max(1, (d - a) // 2))
+            change(deadline_step=d - 1)
         if r["cache_hit"]:
             change(cache_hit=False)
         if not r["preemptible"]:
@@ -694,6 +700,7 @@ def shrink_candidates(trace: dict) -> list[dict]:
         if r["request_id"] != i and i not in {x["request_id"] for x in rows}:
             change(request_id=i)
     if trace["free_kv_blocks"] > 0:
+        variant(free_kv_blocks=trace["free_kv_blocks"] // 2)
         variant(free_kv_blocks=trace["free_kv_blocks"] - 1)
     if trace["max_steps"] is not None:
         variant(max_steps=None)
@@ -727,7 +734,7 @@ def _walk_bad(obj, found: set):
             _walk_bad(x, found)
 
 
-def judge(scenarios: list[dict], observations, *, rerun=None, shrink_budget_s: float = 8.0) -> dict[str, CellVerdict]:
+def judge(scenarios: list[dict], observations, *, rerun=None, shrink_budget_s: float = 15.0) -> dict[str, CellVerdict]:
     """Per graded cell: score, max score and feedback lines.
 
     `observations` maps scenario id -> the harness observations (or is the harness's JSON lines).
@@ -787,7 +794,7 @@ def _differential_lines(failures, total, rerun, budget_s) -> list[str]:
     return lines
 
 
-def shrink(trace: dict, diff: str, rerun, budget_s: float = 8.0, max_rounds: int = 25):
+def shrink(trace: dict, diff: str, rerun, budget_s: float = 15.0, max_rounds: int = 60):
     """Greedy shrinking: keep the smallest candidate that still fails, until none does."""
     deadline = time.monotonic() + budget_s
     for round_no in range(max_rounds):
