@@ -4,7 +4,8 @@ Three kinds of solution cells go through the same verdict path as real submissio
 made from the release, its solution cell replaced, the cell read back by the pipeline's intake when
 available, then `grader.checks.verdict_for_source` in the sandbox):
 
-* the reference solution (`grader/solutions/reference.py`) must score full marks, status graded;
+* the reference solution (`grader/solutions/reference.py`) and the seed chapter's own reference
+  (`grader/solutions/seed_reference.py`, a completed seed) must score full marks, status graded;
 * the untouched release (the solution regions stripped by nbgrader's own ``ClearSolutions``) must
   score 0 on every graded cell;
 * every one-bug mutant in `grader/mutants/` must lose points, and every cell where it loses points
@@ -29,6 +30,7 @@ from . import checks, spec
 
 HERE = Path(__file__).resolve().parent
 REFERENCE = HERE / "solutions" / "reference.py"
+SEED_REFERENCE = HERE / "solutions" / "seed_reference.py"
 MUTANTS = HERE / "mutants"
 
 
@@ -163,6 +165,9 @@ def run_selfcheck(jobs: int | None = None, *, limits: checks.Limits | None = Non
     reference = REFERENCE.read_text(encoding="utf-8")
     items = [(Row("reference", "full", "the reference solution"), reference),
              (Row("release", "zero", "the untouched student release"), release_solution_source(reference))]
+    if SEED_REFERENCE.is_file():
+        items.insert(1, (Row("seed_reference", "full", "the seed chapter's own reference solution"),
+                         SEED_REFERENCE.read_text(encoding="utf-8")))
     for path in mutant_files():
         items.append((Row(path.stem, "loses", mutant_bug(path)), path.read_text(encoding="utf-8")))
     jobs = jobs or os.cpu_count() or 1

@@ -106,6 +106,7 @@ def test_selfcheck_judges_reference_release_and_every_mutant():
     table = selfcheck.run_selfcheck(jobs=2)
     rows = {r.name: r for r in table.rows}
     assert rows["reference"].ok and rows["reference"].score == 100
+    assert rows["seed_reference"].ok and rows["seed_reference"].score == 100  # a completed seed is valid
     assert rows["release"].ok and rows["release"].score == 0
     mutants = [r for r in table.rows if r.expectation == "loses"]
     assert len(mutants) >= 15
