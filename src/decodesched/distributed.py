@@ -138,8 +138,11 @@ def connect(address: str, *, n_workers: int = 2):
     if not isinstance(address, str) or not address:
         raise UserError(f"--dask needs a scheduler address (tcp://HOST:PORT) or 'local', got {address!r}")
     if address == "local":
+        # Numba threads per worker: the cores shared out, so the workers do not oversubscribe them.
+        numba_threads = str(max(1, (os.cpu_count() or 1) // n_workers))
         cluster = distributed.LocalCluster(n_workers=n_workers, processes=True, threads_per_worker=1,
-                                           host="127.0.0.1", dashboard_address=":0")
+                                           host="127.0.0.1", dashboard_address=":0",
+                                           env={"NUMBA_NUM_THREADS": numba_threads})
         try:
             with distributed.Client(cluster) as client:
                 yield client
