@@ -178,3 +178,28 @@ def test_without_dask_says_how_to_install(traces, scenarios, monkeypatch):
     monkeypatch.setitem(sys.modules, "distributed", None)  # import distributed -> ImportError
     with pytest.raises(UserError, match=r"pip install 'decodesched\[dask\]'"):
         run_sweep(traces, scenarios[:4], "local", chunk_size=4)
+
+
+def test_sweep_command_on_dask_matches_local(traces, tmp_path, capsys, monkeypatch):
+    from decodesched.cli import main
+
+    paths = []
+    for t in traces:
+        paths.append(str(tmp_path / f"{t.name}.csv"))
+        t.to_csv(paths[-1])
+    grid_args = ["--policy", ",".join(POLICIES), "--kv-blocks", "40,90,200", "--aging-interval", "2,8"]
+    assert main(["sweep", *paths, *grid_args, "--out", str(tmp_path / "local.csv")]) == 0
+    local_out = capsys.readouterr().out
+    assert main(["sweep", *paths, *grid_args, "--dask", "local", "--chunk-size", "5",
+                 "--out", str(tmp_path / "dask.csv")]) == 0
+    dask_out = capsys.readouterr().out
+    assert (tmp_path / "dask.csv").read_bytes() == (tmp_path / "local.csv").read_bytes()
+    assert local_out.splitlines()[:-1] == dask_out.splitlines()[:-1]  # the same table
+    assert "Dask at local" in dask_out.splitlines()[-1]
+    assert not (tmp_path / "dask.csv.partial.jsonl").exists()
+
+    monkeypatch.setitem(sys.modules, "distributed", None)
+    assert main(["sweep", *paths, *grid_args, "--dask", "local", "--out", str(tmp_path / "x.csv")]) == 2
+    err = capsys.readouterr().err
+    assert "pip install 'decodesched[dask]'" in err and err.count("\n") == 1
+    assert not (tmp_path / "x.csv").exists()

@@ -329,7 +329,9 @@ def sweep_plots(rows, info, out: Path, *, kv_blocks=None, aging_interval=None, l
             ax.set_title(f"P99 TTFT against KV capacity at load {chosen:g}", fontsize=10)
             plots.append(_save(fig, out, Plot("ttft_vs_capacity",
                                               f"P99 TTFT against KV capacity at offered load {chosen:g}, per policy "
-                                              f"(aging interval {view.aging_interval}).")))
+                                              f"(aging interval {view.aging_interval}). Percentiles are over "
+                                              "finished requests: at small capacities the requests that never "
+                                              "fit (unservable) drop out.")))
     return plots, notes
 
 
