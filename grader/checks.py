@@ -542,10 +542,10 @@ def diff_op(op, exp, got, step_no: int) -> str:
         d = diff_events(exp, got)
         return f"{_op_text(op)}: " + (d or f"expected {_fmt(exp)}, got {_describe_got(got)}")
     if name in ("key", "eff", "ensure"):
-        return f"{_op_text(op)} at step {step_no}: expected {_fmt(exp)}, got {_describe_got(got)}"
+        return f"{_op_text(op)} after {step_no} step(s): expected {_fmt(exp)}, got {_describe_got(got)}"
     if name == "state":
         d = diff_states(exp, got)
-        return f"after step {step_no}: " + (d or f"expected {_fmt(exp)}, got {_describe_got(got)}")
+        return f"after {step_no} step(s): " + (d or f"expected {_fmt(exp)}, got {_describe_got(got)}")
     if name == "replay":
         return diff_replay(exp, got)
     return f"{_op_text(op)}: expected {_fmt(exp)}, got {_describe_got(got)}"
