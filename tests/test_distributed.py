@@ -203,3 +203,32 @@ def test_sweep_command_on_dask_matches_local(traces, tmp_path, capsys, monkeypat
     err = capsys.readouterr().err
     assert "pip install 'decodesched[dask]'" in err and err.count("\n") == 1
     assert not (tmp_path / "x.csv").exists()
+
+
+def test_unreachable_scheduler_is_a_user_error():
+    from decodesched.distributed import connect
+
+    with pytest.raises(UserError, match="cannot reach the Dask scheduler"):
+        with connect("tcp://127.0.0.1:9", timeout=1):
+            pass
+
+
+def test_chunk_failing_past_retries_is_a_user_error_and_keeps_the_checkpoint(client, traces, scenarios, tmp_path):
+    from decodesched.distributed import _run_chunk
+
+    ck = tmp_path / "m.csv.partial.jsonl"
+    attempts = []
+
+    def fail_at_scenario_64(trace_list, chunk, first, threads):  # runs on the workers (pickled by value)
+        if first == 64:
+            raise RuntimeError("boom on the worker")
+        return _run_chunk(trace_list, chunk, first, threads)
+
+    with pytest.raises(UserError, match=r"RuntimeError: boom on the worker; the \d+ finished scenarios are saved "
+                                        r"in .*m.csv.partial.jsonl, rerun the same sweep to resume"):
+        run_sweep(traces, scenarios[:128], client, chunk_size=32, checkpoint_path=ck, retries=1,
+                  chunk_function=fail_at_scenario_64, on_chunk=lambda d, t: attempts.append(d))
+    saved = read_checkpoint(ck, sweep_key(traces, scenarios[:128]), 128)
+    assert 64 not in saved and len(saved) == 32 * len(attempts)
+    rows = run_sweep(traces, scenarios[:128], client, chunk_size=32, checkpoint_path=ck)
+    assert same_rows(rows, simulate_batch(traces, scenarios[:128]).rows())

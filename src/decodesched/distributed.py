@@ -130,7 +130,7 @@ class _Checkpoint:
 
 
 @contextlib.contextmanager
-def connect(address: str, *, n_workers: int = 2):
+def connect(address: str, *, n_workers: int = 2, timeout: float = 30):
     """A `distributed.Client` for ``address``: ``"local"`` starts a `LocalCluster` of `n_workers`
     single-threaded worker processes on 127.0.0.1 (shut down on exit); anything else is a scheduler
     address such as ``tcp://10.0.0.5:8786``."""
@@ -150,7 +150,7 @@ def connect(address: str, *, n_workers: int = 2):
             cluster.close()
         return
     try:
-        client = distributed.Client(address, timeout=30)
+        client = distributed.Client(address, timeout=timeout)
     except (OSError, TimeoutError, ValueError) as exc:
         raise UserError(f"cannot reach the Dask scheduler at {address}: {exc}") from None
     try:
@@ -161,14 +161,18 @@ def connect(address: str, *, n_workers: int = 2):
 
 def run_sweep(traces, scenarios: Sequence, address, *, chunk_size: int = DEFAULT_CHUNK_SIZE,
               checkpoint_path=None, progress: bool | None = False, threads: int | None = None,
-              retries: int = 2, on_chunk: Callable[[int, int], None] | None = None) -> list[dict]:
+              retries: int = 2, on_chunk: Callable[[int, int], None] | None = None,
+              chunk_function: Callable | None = None) -> list[dict]:
     """Run `scenarios` over `traces` on a Dask cluster; return the rows of ``simulate_batch(...).rows()``.
 
     `address`: ``"local"``, a scheduler address, or an existing `distributed.Client`.
     `traces`: anything `simulate_batch` accepts.  `threads`: Numba threads per chunk on the workers
     (default: the workers' Numba setting).  `on_chunk(done, total)` is called on the client after
     each chunk computed in this run (not for rows resumed from the checkpoint); an exception it
-    raises stops the sweep, keeping the checkpoint.
+    raises stops the sweep, keeping the checkpoint.  `chunk_function(traces, scenarios, first,
+    threads) -> (first, rows)` replaces the task run on the workers (for tests and instrumentation).
+    A chunk that still fails after `retries` raises `UserError` (finished chunks stay in the
+    checkpoint).
     """
     from .batch import Scenario, _as_list
     from .engine import check_config
@@ -210,7 +214,8 @@ def run_sweep(traces, scenarios: Sequence, address, *, chunk_size: int = DEFAULT
     checkpoint = _Checkpoint(checkpoint_path, key, n, done) if checkpoint_path else None
     try:
         if chunks:
-            _compute(traces, chunks, address, done, checkpoint, progress, threads, retries, on_chunk, n)
+            _compute(traces, chunks, address, done, checkpoint, progress, threads, retries, on_chunk, n,
+                     chunk_function or _run_chunk)
     finally:
         if checkpoint is not None:
             checkpoint.close()
@@ -220,7 +225,7 @@ def run_sweep(traces, scenarios: Sequence, address, *, chunk_size: int = DEFAULT
     return [done[i] for i in range(n)]
 
 
-def _compute(traces, chunks, address, done, checkpoint, progress, threads, retries, on_chunk, n) -> None:
+def _compute(traces, chunks, address, done, checkpoint, progress, threads, retries, on_chunk, n, task) -> None:
     distributed = _import_dask()
     if isinstance(address, distributed.Client):
         ctx = contextlib.nullcontext(address)
@@ -229,14 +234,20 @@ def _compute(traces, chunks, address, done, checkpoint, progress, threads, retri
     with ctx as client:
         # hash=False: keys of this run only, so releasing them never touches another run's data
         trace_futures = client.scatter(traces, broadcast=True, hash=False)
-        futures = [client.submit(_run_chunk, trace_futures, chunk, first, threads, retries=retries, pure=False)
+        futures = [client.submit(task, trace_futures, chunk, first, threads, retries=retries, pure=False)
                    for first, chunk in chunks]
         completed = 0
         try:
             with Progress(n, "sweep", enabled=progress) as bar:
                 bar.advance(len(done))
                 for fut in distributed.as_completed(futures):
-                    first, rows = fut.result()
+                    try:
+                        first, rows = fut.result()
+                    except Exception as exc:  # a chunk failed past its retries, or the cluster went away
+                        saved = f"; the {len(done)} finished scenarios are saved in {checkpoint.path}, rerun the " \
+                                f"same sweep to resume" if checkpoint is not None else ""
+                        raise UserError(f"a chunk of the sweep failed on the cluster: {type(exc).__name__}: "
+                                        f"{str(exc).splitlines()[0] if str(exc) else ''}{saved}") from exc
                     for i, row in enumerate(rows):
                         done[first + i] = row
                     if checkpoint is not None:
