@@ -904,9 +904,16 @@ def _run_sandboxed(argv, cwd, limits: Limits, hide):
                         memory_mb=limits.memory_mb, hide=hide)
 
 
+def _package_paths() -> list[str]:
+    """Where our own code lives (editable checkout or site-packages): the reference model must stay unreadable."""
+    import decodesched
+
+    return sorted({str(Path(decodesched.__file__).resolve().parent), str(Path(__file__).resolve().parent)})
+
+
 def _default_hide() -> list[str]:
     from .spec import COURSE_ROOT
-    return [str(COURSE_ROOT), str(Path(__file__).resolve().parent)]
+    return [str(COURSE_ROOT)] + _package_paths()
 
 
 def _why_stopped(out) -> str:
@@ -965,7 +972,9 @@ def verdict_for_source(source, *, limits: Limits | dict | None = None, seed: int
     if isinstance(limits, dict):
         limits = Limits(**limits)
     limits = limits or Limits()
-    hide = _default_hide() if hide is None else list(hide)
+    # Always hidden (as root), whatever the caller adds: the course and our own packages, so the
+    # student's code cannot read and run the reference model from disk.
+    hide = sorted(set(_default_hide()) | set(hide or ()))
     max_total = float(sum(c.points for c in CELLS))
     if not isinstance(source, str) or not source.strip():
         cells = {c.grade_id: CellVerdict(0.0, float(c.points), ["no solution cell source / 没有找到解答单元格"])

@@ -2,6 +2,7 @@
 
 import ast
 import json
+import os
 import random
 import re
 from pathlib import Path
@@ -255,3 +256,13 @@ def test_verdict_uninterruptible_loop_is_a_timeout_with_partial_credit():
         "                    pass\n", 1)
     v = checks.verdict_for_source(src, limits=checks.Limits(timeout_s=12, cpu_s=12), shrink_failures=False)
     assert v.status == "timeout" and 0 < v.total < 100
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="paths are hidden only when the grader runs as root")
+def test_verdict_student_cannot_read_the_reference_model_from_disk():
+    import decodesched
+
+    model_py = Path(decodesched.__file__).resolve().parent / "model.py"
+    src = f"exec(open({str(model_py)!r}).read())\n"
+    v = checks.verdict_for_source(src, shrink_failures=False)
+    assert v.total == 0
