@@ -84,12 +84,12 @@ def timeline_png(events, arrivals) -> bytes:
                         arrowprops={"arrowstyle": "->", "color": "#C44E52", "lw": 1.8})
             ax.text(e["step"] + 0.6, vy + 0.45, "preempted", color="#C44E52", fontsize=8, va="bottom")
     ax.axvline(arrivals["3"], color="#8172B2", ls="--", lw=1)
-    ax.text(arrivals["3"] + 0.05, 2.45, "request 3 arrives", color="#8172B2", fontsize=8)
+    ax.text(arrivals["3"] + 0.05, 2.7, "request 3 arrives", color="#8172B2", fontsize=8)
     ax.set_yticks(range(len(ids)))
     ax.set_yticklabels([f"request {i}" for i in ids])
-    ax.set_ylim(-0.6, 2.8)
+    ax.set_ylim(-0.6, 2.9)
     ax.invert_yaxis()
-    ax.set_xlim(0, n_steps)
+    ax.set_xlim(0, n_steps + 0.4)
     ax.legend(handles=[Patch(color=colors["prefill_to_decode"], label="prefill (P)"),
                        Patch(color=colors["decode_one_step"], label="decode (tokens so far)"),
                        Patch(color=colors["finish"], label="finish"),
