@@ -141,6 +141,35 @@ def _expose(paths):
                 os.close(fd)
 
 
+def _private_tmp(dirs, keep):
+    """Cover the shared scratch folders (/tmp, /var/tmp, /dev/shm) with fresh private tmpfs.
+
+    Files that anything else on the machine left there (other students, other courses, copies of
+    the repository) disappear for the command; the paths in `keep` (its own working folder) are
+    bind-mounted back at the same place.
+    """
+    libc = _libc()
+    for d in dirs:
+        if not os.path.isdir(d) or os.path.islink(d):
+            continue
+        keeps = sorted({k for k in keep if k == d or k.startswith(d.rstrip("/") + "/")})
+        fds = [(k, os.open(k, os.O_PATH)) for k in keeps if os.path.exists(k)]
+        try:
+            if libc.mount(b"tmpfs", os.fsencode(d), b"tmpfs", MS_NOSUID | MS_NODEV, b"size=512m,mode=1777") != 0:
+                raise OSError(ctypes.get_errno(), f"could not cover {d}")
+            for k, fd in fds:
+                if os.path.isdir(f"/proc/self/fd/{fd}"):
+                    os.makedirs(k, mode=0o755, exist_ok=True)
+                else:
+                    os.makedirs(os.path.dirname(k), mode=0o755, exist_ok=True)
+                    open(k, "w").close()
+                if libc.mount(os.fsencode(f"/proc/self/fd/{fd}"), os.fsencode(k), None, MS_BIND | MS_REC, None) != 0:
+                    raise OSError(ctypes.get_errno(), f"could not bind {k}")
+        finally:
+            for _, fd in fds:
+                os.close(fd)
+
+
 def main():
     spec = json.loads(sys.argv[1])
     status_fd = int(sys.argv[2])
@@ -149,6 +178,7 @@ def main():
 
     if spec.get("uid") is not None:  # root: private mount namespace
         _hide(spec.get("hide", []))
+        _private_tmp(spec.get("private_tmp", []), [spec["cwd"]] + spec.get("expose", []))
         _expose(spec.get("expose", []))
     _libc().prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
 

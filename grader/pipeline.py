@@ -688,11 +688,15 @@ def default_hide(course: Course, submissions: Path, out_dir: Path) -> tuple:
     venv = Path(sys.prefix).resolve()
     pkg_root = Path(__file__).resolve().parent.parent
     if (pkg_root / "pyproject.toml").is_file():
-        for entry in pkg_root.iterdir():
-            r = entry.resolve()
-            if r == venv or venv.is_relative_to(r):
+        # the checkout, and the folder holding it (course material often sits beside it), but not the venv
+        for folder in (pkg_root, pkg_root.parent):
+            if folder == Path(folder.anchor):
                 continue
-            hide.add(r)
+            for entry in folder.iterdir():
+                r = entry.resolve()
+                if r == venv or venv.is_relative_to(r) or r == pkg_root:
+                    continue
+                hide.add(r)
     return tuple(sorted(str(p) for p in hide))
 
 
@@ -737,5 +741,9 @@ def _grade_safely(sub, course, template, workroot, options, limits) -> Result:
     try:
         return grade_one(sub, course, template, workroot, options, limits)
     except Exception as exc:  # noqa: BLE001
+        import traceback
+
+        print(f"decodesched grade: internal error while grading {sub.student_id}:\n{traceback.format_exc()}",
+              file=sys.stderr)
         return Result(sub.student_id, "crashed", 0.0, float(spec.MAX_SCORE), _zero_cells(), {},
                       [f"grader error: {exc.__class__.__name__}: {exc}"])

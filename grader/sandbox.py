@@ -26,12 +26,13 @@ Extra isolation when the grader runs as root (as in CI and on the grading machin
   cannot signal the grader; ``cwd`` is handed to that uid for the run and back afterwards;
 * the command runs in a **private mount namespace** in which every path of ``hide`` is covered by
   an empty read-only tmpfs (the source notebook, the grader package, the submissions folder, the
-  output folder), so it cannot even read them.
+  output folder), so it cannot even read them, and ``/tmp``, ``/var/tmp`` and ``/dev/shm`` are
+  fresh private tmpfs (only its own ``cwd`` is bound back), so it sees nothing that other runs,
+  students or programs left there and cannot pass anything to them.
 
 Not isolated (documented limits): the network; the CPU time of other runs (we rely on the wall
 clock and ``--jobs``); world-readable files outside ``hide`` (e.g. the installed venv, the
-system); ``/tmp``, where the command may write its own files (they are removed only if under
-``cwd``). Without root, the command runs as the grader's own user: it can then read and write
+system). Without root, the command runs as the grader's own user: it can then read and write
 whatever the grader can, and the pipeline's own checks (strict JSON verdicts computed outside,
 gradebook rewritten from verdicts, output written only after every run ended) are what protect
 the grades.
@@ -326,6 +327,7 @@ def run_isolated(
         "gid": uid,
         "nproc": NPROC_LIMIT if root else None,
         "hide": [str(Path(p).resolve()) for p in hide if Path(p).exists()] if root else [],
+        "private_tmp": ["/tmp", "/var/tmp", "/dev/shm"] if root else [],
         "expose": sorted({os.path.realpath(sys.base_prefix), os.path.realpath(sys.prefix),
                           os.path.dirname(os.path.realpath(sys.executable)), str(cwd)}
                          | {os.path.realpath(p) for p in expose}),

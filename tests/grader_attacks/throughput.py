@@ -1,0 +1,131 @@
+"""Grading throughput: `decodesched grade` against plain `nbgrader autograde` on the same folder.
+
+    python tests/grader_attacks/throughput.py [--folder honest|attacks] [--jobs 2] [--plain-timeout 900]
+
+Builds a course from `assignments/` in a temporary folder, makes the submissions (honest: the
+reference plus every one-bug mutant of `grader/mutants/`; attacks: `attacks.build`), then times
+1. `decodesched grade SUBS --out OUT --jobs N`, and
+2. plain `nbgrader autograde decode_scheduling` (one call, all students, nbgrader's own defaults
+   from assignments/nbgrader_config.py), which runs hidden tests inside each student's kernel.
+Prints submissions per minute for both.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+sys.path.insert(0, str(HERE.parent))
+
+from grader_attacks import attacks  # noqa: E402
+
+ASSIGNMENT = "decode_scheduling"
+
+
+def _env():
+    env = dict(os.environ)
+    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "/usr/bin:/bin")
+    return env
+
+
+def build_course(root: Path) -> Path:
+    course = root / "course"
+    course.mkdir()
+    shutil.copy2(REPO / "assignments" / "nbgrader_config.py", course / "nbgrader_config.py")
+    shutil.copytree(REPO / "assignments" / "source", course / "source")
+    subprocess.run([sys.executable, "-m", "nbgrader", "generate_assignment", ASSIGNMENT, "--force"], cwd=course,
+                   check=True, capture_output=True, env=_env())
+    return course
+
+
+def honest_folder(release: Path, out: Path) -> None:
+    out.mkdir()
+    rel = json.loads(release.read_text())
+    sources = {"reference": attacks.reference_source(), "honest_buggy": attacks.honest_source()}
+    for p in sorted((REPO / "grader" / "mutants").glob("m*.py")):
+        sources[p.stem] = p.read_text()
+    for name, src in sources.items():
+        (out / f"{name}.ipynb").write_text(json.dumps(attacks._with_solution(rel, src)))
+
+
+def _kill_matching(token: str) -> int:
+    killed = 0
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{name}/cmdline", "rb") as fh:
+                if token.encode() in fh.read():
+                    os.kill(int(name), 9)
+                    killed += 1
+        except OSError:
+            pass
+    return killed
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--folder", choices=("honest", "attacks"), default="honest")
+    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--timeout", type=float, default=60)
+    ap.add_argument("--plain-timeout", type=float, default=900)
+    args = ap.parse_args()
+    root = Path(tempfile.mkdtemp(prefix="grade-throughput-"))
+    try:
+        course = build_course(root)
+        release = course / "release" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb"
+        subs = root / "subs"
+        if args.folder == "honest":
+            honest_folder(release, subs)
+        else:
+            attacks.build(release, subs)
+        n = len(list(subs.glob("*.ipynb")))
+
+        t = time.monotonic()
+        ours = subprocess.run([sys.executable, "-m", "decodesched.cli", "grade", str(subs), "--out", str(root / "out"),
+                               "--course", str(course), "--jobs", str(args.jobs), "--timeout", str(args.timeout),
+                               "--no-progress"], capture_output=True, text=True, env=_env())
+        ours_s = time.monotonic() - t
+        print(f"decodesched grade: {n} submissions in {ours_s:.1f} s = {n / ours_s * 60:.1f} per minute "
+              f"(--jobs {args.jobs}); {ours.stdout.strip()}")
+
+        plain = root / "plain"
+        shutil.copytree(course, plain, ignore=shutil.ignore_patterns("gradebook.db"))
+        shutil.copy2(course / "gradebook.db", plain / "gradebook.db")
+        for nb in sorted(subs.glob("*.ipynb")):
+            d = plain / "submitted" / nb.stem / ASSIGNMENT
+            d.mkdir(parents=True)
+            shutil.copy2(nb, d / f"{ASSIGNMENT}.ipynb")
+        t = time.monotonic()
+        env = _env()
+        env["JUPYTER_RUNTIME_DIR"] = str(root / "runtime")  # so the kernels it leaves behind can be found
+        try:
+            proc = subprocess.run([sys.executable, "-m", "nbgrader", "autograde", ASSIGNMENT], cwd=plain,
+                                  capture_output=True, text=True, env=env, timeout=args.plain_timeout,
+                                  start_new_session=True)
+            rc = proc.returncode
+        except subprocess.TimeoutExpired:
+            rc = "timeout"
+        plain_s = time.monotonic() - t
+        print(f"plain nbgrader autograde: {n} submissions in {plain_s:.1f} s = {n / plain_s * 60:.1f} per minute "
+              f"(one process, exit {rc})")
+        print(f"load average at the end: {os.getloadavg()}")
+        left = _kill_matching(str(root))
+        if left:
+            print(f"plain nbgrader left {left} process(es) running (killed now)")
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
