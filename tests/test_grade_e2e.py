@@ -102,7 +102,7 @@ def run(tmp_path_factory):
     return {
         "course": course, "subs": subs, "out": out, "rows": _rows(out), "honest": honest.total,
         "subs_before": subs_before, "source_before": source_before, "leftovers": leftovers,
-        "seconds": seconds, "stdout": proc.stdout,
+        "seconds": seconds, "stdout": proc.stdout, "stderr": proc.stderr,
     }
 
 
@@ -117,7 +117,7 @@ def test_status_and_score(run, name):
     row = run["rows"][name]
     status, score_rule = attacks.EXPECT[name]
     score, honest = float(row["score"]), run["honest"]
-    assert row["status"] == status, (name, row)
+    assert row["status"] == status, (name, row, run["stderr"][-2000:])
     assert float(row["max_score"]) == spec.MAX_SCORE
     assert abs(sum(float(row[c]) for c in spec.CELL_IDS) - score) < 1e-6
     if score_rule == "honest":
