@@ -153,3 +153,25 @@ def test_read_sweep_parses_numbers_and_empty_cells(tmp_path):
     p.write_text("trace,policy,kv_blocks,aging_interval,ttft_p99\nt,fcfs,10,4,\nt,aging,10,4,2.5\n")
     rows = read_sweep(p)
     assert rows[0]["kv_blocks"] == 10 and math.isnan(rows[0]["ttft_p99"]) and rows[1]["ttft_p99"] == 2.5
+
+
+def test_sweep_view_points_are_the_rows_of_the_cut(sweep_dir):
+    from decodesched.report import SweepView
+
+    rows = read_sweep(sweep_dir / "metrics.csv")
+    info = trace_info(rows, sweep_dir / "metrics.csv")
+    view = SweepView(rows, info, kv_blocks=120, aging_interval=2)
+    assert view.unit == "s"
+    for policy in POLICIES:
+        loads, p99 = view.by_load(policy, "ttft_p99", time=True)
+        assert loads.tolist() == sorted(LOADS)
+        for load, value in zip(loads, p99):
+            name = f"azure_load{load}"
+            want = [r["ttft_p99"] / info[name].steps_per_second for r in rows
+                    if r["trace"] == name and r["policy"] == policy and r["kv_blocks"] == 120
+                    and (policy != "aging" or r["aging_interval"] == 2)]
+            assert len(want) == (1 if policy == "aging" else 2)  # two intervals swept, same result
+            assert value == pytest.approx(want[0]) and want[0] == pytest.approx(want[-1])
+    caps, _ = view.by_capacity("fcfs", "ttft_p99", 1.4)
+    assert caps.tolist() == [60, 120, 240]
+    assert SweepView(rows, info).kv_blocks == 120 and SweepView(rows, info).aging_interval == 4

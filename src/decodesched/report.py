@@ -223,9 +223,9 @@ class SweepView:
         for r in self.rows:
             if r["policy"] != policy or r["kv_blocks"] != self.kv_blocks or not self._keep(r):
                 continue
-            if (r["trace"], r["aging_interval"]) in seen and policy != "aging":
-                continue  # intervals do not change non-aging policies: count each trace once
-            seen.add((r["trace"], r["aging_interval"]))
+            if r["trace"] in seen:
+                continue  # other policies ignore the aging interval: count each trace once
+            seen.add(r["trace"])
             v = float(r.get(key, math.nan))
             groups.setdefault(self.info[r["trace"]].load, []).append(v * self.scale(r) if time else v)
         loads = np.array(sorted(groups), dtype=float)
@@ -237,7 +237,7 @@ class SweepView:
         for r in self.rows:
             if r["policy"] != policy or self.info[r["trace"]].load != load or not self._keep(r):
                 continue
-            if (r["trace"], r["kv_blocks"]) in seen and policy != "aging":
+            if (r["trace"], r["kv_blocks"]) in seen:
                 continue
             seen.add((r["trace"], r["kv_blocks"]))
             groups.setdefault(r["kv_blocks"], []).append(float(r.get(key, math.nan)) * self.scale(r))
