@@ -75,6 +75,7 @@ def test_metrics_frame_of_a_batch():
     assert df["policy"].tolist() == ["fcfs", "fcfs", "aging", "aging"]
     assert frames.to_frame(batch).equals(df)
     assert frames.metrics_frame(batch.rows()).equals(df)
+    assert batch.to_pandas().equals(df)
 
 
 def test_parquet_round_trips(result, tmp_path):

@@ -142,6 +142,12 @@ class BatchResult:
             out.append(row)
         return out
 
+    def to_pandas(self):
+        """`rows` as a pandas DataFrame, one row per scenario (see `decodesched.frames`)."""
+        from .frames import metrics_frame
+
+        return metrics_frame(self)
+
 
 def _check_threads(threads) -> int | None:
     if threads is None:
