@@ -443,8 +443,8 @@ def _error_outputs(nb) -> list[tuple[int, dict]]:
 def _inspect_gradebook_copy(db: Path, student_id: str) -> list[str]:
     """Evidence that code other than nbgrader wrote to the private gradebook copy."""
     evidence = []
-    if not db.is_file():
-        return ["the gradebook copy was deleted"]
+    if not _plain_file(db, 256 * 1024 * 1024):
+        return ["the gradebook copy was deleted or replaced"]
     snap = db.with_name("inspect.db")
     try:
         shutil.copyfile(db, snap)
@@ -510,7 +510,7 @@ def kernel_run(sub: Submission, nb: dict, template: Path, workroot: Path, option
         rep.notes.append(f"kernel: {out.leftovers_killed} leftover process(es) killed after the run")
     graded_nb = course / "autograded" / sub.student_id / spec.ASSIGNMENT / spec.NOTEBOOK
     executed = None
-    if graded_nb.is_file() and graded_nb.stat().st_size <= MAX_AUTOGRADED_BYTES:
+    if _plain_file(graded_nb, MAX_AUTOGRADED_BYTES):
         with contextlib.suppress(ValueError, UnicodeDecodeError, RecursionError, OSError):
             executed = json.loads(graded_nb.read_bytes().decode("utf-8"))
             if not isinstance(executed, dict) or not isinstance(executed.get("cells"), list):
@@ -546,6 +546,18 @@ def kernel_run(sub: Submission, nb: dict, template: Path, workroot: Path, option
         rep.tampered += _inspect_gradebook_copy(course / "gradebook.db", sub.student_id)
     shutil.rmtree(course, ignore_errors=True)
     return rep
+
+
+def _plain_file(path: Path, max_bytes: int) -> bool:
+    """A regular file (not a link, FIFO or device the student planted), not too big, under a real folder."""
+    import stat as _stat
+
+    try:
+        st = os.lstat(path)
+        parent_real = os.path.realpath(path.parent) == os.path.abspath(path.parent)
+    except OSError:
+        return False
+    return _stat.S_ISREG(st.st_mode) and st.st_size <= max_bytes and parent_real
 
 
 def _safe_source(cell) -> str:
@@ -711,7 +723,7 @@ def grade(submissions, out_dir, *, course=None, options: Options | None = None) 
         timeout_s=options.timeout_s, cpu_s=options.timeout_s, memory_mb=options.memory_mb,
         hide=default_hide(course_obj, Path(submissions), out_dir),
     )
-    workroot = Path(tempfile.mkdtemp(prefix="decodesched-grade-"))
+    workroot = Path(tempfile.mkdtemp(prefix="decodesched-grade-")).resolve()
     os.chmod(workroot, 0o711)  # private uids must reach their own folder, but list nothing
     results: list[Result] = []
     try:

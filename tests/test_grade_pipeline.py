@@ -166,3 +166,17 @@ def test_static_evidence_accepts_honest_code():
         "x = builtins.len([1])\nclass DecodeSchedulerSim:\n    def step(self):\n        self.queue = sorted(self.queue)\n"
     )
     assert pipeline.static_evidence([honest, "def broken(:\n"]) == []
+
+
+def test_cli_bad_input_exits_2_without_output(tmp_path, capsys):
+    from decodesched import cli
+
+    out = tmp_path / "out"
+    assert cli.main(["grade", str(tmp_path / "missing"), "--out", str(out)]) == 2
+    assert cli.main(["grade", str(tmp_path)]) == 2
+    assert cli.main(["grade", str(tmp_path), "--out", str(out), "--jobs", "-1"]) == 2
+    (tmp_path / "a.ipynb").write_text("{}")
+    assert cli.main(["grade", str(tmp_path), "--out", str(out), "--course", str(tmp_path / "nocourse")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("decodesched grade: error:") == 4 and "Traceback" not in err
+    assert not out.exists()
