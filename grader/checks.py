@@ -459,9 +459,10 @@ def diff_events(exp: list, got, label: str = "step") -> str:
         e = exp[i] if i < len(exp) else "<no more events>"
         g = got[i] if i < len(got) else "<no more events>"
         if i >= len(exp):
-            return f"{label} {i}: expected no more events, got {_event_head(g)}"
+            at = g.get("step", i) if isinstance(g, dict) and type(g.get("step")) is int else i
+            return f"{label} {at}: expected no more events, got {_event_head(g)}"
         if i >= len(got):
-            return f"{label} {i}: expected {_event_head(e)}, got no more events"
+            return f"{label} {e.get('step', i)}: expected {_event_head(e)}, got no more events"
         where = f"{label} {e.get('step', i) if isinstance(e, dict) else i}"
         d = diff_event(e, g, where)
         if d:
