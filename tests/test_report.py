@@ -28,7 +28,8 @@ def sweep_dir(tmp_path_factory):
     paths = []
     for load in LOADS:
         path = d / f"azure_load{load}.csv"
-        cv.write_trace(cv.to_trace(raw, load=load), path, {"load": load, "source": "bundled"})
+        # the sidecar as `decodesched trace convert` writes it (the target load under "options")
+        cv.write_trace(cv.to_trace(raw, load=load), path, {"options": {"load": load}, "source": "bundled"})
         paths.append(path)
     traces = [load_trace(p) for p in paths]
     batch = simulate_batch(traces, grid(traces, POLICIES, [60, 120, 240], [2, 4]))
@@ -122,6 +123,13 @@ def test_report_command(sweep_dir, tmp_path, capsys):
     assert "240 KV blocks, aging interval 2" in page
     linked = set(re.findall(r'src="([^"]+)"', page))
     assert linked == {p.name for p in out.glob("*.png")}
+    # the summary table: one row per load, the lowest P99 TTFT in bold
+    table_rows = re.findall(r"<tr><td>([0-9.]+)</td>(.*?)</tr>", page)
+    assert [float(x) for x, _ in table_rows] == sorted(LOADS)
+    for _, cells in table_rows:
+        values = [float(v) for v in re.findall(r"<td>(?:<b>)?([0-9.e+-]+) \(", cells)]
+        bold = re.findall(r"<b>([0-9.e+-]+) \(", cells)
+        assert len(values) == len(POLICIES) and len(bold) == 1 and float(bold[0]) == min(values)
 
 
 @pytest.mark.parametrize("argv, message", [

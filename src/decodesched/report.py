@@ -143,6 +143,15 @@ def _find_trace_file(name: str, dirs: list[Path]) -> Path | None:
     return None
 
 
+def _meta_load(meta: dict) -> float | None:
+    """The target load a sidecar records (``options.load`` from ``trace convert``, or a top-level ``load``)."""
+    options = meta.get("options") if isinstance(meta.get("options"), dict) else {}
+    for value in (options.get("load"), meta.get("load")):
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0:
+            return float(value)
+    return None
+
+
 def offered_load(trace) -> float:
     """Work steps (one prefill plus one per token, summed) per step of the arrival span."""
     span = int(trace.arrival_step.max() - trace.arrival_step.min())
@@ -169,8 +178,8 @@ def trace_info(rows: list[dict], results_path=None, *, loads: dict | None = None
             load = float(loads[name])
         elif column and isinstance(column[0], (int, float)) and not math.isnan(column[0]):
             load = float(column[0])
-        elif meta and isinstance(meta.get("load"), (int, float)):
-            load = float(meta["load"])
+        elif meta and _meta_load(meta) is not None:
+            load = _meta_load(meta)
         if path is not None and (load is None or sps is None):
             trace = load_trace(path)
             load = offered_load(trace) if load is None else load
@@ -270,6 +279,7 @@ def sweep_plots(rows, info, out: Path, *, kv_blocks=None, aging_interval=None, l
     plots = []
     u = view.unit
     if view.has_loads:
+        notes.append(_best_table(view))
         fig, axes = _figure(3, 2, width=5.2, height=3.3, sharex=True)
         for i, metric in enumerate(("ttft", "queue_wait", "e2e")):
             for j, stat in enumerate(("p50", "p99")):
@@ -333,6 +343,31 @@ def sweep_plots(rows, info, out: Path, *, kv_blocks=None, aging_interval=None, l
                                               "finished requests: at small capacities the requests that never "
                                               "fit (unservable) drop out.")))
     return plots, notes
+
+
+def _best_table(view: SweepView) -> str:
+    """An HTML table: per offered load, each policy's P99 TTFT and deadline attainment, best marked."""
+    per = {p: (view.by_load(p, "ttft_p99", time=True), view.by_load(p, "slo_attainment", time=False))
+           for p in view.policies}
+    loads = sorted({float(x) for (xs, _), _ in per.values() for x in xs})
+    head = "".join(f"<th>{html.escape(p)}</th>" for p in view.policies)
+    lines = [f"<table border=1 cellpadding=4 style='border-collapse:collapse'><caption>P99 TTFT ({view.unit}) and "
+             f"deadline attainment at {html.escape(_cut(view))}; the lowest P99 per load in bold</caption>"
+             f"<tr><th>offered load</th>{head}</tr>"]
+    for load in loads:
+        cells = {}
+        for p, ((xs, p99), (_, slo)) in per.items():
+            i = np.flatnonzero(xs == load)
+            cells[p] = (float(p99[i[0]]), float(slo[i[0]])) if i.size else (math.nan, math.nan)
+        finite = [v[0] for v in cells.values() if not math.isnan(v[0])]
+        best = min(finite) if finite else None
+        row = []
+        for p in view.policies:
+            v, a = cells[p]
+            text = "-" if math.isnan(v) else f"{v:.4g}" + ("" if math.isnan(a) else f" ({100 * a:.0f}%)")
+            row.append(f"<td><b>{text}</b></td>" if best is not None and v == best else f"<td>{text}</td>")
+        lines.append(f"<tr><td>{load:g}</td>{''.join(row)}</tr>")
+    return "".join(lines) + "</table>"
 
 
 # ------------------------------------------------------------------------------------ scenario
@@ -523,7 +558,7 @@ def write_html(out: Path, plots: list[Plot], notes: list[str], title: str) -> No
         f"<h1>{html.escape(title)}</h1>",
     ]
     for note in notes:
-        parts.append(note if note.startswith("<pre>") else f"<p>{html.escape(note)}</p>")
+        parts.append(note if note.startswith("<") else f"<p>{html.escape(note)}</p>")  # "<": built as HTML here
     if plots:
         parts.append("<ul>" + "".join(f'<li><a href="#{p.name}">{html.escape(p.name)}</a></li>' for p in plots) + "</ul>")
     for p in plots:
