@@ -64,6 +64,10 @@ def _run_chunk(traces, scenarios, first, threads):
     """On a worker: one chunk of scenarios; returns ``(first, rows)``."""
     from .batch import simulate_batch
 
+    if threads is not None:  # at most what this worker's Numba allows
+        import numba
+
+        threads = max(1, min(int(threads), numba.config.NUMBA_NUM_THREADS))
     rows = simulate_batch(traces, scenarios, record_events=False, threads=threads).rows()
     return first, rows
 
