@@ -272,14 +272,16 @@ def _cpu_kernel(engine: str):
 
 
 def _chunks(cost: np.ndarray, threads: int, progress) -> list[np.ndarray]:
-    """Scenario indices per kernel call: one call without a bar; with one, about 20 calls, most costly first.
+    """Scenario indices per kernel call: one call without a bar; with one, about 12 calls, most costly first.
 
-    Each call ends at a barrier, so chunks hold several scenarios per thread to keep threads busy.
+    Each call ends at a barrier, so chunks hold a multiple of the thread count, and at least 8
+    scenarios per thread, to keep threads busy.
     """
     order = np.argsort(-cost, kind="stable").astype(np.int64)
     if progress is False:
         return [order]
-    size = max(4 * threads, math.ceil(len(order) / 20))
+    size = max(8 * threads, math.ceil(len(order) / 12))
+    size = math.ceil(size / threads) * threads
     return [order[i:i + size] for i in range(0, len(order), size)]
 
 
