@@ -96,7 +96,7 @@ from .ordered_nb import (
     treap_first_fit_nb,
     treap_first_nb,
     treap_insert_nb,
-    treap_priorities_nb,
+    treap_nodes_nb,
 )
 from .scan_nb import replay_scan_nb
 
@@ -256,14 +256,13 @@ def _replay_static(request_id, arrival_step, prompt_len, max_new_tokens, priorit
     for r in range(n):
         vk[r, 0] = -required_blocks[r]
         vk[r, 1] = request_id[r]
-    lt = np.full(n, -1, np.int64)
-    rt = np.full(n, -1, np.int64)
-    mb = np.zeros(n, np.int64)
-    tp = treap_priorities_nb(n)
+    nd = treap_nodes_nb(required_blocks)
     stack = np.empty(n + 64, np.int64)  # treap path scratch
     n_struct = n_groups * n_classes
     wroot = np.full(n_struct, -1, np.int64)
-    cand = np.full(n_struct, -1, np.int64)
+    cand = np.full(n_struct, -1, np.int64)  # first runnable row of each waiting treap at cand_limit
+    cand_limit = np.zeros(n_struct, np.int64)
+    cand_stale = np.ones(n_struct, np.bool_)  # its cand was taken: search again
     vroot = np.full(n_classes, -1, np.int64)
     heap = np.empty((n_groups, max(n, 1)), np.int64)
     hsize = np.zeros(n_groups, np.int64)
@@ -296,18 +295,21 @@ def _replay_static(request_id, arrival_step, prompt_len, max_new_tokens, priorit
             _set_key(r, policy, gk, phase, generated, enqueue_clock, request_id, prompt_len, max_new_tokens,
                      priority, cache_hit, deadline_step, has_deadline)
             s = group[r] * n_classes + pclass[r]
-            wroot[s] = treap_insert_nb(wroot[s], r, stack, gk, lt, rt, tp, mb, required_blocks)
+            wroot[s] = treap_insert_nb(wroot[s], r, stack, gk, nd)
+            if required_blocks[r] <= cand_limit[s] and (cand[s] == NO_ROW or key_less_nb(gk, r, cand[s])):
+                cand[s] = r
             wait_dirty = True
 
         # The first runnable waiting request (cached while free blocks, victims and waiters stay).
         if wait_dirty:
             for s in range(n_struct):
-                c = NO_ROW
-                if wroot[s] >= 0:
-                    j = s % n_classes
-                    limit = free + _seg_prefix_max(seg, seg_size, j)
-                    c = treap_first_fit_nb(wroot[s], limit, lt, rt, mb, required_blocks)
-                cand[s] = c
+                limit = free + _seg_prefix_max(seg, seg_size, s % n_classes)
+                c = cand[s]
+                # A lower limit keeps a cand that still fits (nothing before it fitted at the higher one).
+                if cand_stale[s] or limit > cand_limit[s] or (c != NO_ROW and required_blocks[c] > limit):
+                    cand[s] = treap_first_fit_nb(wroot[s], limit, nd)
+                    cand_stale[s] = False
+                cand_limit[s] = limit
         if wait_dirty or (deadline_policy and clock + NO_DEADLINE_SLACK <= max_deadline):
             best_wait = NO_ROW
             for s in range(n_struct):
@@ -339,21 +341,25 @@ def _replay_static(request_id, arrival_step, prompt_len, max_new_tokens, priorit
                 c_class = pclass[chosen]
                 k = _seg_first_ge(seg, seg_size, need - free)
                 # the lowest class with a victim large enough; it is below the challenger's class
-                victim = treap_first_nb(vroot[k], lt)
+                victim = treap_first_nb(vroot[k], nd)
                 admitted[victim] = False
                 status[victim] = STATUS_PREEMPTED
                 preemptions[victim] += 1
                 free += required_blocks[victim]
-                vroot[k] = treap_delete_nb(vroot[k], victim, stack, vk, lt, rt, tp, mb, required_blocks)
-                top = treap_first_nb(vroot[k], lt)
+                vroot[k] = treap_delete_nb(vroot[k], victim, stack, vk, nd)
+                top = treap_first_nb(vroot[k], nd)
                 _seg_set(seg, seg_size, k, required_blocks[top] if top >= 0 else 0)
                 heap_remove_nb(heap, hsize, hpos, group[victim], victim, gk)
                 sv = group[victim] * n_classes + pclass[victim]
-                wroot[sv] = treap_insert_nb(wroot[sv], victim, stack, gk, lt, rt, tp, mb, required_blocks)
+                wroot[sv] = treap_insert_nb(wroot[sv], victim, stack, gk, nd)
+                if required_blocks[victim] <= cand_limit[sv] and (cand[sv] == NO_ROW
+                                                                  or key_less_nb(gk, victim, cand[sv])):
+                    cand[sv] = victim
                 if k >= c_class:
                     raise AssertionError("fast kernel: victim class not below the challenger")
             s = group[chosen] * n_classes + pclass[chosen]
-            wroot[s] = treap_delete_nb(wroot[s], chosen, stack, gk, lt, rt, tp, mb, required_blocks)
+            wroot[s] = treap_delete_nb(wroot[s], chosen, stack, gk, nd)
+            cand_stale[s] = True
             free -= need
             admitted[chosen] = True
             wait_dirty = True
@@ -384,8 +390,8 @@ def _replay_static(request_id, arrival_step, prompt_len, max_new_tokens, priorit
                 heap_remove_nb(heap, hsize, hpos, group[chosen], chosen, gk)
                 if preemptible[chosen]:
                     k = pclass[chosen]
-                    vroot[k] = treap_delete_nb(vroot[k], chosen, stack, vk, lt, rt, tp, mb, required_blocks)
-                    top = treap_first_nb(vroot[k], lt)
+                    vroot[k] = treap_delete_nb(vroot[k], chosen, stack, vk, nd)
+                    top = treap_first_nb(vroot[k], nd)
                     _seg_set(seg, seg_size, k, required_blocks[top] if top >= 0 else 0)
             wait_dirty = True
         else:
@@ -397,8 +403,8 @@ def _replay_static(request_id, arrival_step, prompt_len, max_new_tokens, priorit
                 heap_push_nb(heap, hsize, hpos, group[chosen], chosen, gk)
                 if preemptible[chosen]:
                     k = pclass[chosen]
-                    vroot[k] = treap_insert_nb(vroot[k], chosen, stack, vk, lt, rt, tp, mb, required_blocks)
-                    top = treap_first_nb(vroot[k], lt)
+                    vroot[k] = treap_insert_nb(vroot[k], chosen, stack, vk, nd)
+                    top = treap_first_nb(vroot[k], nd)
                     _seg_set(seg, seg_size, k, required_blocks[top])
 
         missed = 0

@@ -1,11 +1,12 @@
 """Array-based ordered structures for the fast kernel: treaps with a min-blocks aggregate, binary heaps.
 
 Nodes are trace rows; a row is in at most one treap and at most one heap at a time, so all treaps
-share the child arrays ``lt, rt`` and the aggregate ``mb`` (minimum ``required_blocks`` in the
-subtree), and every treap is just a root index (-1 when empty).  Order is lexicographic on the rows
+share one node matrix ``nd`` (children, the aggregate ``minimum required_blocks in the subtree``,
+the row's blocks and its heap priority: one cache line per row), and every treap is just a root
+index (-1 when empty).  Order is lexicographic on the rows
 of an int64 key matrix ``gk`` (one row per trace row); a structure only ever holds rows whose keys
 keep their relative order while they are in it (the fast kernel's groups guarantee this), so keys
-may drift as a whole.  ``tp`` holds each node's random heap priority (a hash of the row: no state).
+may drift as a whole.  Heap priorities are a hash of the row: no random state.
 
 Expected cost: O(log n) per insert, delete and first-fit query.  Everything is iterative (recursive
 Numba calls pass every array again and cost microseconds); ``stack`` is caller-owned scratch for
@@ -27,51 +28,66 @@ def key_less_nb(gk, a, b):
     return False
 
 
+# Columns of the node matrix ``nd`` (int64, shape (n, ND_NCOLS)): one cache line per node.
+ND_LEFT = 0
+ND_RIGHT = 1
+ND_MINB = 2    # min blocks in the subtree
+ND_BLOCKS = 3  # the row's own required_blocks
+ND_PRIO = 4    # the node's heap priority
+ND_NCOLS = 5
+
+
 @njit(cache=True)
-def treap_priorities_nb(n):
-    """Deterministic pseudo-random priorities (splitmix64 of the row)."""
-    tp = np.empty(n, np.uint64)
+def treap_nodes_nb(blocks):
+    """A fresh node matrix: no children, deterministic pseudo-random priorities (splitmix64 of the row)."""
+    n = blocks.shape[0]
+    nd = np.empty((n, ND_NCOLS), np.int64)
     for i in range(n):
         z = np.uint64(i + 1) * np.uint64(0x9E3779B97F4A7C15)
         z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
         z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        tp[i] = z ^ (z >> np.uint64(31))
-    return tp
+        z = z ^ (z >> np.uint64(31))
+        nd[i, ND_LEFT] = -1
+        nd[i, ND_RIGHT] = -1
+        nd[i, ND_MINB] = blocks[i]
+        nd[i, ND_BLOCKS] = blocks[i]
+        nd[i, ND_PRIO] = np.int64(z >> np.uint64(1))
+    return nd
 
 
 @njit(cache=True)
-def _pull(t, lt, rt, mb, blocks):
-    m = blocks[t]
-    c = lt[t]
-    if c >= 0 and mb[c] < m:
-        m = mb[c]
-    c = rt[t]
-    if c >= 0 and mb[c] < m:
-        m = mb[c]
-    mb[t] = m
+def _pull(t, nd):
+    m = nd[t, ND_BLOCKS]
+    c = nd[t, ND_LEFT]
+    if c >= 0 and nd[c, ND_MINB] < m:
+        m = nd[c, ND_MINB]
+    c = nd[t, ND_RIGHT]
+    if c >= 0 and nd[c, ND_MINB] < m:
+        m = nd[c, ND_MINB]
+    nd[t, ND_MINB] = m
 
 
 @njit(cache=True)
-def _attach(parent, right_side, child, root, lt, rt):
+def _attach(parent, right_side, child, root, nd):
     """Hang `child` under `parent` (or make it the root); return the root."""
     if parent < 0:
         return child
     if right_side:
-        rt[parent] = child
+        nd[parent, ND_RIGHT] = child
     else:
-        lt[parent] = child
+        nd[parent, ND_LEFT] = child
     return root
 
 
 @njit(cache=True)
-def _pull_path(stack, lo, hi, lt, rt, mb, blocks):
+def _pull_path(stack, lo, hi, nd):
     for i in range(hi - 1, lo - 1, -1):
-        _pull(stack[i], lt, rt, mb, blocks)
+        _pull(stack[i], nd)
 
 
 @njit(cache=True)
-def _split(t, x, base, stack, gk, lt, rt, mb, blocks):
-    """Split treap t into (keys < gk[x], keys >= gk[x]), iteratively; return both roots."""
+def _split(t, x, base, stack, kk, nd):
+    """Split treap t into (keys < kk[x], keys >= kk[x]), iteratively; return both roots."""
     lroot = -1
     rroot = -1
     lhook = -1
@@ -80,30 +96,30 @@ def _split(t, x, base, stack, gk, lt, rt, mb, blocks):
     while t >= 0:
         stack[k] = t
         k += 1
-        if key_less_nb(gk, t, x):
+        if key_less_nb(kk, t, x):
             if lhook < 0:
                 lroot = t
             else:
-                rt[lhook] = t
+                nd[lhook, ND_RIGHT] = t
             lhook = t
-            t = rt[t]
+            t = nd[t, ND_RIGHT]
         else:
             if rhook < 0:
                 rroot = t
             else:
-                lt[rhook] = t
+                nd[rhook, ND_LEFT] = t
             rhook = t
-            t = lt[t]
+            t = nd[t, ND_LEFT]
     if lhook >= 0:
-        rt[lhook] = -1
+        nd[lhook, ND_RIGHT] = -1
     if rhook >= 0:
-        lt[rhook] = -1
-    _pull_path(stack, base, k, lt, rt, mb, blocks)
+        nd[rhook, ND_LEFT] = -1
+    _pull_path(stack, base, k, nd)
     return lroot, rroot
 
 
 @njit(cache=True)
-def _merge(a, b, base, stack, lt, rt, tp, mb, blocks):
+def _merge(a, b, base, stack, nd):
     """Merge two treaps, every key of a before every key of b, iteratively; return the root."""
     if a < 0:
         return b
@@ -114,53 +130,55 @@ def _merge(a, b, base, stack, lt, rt, tp, mb, blocks):
     right_side = False
     k = base
     while a >= 0 and b >= 0:
-        if tp[a] > tp[b]:
-            root = _attach(hook, right_side, a, root, lt, rt)
+        if nd[a, ND_PRIO] > nd[b, ND_PRIO]:
+            root = _attach(hook, right_side, a, root, nd)
             stack[k] = a
             k += 1
             hook = a
             right_side = True
-            a = rt[a]
+            a = nd[a, ND_RIGHT]
         else:
-            root = _attach(hook, right_side, b, root, lt, rt)
+            root = _attach(hook, right_side, b, root, nd)
             stack[k] = b
             k += 1
             hook = b
             right_side = False
-            b = lt[b]
+            b = nd[b, ND_LEFT]
     rest = a if a >= 0 else b
     if right_side:
-        rt[hook] = rest
+        nd[hook, ND_RIGHT] = rest
     else:
-        lt[hook] = rest
-    _pull_path(stack, base, k, lt, rt, mb, blocks)
+        nd[hook, ND_LEFT] = rest
+    _pull_path(stack, base, k, nd)
     return root
 
 
 @njit(cache=True)
-def treap_insert_nb(t, x, stack, gk, lt, rt, tp, mb, blocks):
-    """Insert row x into treap t; return the new root.  `stack`: scratch of length >= depth."""
+def treap_insert_nb(t, x, stack, kk, nd):
+    """Insert row x into treap t (ordered by the rows of kk); return the new root.
+    `stack`: scratch of length >= the depth."""
     root = t
     parent = -1
     right_side = False
     sp = 0
-    while t >= 0 and tp[t] > tp[x]:
+    px = nd[x, ND_PRIO]
+    while t >= 0 and nd[t, ND_PRIO] > px:
         stack[sp] = t
         sp += 1
         parent = t
-        right_side = not key_less_nb(gk, x, t)
-        t = rt[t] if right_side else lt[t]
-    a, b = _split(t, x, sp, stack, gk, lt, rt, mb, blocks)
-    lt[x] = a
-    rt[x] = b
-    _pull(x, lt, rt, mb, blocks)
-    root = _attach(parent, right_side, x, root, lt, rt)
-    _pull_path(stack, 0, sp, lt, rt, mb, blocks)
+        right_side = not key_less_nb(kk, x, t)
+        t = nd[t, ND_RIGHT] if right_side else nd[t, ND_LEFT]
+    a, b = _split(t, x, sp, stack, kk, nd)
+    nd[x, ND_LEFT] = a
+    nd[x, ND_RIGHT] = b
+    _pull(x, nd)
+    root = _attach(parent, right_side, x, root, nd)
+    _pull_path(stack, 0, sp, nd)
     return root
 
 
 @njit(cache=True)
-def treap_delete_nb(t, x, stack, gk, lt, rt, tp, mb, blocks):
+def treap_delete_nb(t, x, stack, kk, nd):
     """Remove row x (which must be in treap t); return the new root."""
     root = t
     parent = -1
@@ -170,38 +188,38 @@ def treap_delete_nb(t, x, stack, gk, lt, rt, tp, mb, blocks):
         stack[sp] = t
         sp += 1
         parent = t
-        right_side = not key_less_nb(gk, x, t)
-        t = rt[t] if right_side else lt[t]
-    m = _merge(lt[x], rt[x], sp, stack, lt, rt, tp, mb, blocks)
-    lt[x] = -1
-    rt[x] = -1
-    root = _attach(parent, right_side, m, root, lt, rt)
-    _pull_path(stack, 0, sp, lt, rt, mb, blocks)
+        right_side = not key_less_nb(kk, x, t)
+        t = nd[t, ND_RIGHT] if right_side else nd[t, ND_LEFT]
+    m = _merge(nd[x, ND_LEFT], nd[x, ND_RIGHT], sp, stack, nd)
+    nd[x, ND_LEFT] = -1
+    nd[x, ND_RIGHT] = -1
+    root = _attach(parent, right_side, m, root, nd)
+    _pull_path(stack, 0, sp, nd)
     return root
 
 
 @njit(cache=True)
-def treap_first_fit_nb(t, limit, lt, rt, mb, blocks):
+def treap_first_fit_nb(t, limit, nd):
     """The first row in key order with blocks <= limit, or -1 (a pruned left-first descent)."""
-    if t < 0 or mb[t] > limit:
+    if t < 0 or nd[t, ND_MINB] > limit:
         return -1
     while True:
-        c = lt[t]
-        if c >= 0 and mb[c] <= limit:
+        c = nd[t, ND_LEFT]
+        if c >= 0 and nd[c, ND_MINB] <= limit:
             t = c
-        elif blocks[t] <= limit:
+        elif nd[t, ND_BLOCKS] <= limit:
             return t
         else:
-            t = rt[t]
+            t = nd[t, ND_RIGHT]
 
 
 @njit(cache=True)
-def treap_first_nb(t, lt):
+def treap_first_nb(t, nd):
     """The first row in key order, or -1."""
     if t < 0:
         return -1
-    while lt[t] >= 0:
-        t = lt[t]
+    while nd[t, ND_LEFT] >= 0:
+        t = nd[t, ND_LEFT]
     return t
 
 

@@ -1,0 +1,173 @@
+"""How the replay engines scale with the backlog, in one run, as rates and ratios.
+
+1. A 3,000-request backlogged trace (`decodesched.synthetic.backlog_trace`): events per second of
+   the fast kernel, the scan kernel and the pure-Python model (the model on its first `--model-steps`
+   steps only), and the ratios between them.
+2. Events per second of the fast kernel with about 1k, 10k, 100k and 1M requests waiting (all arrive
+   at step 0, few fit): measured as (events of a long run - events of a short run) / (time difference),
+   so the setup of inserting the backlog is not counted; the ratio to the 1k rate is printed.
+3. The full Azure 2023 conversation trace (19,366 requests) at offered loads 0.8, 1.0 and 1.5, per
+   policy, warm (compiled, loaded from cache), with the event log: the whole `simulate` call.
+
+Usage (takes a few minutes on 2 cores; ``--quick`` skips the 1M backlog)::
+
+    python benchmarks/bench_scale.py [--kv-blocks 4000] [--model-steps 300] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+
+import decodesched
+from decodesched.convert import bundled_trace_path, read_azure, to_trace
+from decodesched.engine import policy_code, trace_arrays
+from decodesched.kernels import enums as E
+from decodesched.kernels.fast_nb import replay_fast_nb
+from decodesched.kernels.scan_nb import replay_scan_nb
+from decodesched.model import replay
+from decodesched.synthetic import backlog_trace
+
+POLICIES = decodesched.engine.POLICIES
+
+
+def run(kernel, trace, policy, capacity, max_steps=-1, record=True, interval=4, clock=time.perf_counter):
+    """Run a kernel directly; return (events run, seconds of `clock`)."""
+    n_events = 0
+    if record:
+        n_events = trace.work_steps if max_steps < 0 else min(trace.work_steps, max_steps)
+    events = np.zeros((n_events, E.EV_NCOLS), np.int64)
+    req_out = np.zeros((len(trace), E.RQ_NCOLS), np.int64)
+    summary = np.zeros(E.SM_NCOLS, np.int64)
+    t = clock()
+    kernel(*trace_arrays(trace), policy_code(policy), capacity, interval, max_steps, events, req_out, summary)
+    return int(summary[E.SM_EVENTS]), clock() - t
+
+
+def warm_up():
+    t = time.perf_counter()
+    small = backlog_trace(50, seed=0)
+    for policy in POLICIES:
+        run(replay_fast_nb, small, policy, 10)
+        run(replay_scan_nb, small, policy, 10)
+    print(f"warm-up (compile or load from the Numba cache): {time.perf_counter() - t:.1f} s")
+
+
+def rows_of(trace):
+    cols = ("request_id", "arrival_step", "prompt_len", "max_new_tokens", "priority", "cache_hit",
+            "required_blocks", "preemptible")
+    rows = []
+    for i in range(len(trace)):
+        row = {c: getattr(trace, c)[i].item() for c in cols}
+        row["deadline_step"] = int(trace.deadline_step[i]) if trace.has_deadline[i] else None
+        rows.append(row)
+    return rows
+
+
+def section_backlog_3000(capacity: int, model_steps: int) -> None:
+    trace = backlog_trace(3000, seed=0, arrival_span=1)
+    print(f"\n== 1. backlogged trace: 3,000 requests arriving at step 0, {capacity} KV blocks; "
+          f"model on its first {model_steps} steps ==")
+    print(f"{'policy':<15}{'fast ev/s':>14}{'scan ev/s':>12}{'model ev/s':>12}{'fast/scan':>11}{'fast/model':>12}"
+          f"{'scan/model':>12}")
+    rows = rows_of(trace)
+    for policy in POLICIES:
+        n_f, t_f = min((run(replay_fast_nb, trace, policy, capacity) for _ in range(3)), key=lambda x: x[1])
+        n_s, t_s = run(replay_scan_nb, trace, policy, capacity)
+        t = time.perf_counter()
+        ref = replay(rows, policy=policy, free_kv_blocks=capacity, aging_interval=4, max_steps=model_steps)
+        t_m = time.perf_counter() - t
+        fast, scan, model = n_f / t_f, n_s / t_s, len(ref.events) / t_m
+        print(f"{policy:<15}{fast:>14,.0f}{scan:>12,.0f}{model:>12,.0f}{fast / scan:>11.1f}{fast / model:>12,.0f}"
+              f"{scan / model:>12,.0f}")
+
+
+def waiting_trace(n: int, window: int, seed: int = 0):
+    """n requests at step 0, then a steady stream at offered load 1.0 for `window` steps, so about n
+    wait all along; 1-400 tokens (about 200 steps per request, as in the Azure trace), 1-8 blocks,
+    three priority classes, half with a deadline.  With 16 KV blocks only a few run at a time."""
+    rng = np.random.default_rng(seed)
+    mean_work = 1 + 200.5
+    extra = int(window / mean_work)
+    total = n + extra
+    arrival = np.concatenate([np.zeros(n, np.int64), np.sort(rng.integers(1, window, extra))])
+    new = rng.integers(1, 401, total)
+    has_deadline = rng.random(total) < 0.5
+    deadline = arrival + (1 + new) * rng.integers(2, 50, total) + n * 200
+    prompt = rng.integers(1, 500, total)
+    cache_hit = rng.random(total) < 0.3
+    request_id = rng.permutation(total).astype(np.int64)
+    # The backlog at step 0 is listed in its fixed_priority key order, so that building it (the setup,
+    # which the rate excludes) is quick and its timing noise small; the stream is in random order.
+    head = np.lexsort((request_id[:n], prompt[:n], ~cache_hit[:n]))
+    for col in (prompt, cache_hit, request_id):
+        col[:n] = col[:n][head]
+    return decodesched.load_trace({
+        "request_id": request_id,
+        "arrival_step": arrival,
+        "prompt_len": prompt,
+        "max_new_tokens": new,
+        "priority": rng.integers(0, 3, total),
+        "cache_hit": cache_hit,
+        "required_blocks": rng.integers(1, 9, total),
+        "deadline_step": [int(d) if h else None for d, h in zip(deadline, has_deadline)],
+        "preemptible": rng.random(total) < 0.9,
+    })
+
+
+def best_time(kernel, trace, policy, capacity, max_steps, repeats):
+    runs = [run(kernel, trace, policy, capacity, max_steps=max_steps, record=False, clock=time.process_time)
+            for _ in range(repeats)]
+    return runs[0][0], min(t for _, t in runs)
+
+
+def section_waiting(sizes, policies, window: int) -> None:
+    print(f"\n== 2. fast kernel, events/s with N requests waiting: all arrive at step 0, 16 KV blocks, no event "
+          f"log,\n   more arriving at load 1.0; rate = {window:,} steps / (CPU time of a {window:,}-step run - CPU time of "
+          f"a 1-step run: the setup; best of 3, CPU time because the machine is shared) ==")
+    print(f"{'policy':<15}" + "".join(f"{f'N={n:,}':>14}" for n in sizes) + f"{'last/first':>12}")
+    for policy in policies:
+        rates = []
+        for n in sizes:
+            trace = waiting_trace(n, window)
+            repeats = 3 if n <= 100_000 else 2
+            n1, t1 = best_time(replay_fast_nb, trace, policy, 16, 1, repeats)
+            n2, t2 = best_time(replay_fast_nb, trace, policy, 16, window, repeats)
+            rates.append((n2 - n1) / max(t2 - t1, 1e-9))
+        print(f"{policy:<15}" + "".join(f"{r:>14,.0f}" for r in rates) + f"{rates[-1] / rates[0]:>12.2f}")
+
+
+def section_azure(loads, capacity: int) -> None:
+    raw = read_azure(bundled_trace_path())
+    print(f"\n== 3. Azure 2023 conversation trace ({len(raw):,} requests), {capacity} KV blocks, fast engine, "
+          f"warm, whole simulate() call with the event log ==")
+    print(f"{'load':>5} {'policy':<15}{'events':>11}{'seconds':>9}{'ev/s':>13}{'max wait':>10}{'preempt.':>10}")
+    for load in loads:
+        trace = to_trace(raw, load=load, seed=0)
+        for policy in POLICIES:
+            t = time.perf_counter()
+            result = decodesched.simulate(trace, policy, capacity, 4, engine="fast")
+            dt = time.perf_counter() - t
+            state = result.request_state
+            print(f"{load:>5} {policy:<15}{result.n_events:>11,}{dt:>9.3f}{result.n_events / dt:>13,.0f}"
+                  f"{int(state[:, E.RQ_WAIT].max()):>10,}{int(state[:, E.RQ_PREEMPTIONS].sum()):>10,}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--kv-blocks", type=int, default=4000, help="capacity for the Azure trace")
+    parser.add_argument("--backlog-kv-blocks", type=int, default=40, help="capacity for the 3,000 trace")
+    parser.add_argument("--model-steps", type=int, default=300)
+    parser.add_argument("--quick", action="store_true", help="skip the 1M backlog")
+    args = parser.parse_args()
+    warm_up()
+    section_backlog_3000(args.backlog_kv_blocks, args.model_steps)
+    sizes = [1_000, 10_000, 100_000] + ([] if args.quick else [1_000_000])
+    section_waiting(sizes, ["fixed_priority", "fcfs", "deadline"], 2_000_000)
+    section_azure([0.8, 1.0, 1.5], args.kv_blocks)
+
+
+if __name__ == "__main__":
+    main()
