@@ -664,6 +664,17 @@ def shrink_candidates(trace: dict) -> list[dict]:
             out.append(t)
 
     rows = trace["rows"]
+    minimal = {"prompt_len": 1, "max_new_tokens": 1, "required_blocks": 1, "priority": 0, "cache_hit": False,
+               "preemptible": True, "deadline_step": None}
+    # Big jumps first: every row minimal, one field minimal in every row, one row minimal.
+    variant(rows=[{**r, **minimal, "arrival_step": 0} for r in rows])
+    for f, v in minimal.items():
+        variant(rows=[{**r, f: v} for r in rows])
+    variant(rows=[{**r, "arrival_step": 0,
+                   "deadline_step": None if r["deadline_step"] is None else r["deadline_step"] - r["arrival_step"]}
+                  for r in rows])
+    for i in range(len(rows)):
+        variant(rows=[{**r, **minimal} if j == i else dict(r) for j, r in enumerate(rows)])
     for i in range(len(rows)):
         variant(rows=[dict(r) for j, r in enumerate(rows) if j != i])
     for i, r in enumerate(rows):
