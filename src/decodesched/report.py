@@ -322,9 +322,11 @@ def sweep_plots(rows, info, out: Path, *, kv_blocks=None, aging_interval=None, l
                                           "across priority classes of their mean service share.")))
 
         loads = sorted({i.load for i in info.values()})
-        chosen = load if load is not None else loads[-1]
-        if chosen not in loads:
-            raise UserError(f"the sweep has no load {chosen}; it has {', '.join(f'{x:g}' for x in loads)}")
+        chosen = loads[-1]
+        if load is not None:  # the sweep's load nearest to the one asked for, within 1%
+            chosen = min(loads, key=lambda x: abs(x - load))
+            if abs(chosen - load) > 0.01 * abs(load):
+                raise UserError(f"the sweep has no load {load:g}; it has {', '.join(f'{x:g}' for x in loads)}")
         caps = sorted({r["kv_blocks"] for r in rows})
         if len(caps) > 1:
             fig, axes = _figure(1, 1)
