@@ -16,11 +16,13 @@ import shutil
 import subprocess
 import sys
 import time
+import random
+import uuid
 from pathlib import Path
 
 import pytest
 
-from decodesched.grader import checks, sandbox, spec
+from decodesched.grader import checks, pipeline, sandbox, spec
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from grader_attacks import attacks  # noqa: E402
@@ -43,10 +45,10 @@ def _tree_digest(root: Path) -> dict:
             for p in sorted(root.rglob("*")) if p.is_file()}
 
 
-def _leftovers(tokens) -> list[str]:
+def _leftovers(out: Path, tokens) -> list[str]:
     """Live processes started by the submissions: kernel-run markers or attack tokens in their cmdline."""
     found = []
-    for pid in sandbox.find_sandboxed("grade-"):
+    for pid in sandbox.find_sandboxed(pipeline.marker_prefix(out)):
         found.append(f"pid {pid} carries a grade- sandbox marker")
     for name in os.listdir("/proc"):
         if not name.isdigit() or int(name) == os.getpid():
@@ -90,19 +92,20 @@ def run(tmp_path_factory):
     assert gen.returncode == 0, gen.stderr[-2000:]
     release = course / "release" / spec.ASSIGNMENT / spec.NOTEBOOK
     subs = base / "submissions"
-    attacks.build(release, subs)
+    tokens = (f"decodesched-attack-bg-{uuid.uuid4().hex}", str(random.randrange(900_000, 999_999)))
+    attacks.build(release, subs, tokens)
     subs_before = _tree_digest(subs)
     source_before = _tree_digest(course / "source")
     out = base / "out"
     proc, seconds = _grade(subs, out, course)
     assert proc.returncode == 0, proc.stderr[-3000:]
     time.sleep(0.5)
-    leftovers = _leftovers(["decodesched-attack-bg", "987654"])
+    leftovers = _leftovers(out, tokens)
     honest = checks.verdict_for_source(attacks.honest_source(), limits={"timeout_s": 60, "cpu_s": 60, "memory_mb": 1024})
     return {
         "course": course, "subs": subs, "out": out, "rows": _rows(out), "honest": honest.total,
         "subs_before": subs_before, "source_before": source_before, "leftovers": leftovers,
-        "seconds": seconds, "stdout": proc.stdout, "stderr": proc.stderr,
+        "seconds": seconds, "tokens": tokens, "stdout": proc.stdout, "stderr": proc.stderr,
     }
 
 
@@ -186,4 +189,4 @@ def test_regrading_gives_identical_grades(run):
     proc, _ = _grade(run["subs"], run["out"], run["course"])
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (run["out"] / "grades.csv").read_bytes() == before
-    assert _leftovers(["decodesched-attack-bg", "987654"]) == []
+    assert _leftovers(run["out"], run["tokens"]) == []

@@ -358,14 +358,22 @@ def _with_solution(release: dict, source: str) -> dict:
     return nb
 
 
-def build(release_path, out_dir) -> dict[str, Path]:
-    """Write every submission of EXPECT as OUT_DIR/<name>.ipynb; return name -> path."""
+def build(release_path, out_dir, tokens: tuple[str, str] | None = None) -> dict[str, Path]:
+    """Write every submission of EXPECT as OUT_DIR/<name>.ipynb; return name -> path.
+
+    `tokens` = (text, number) replace the background-process attack's markers "decodesched-attack-bg"
+    and "987654", so a test can look for exactly its own leftovers.
+    """
     release = json.loads(Path(release_path).read_text(encoding="utf-8"))
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     honest = honest_source()
+    codes = dict(ATTACKS)
+    if tokens:
+        codes["background_process"] = codes["background_process"].replace(
+            "decodesched-attack-bg", tokens[0]).replace("987654", tokens[1])
     nbs: dict[str, object] = {name: _with_solution(release, honest.rstrip() + "\n\n" + code.strip() + "\n")
-                              for name, code in ATTACKS.items()}
+                              for name, code in codes.items()}
     nbs["honest_reference"] = _with_solution(release, reference_source())
     nbs["honest_buggy"] = _with_solution(release, honest)
     nbs["release_untouched"] = copy.deepcopy(release)
