@@ -30,7 +30,9 @@ For every submission, in parallel (``jobs`` worker threads, each driving sandbox
              test cells altered (compared with the release notebook and nbgrader's checksums), the
              gradebook copy written by the student's code (manual scores, extra credit), a canary cell
              whose failing ``assert`` passed or whose output was forged (assert-dropping input/AST
-             transformers, patched ``builtins``), or the verdict child reporting forged output.
+             transformers, patched ``builtins``), the verdict child reporting replaced builtins or
+             forged output, or plain signs in the student's code cells (assigning to ``builtins``,
+             registering IPython transformers, naming the gradebook file; see `static_evidence`).
    invalid   not a readable notebook, no (or more than one) solution cell, or a bad student id.
    ========  ==========================================================================================
 
