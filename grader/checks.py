@@ -855,6 +855,7 @@ class HarnessRun:
     outcome: object | None
     wall_s: float
     forged: list = field(default_factory=list)  # signs that the output file was written by someone else
+    builtins_changed: list = field(default_factory=list)  # builtins the solution replaced (restored by the harness)
 
 
 def run_harness(source: str, scenarios: list[dict], *, limits: Limits | None = None, hide=()) -> HarnessRun:
@@ -895,6 +896,8 @@ def run_harness(source: str, scenarios: list[dict], *, limits: Limits | None = N
         done = any(isinstance(ln, dict) and "done" in ln for ln in lines)
         known = {s["id"] for s in scenarios}
         obs, seen = {}, set()
+        patched = sorted({str(n)[:40] for ln in lines if isinstance(ln, dict) and isinstance(ln.get("builtins_changed"), list)
+                          for n in ln["builtins_changed"]})
         for ln in lines:
             if isinstance(ln, dict) and "id" in ln:
                 sid = ln.get("id")
@@ -904,7 +907,7 @@ def run_harness(source: str, scenarios: list[dict], *, limits: Limits | None = N
                 seen.add(sid)
                 obs[sid] = ln["obs"]
         return HarnessRun(load=load, obs=obs, done=done, outcome=outcome, wall_s=time.monotonic() - start,
-                          forged=forged)
+                          forged=forged, builtins_changed=patched)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -1003,6 +1006,9 @@ def verdict_for_source(source, *, limits: Limits | dict | None = None, seed: int
     scenario_timeouts = '"timeout": true' in all_obs_text
     mem_in_obs = '"raised": "MemoryError"' in all_obs_text
     forged = [f for r in runs for f in r.forged]
+    patched = sorted({n for r in runs for n in r.builtins_changed})
+    load_errors = " ".join(str(r.load.get("error", "")) for r in runs if r.load)
+    mem_in_obs = mem_in_obs or "MemoryError" in load_errors
 
     def rerun(more):
         small = Limits(timeout_s=min(limits.timeout_s, 20.0), cpu_s=min(limits.cpu_s, 20.0),
@@ -1020,8 +1026,11 @@ def verdict_for_source(source, *, limits: Limits | dict | None = None, seed: int
     found: set = set()
     _walk_bad(list(obs.values()), found)
     suspicious = sorted(x for x in found if "overrides comparison" in x)
-    if forged or suspicious:
+    if forged or suspicious or patched:
         status = "tampered"
+        if patched:
+            notes.append("the solution replaced builtins (" + ", ".join(patched[:5]) + "); they were put back "
+                         "before every check, so the checks saw the honest code only")
         if suspicious:
             notes.append("values with forged comparison were returned (" + ", ".join(suspicious[:3]) +
                          "): those checks score 0")

@@ -45,12 +45,79 @@ _str = str
 _int = int
 _bool = bool
 _range = range
-_dumps = json.dumps
+_tuple = tuple
+_float = float
+_any = any
+_ord = ord
+_iter = iter
+_set = set
+_RecursionError = RecursionError
 _os_write = os.write
 _monotonic = time.monotonic
+_setitimer = signal.setitimer
+_ITIMER_REAL = signal.ITIMER_REAL
 _BaseException = BaseException
 _ValueError = ValueError
 _MemoryError = MemoryError
+_builtins = __builtins__ if _type(__builtins__) is _dict else __builtins__.__dict__
+_BUILTINS = _dict(_builtins)  # restored after every operation: the student's patches never reach us
+_HEX = "0123456789abcdef"
+
+
+_GUARD = []  # non-empty only in the harness process (never restore builtins in the grading process)
+_CHANGED = []  # names of builtins the student's code replaced or added, since the last report
+
+
+def restore_builtins():
+    """Put back every builtin the student's code replaced or added; return the names it had changed."""
+    if not _GUARD:
+        return []
+    changed = []
+    for name in _list(_builtins.keys()):
+        if name not in _BUILTINS:
+            changed.append(name)
+            del _builtins[name]
+    for name, value in _BUILTINS.items():
+        if _builtins.get(name, restore_builtins) is not value:
+            changed.append(name)
+            _builtins[name] = value
+    _CHANGED.extend(changed)
+    return changed
+
+
+def _json_str(s):
+    out = ['"']
+    for ch in s:
+        code = _ord(ch)
+        if ch == '"' or ch == "\\" or code < 0x20 or code > 0x7E:
+            if code > 0xFFFF:
+                code -= 0x10000
+                for unit in (0xD800 + (code >> 10), 0xDC00 + (code & 0x3FF)):
+                    out.append("\\u" + _HEX[unit >> 12] + _HEX[(unit >> 8) & 15] + _HEX[(unit >> 4) & 15] + _HEX[unit & 15])
+            else:
+                out.append("\\u" + _HEX[code >> 12] + _HEX[(code >> 8) & 15] + _HEX[(code >> 4) & 15] + _HEX[code & 15])
+        else:
+            out.append(ch)
+    out.append('"')
+    return "".join(out)
+
+
+def to_json(x):
+    """JSON text of a normalised value, written with captured primitives only (json may be patched)."""
+    t = _type(x)
+    if x is None:
+        return "null"
+    if t is _bool:
+        return "true" if x else "false"
+    if t is _int:
+        return _int.__repr__(x)
+    if t is _str:
+        return _json_str(x)
+    if t is _list:
+        return "[" + ",".join([to_json(v) for v in x]) + "]"
+    if t is _dict:
+        return "{" + ",".join([_json_str(k) + ":" + to_json(v) for k, v in x.items()]) + "}"
+    return _json_str("<bad type: unserialisable>")
 
 STATE_FIELDS = (
     "request_id", "prompt_len", "max_new_tokens", "generated_len", "phase", "priority", "cache_hit",
@@ -99,7 +166,7 @@ def _bad(x):
             if "__dataclass_fields__" in own and "__eq__" in own and klass is t:
                 # A dataclass instance: honest code may return one by mistake; its == is generated.
                 continue
-            if any(m in own for m in COMPARISON_METHODS):
+            if _any([m in own for m in COMPARISON_METHODS]):
                 suspicious = True
     except _BaseException:
         suspicious = True
@@ -113,14 +180,14 @@ def normalise(x, depth=0):
         return x
     if t is _str:
         return x if _len(x) <= MAX_STR else x[:MAX_STR] + "..."
-    if t is float:
-        return "<float: %r>" % (x,)
+    if t is _float:
+        return "<float: %s>" % (_float.__repr__(x),)
     ok, value = _numpy_scalar(x)
     if ok:
         return value
     if depth > 6:
         return "<bad type: too deep>"
-    if t is _list or t is tuple:
+    if t is _list or t is _tuple:
         if _len(x) > MAX_ITEMS:
             return "<bad type: too long>"
         return [normalise(v, depth + 1) for v in x]
@@ -152,7 +219,7 @@ def _error(exc):
     msg = ""
     try:
         args = exc.args
-        if _type(args) is tuple and args and _type(args[0]) is _str:
+        if _type(args) is _tuple and args and _type(args[0]) is _str:
             msg = args[0][:MAX_STR]
     except _BaseException:
         pass
@@ -261,8 +328,9 @@ def run_scenario(ns, ops, budget_s=None):
             break
         except _BaseException as exc:  # noqa: BLE001 - the student's code may raise anything
             obs.append(_error(exc))
-            if _isinstance(exc, _MemoryError) or _isinstance(exc, RecursionError):
+            if _isinstance(exc, _MemoryError) or _isinstance(exc, _RecursionError):
                 box["sim"] = None
+        restore_builtins()
     return obs
 
 
@@ -328,11 +396,12 @@ def load_solution(source, namespace, budget_s):
         try:
             code = compile(ast.Module(body=[node], type_ignores=[]), "<solution cell>", "exec", flags=flags,
                            dont_inherit=True)
-            signal.setitimer(signal.ITIMER_REAL, left)
+            _setitimer(_ITIMER_REAL, left)
             try:
                 exec(code, namespace)
             finally:
-                signal.setitimer(signal.ITIMER_REAL, 0)
+                _setitimer(_ITIMER_REAL, 0)
+                restore_builtins()
         except _BaseException as exc:  # noqa: BLE001 - the cell may raise anything
             err = _error(exc)
             if err.get("timeout"):
@@ -353,8 +422,15 @@ def main(argv):
     fd = os.open(out_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
 
     def emit(obj):
-        data = (_dumps(obj, ensure_ascii=True) + "\n").encode("ascii")
+        data = (to_json(obj) + "\n").encode("ascii")
         _os_write(fd, data)
+
+    def changed_builtins():
+        names = _sorted(_set(_CHANGED))[:20]
+        del _CHANGED[:]
+        return names
+
+    _GUARD.append(True)
 
     for p in job.get("sys_path", []):
         sys.path.append(p)
@@ -370,22 +446,32 @@ def main(argv):
     module.__dict__["display"] = _Anything()
     sys.modules["solution"] = module
     errors = load_solution(job["solution_source"], module.__dict__, max(budget * 4, 5.0))
+    restore_builtins()
     missing = [n for n in ("DecodeSchedulerSim", "RequestState") if n not in module.__dict__]
     if missing:
         errors.append("the solution cell does not define %s" % ", ".join(missing))
-    emit({"load": "error", "error": "; ".join(errors)[:500]} if errors else {"load": "ok"})
+    line = {"load": "error", "error": "; ".join(errors)[:500]} if errors else {"load": "ok"}
+    changed = changed_builtins()
+    if changed:
+        line["builtins_changed"] = changed
+    emit(line)
     ns = module.__dict__
     count = 0
     for scenario in job["scenarios"]:
         start = _monotonic()
-        signal.setitimer(signal.ITIMER_REAL, budget)
+        _setitimer(_ITIMER_REAL, budget)
         try:
             obs = run_scenario(ns, scenario["ops"])
         except ScenarioTimeout:
             obs = [{"timeout": True}]
         finally:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-        emit({"id": scenario["id"], "obs": obs, "wall_ms": _int((_monotonic() - start) * 1000)})
+            _setitimer(_ITIMER_REAL, 0)
+        restore_builtins()
+        line = {"id": scenario["id"], "obs": obs, "wall_ms": _int((_monotonic() - start) * 1000)}
+        changed = changed_builtins()
+        if changed:
+            line["builtins_changed"] = changed
+        emit(line)
         count += 1
     emit({"done": count})
     sys.stdout = real_stdout

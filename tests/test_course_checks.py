@@ -266,3 +266,16 @@ def test_verdict_student_cannot_read_the_reference_model_from_disk():
     src = f"exec(open({str(model_py)!r}).read())\n"
     v = checks.verdict_for_source(src, shrink_failures=False)
     assert v.total == 0
+
+
+def test_to_json_matches_json_for_plain_values():
+    for value in [None, True, False, 0, -7, 2**70, "", "a\"b\\c\n\t\x01é中😀", [1, [None, {"k": "v"}]], {"a": [True, 3]}]:
+        assert json.loads(harness.to_json(value)) == value
+    assert harness.to_json("😀").isascii()
+
+
+def test_verdict_builtins_patching_is_undone_and_reported():
+    src = REFERENCE + "\nimport builtins as _b\n_b.isinstance = lambda obj, cls: True\n_b.sorted = lambda *a, **k: []\n"
+    v = checks.verdict_for_source(src, shrink_failures=False)
+    assert v.total == 100  # the honest code earns what it earns, the harness is not disturbed
+    assert v.status == "tampered" and any("isinstance" in n and "sorted" in n for n in v.notes)
