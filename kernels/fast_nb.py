@@ -39,7 +39,16 @@ a trace where every request has its own priority degrades to O(n) per admission)
 while the clock is more than 1_000_000_000 below the latest deadline (real slack may still reach
 the sentinel) every step also re-compares G * P cached answers.
 
-Policy aging: see `_replay_aging` below (or the routing note in `replay_fast_nb`).
+**Policy aging is not fast yet**: `replay_fast_nb` runs it on the scan kernel (exact, O(backlog) per
+step), except when ``aging_interval`` exceeds the trace's total work steps, where no wait can reach
+it and the replay is exactly fixed_priority's.  What a fast aging path needs (not built): one group
+per residue ``(enqueue step + times chosen) mod aging_interval`` (inside a residue every effective
+priority rises at the same steps, so the order is static), a tournament over the residues' heap
+tops for the admitted side, and, because effective priority varies inside a residue, a first-fit
+descent whose threshold ``free + max victim blocks below eff`` follows the victims' staircase
+(subtree min/max of the static base priority tells where it is flat).  The hard part is the cache:
+every step one residue's priorities (victims' included) rise, so "no waiting request is runnable"
+must be re-proved cheaply each step.
 """
 
 import numpy as np
@@ -64,6 +73,7 @@ from .enums import (
     PHASE_PREFILL,
     POLICY_AGING,
     POLICY_DEADLINE,
+    POLICY_FIXED_PRIORITY,
     POLICY_FCFS,
     RQ_ADMITTED,
     RQ_ENQUEUED,
@@ -198,6 +208,13 @@ def replay_fast_nb(request_id, arrival_step, prompt_len, max_new_tokens, priorit
                    policy, free_kv_blocks, aging_interval, max_steps,
                    events, req_out, summary):
     """Replay one trace under one configuration; arguments and outputs exactly as `replay_scan_nb`."""
+    work = np.int64(0)
+    for r in range(request_id.shape[0]):
+        work += 1 + max_new_tokens[r]
+    if policy == POLICY_AGING and aging_interval > work:
+        # No request can wait aging_interval steps (a wait never exceeds the steps run), so the
+        # effective priority is the business priority all along: exactly fixed_priority.
+        policy = POLICY_FIXED_PRIORITY
     if policy == POLICY_AGING:
         replay_scan_nb(request_id, arrival_step, prompt_len, max_new_tokens, priority, cache_hit,
                        required_blocks, deadline_step, has_deadline, preemptible, order,
@@ -413,15 +430,14 @@ def _replay_static(request_id, arrival_step, prompt_len, max_new_tokens, priorit
             if clock + 1 + remaining > deadline_step[chosen]:
                 missed = 1
         if steps < max_events:
-            ev = events[steps]
-            ev[EV_STEP] = clock
-            ev[EV_ROW] = chosen
-            ev[EV_ACTION] = action
-            ev[EV_GENERATED] = generated[chosen]
-            ev[EV_WAIT] = steps + 1 - enqueue_steps[chosen] - chosen_count[chosen]
-            ev[EV_FREE] = free
-            ev[EV_VICTIM_ROW] = victim
-            ev[EV_MISSED] = missed
+            events[steps, EV_STEP] = clock
+            events[steps, EV_ROW] = chosen
+            events[steps, EV_ACTION] = action
+            events[steps, EV_GENERATED] = generated[chosen]
+            events[steps, EV_WAIT] = steps + 1 - enqueue_steps[chosen] - chosen_count[chosen]
+            events[steps, EV_FREE] = free
+            events[steps, EV_VICTIM_ROW] = victim
+            events[steps, EV_MISSED] = missed
         clock += 1
         steps += 1
 

@@ -186,3 +186,13 @@ def test_heap_against_sorted_list():
         if inside:
             assert heap[0, 0] == min(inside, key=lambda r: tuple(gk[r]))
         assert all(heap[0, pos[r]] == r for r in inside)
+
+
+def test_aging_with_an_interval_no_wait_reaches_equals_scan():
+    """The fast kernel replays aging as fixed_priority when aging_interval exceeds all work steps."""
+    trace = backlog_trace(300, seed=5)
+    fast = assert_same_as_scan(trace, "aging", 12, interval=trace.work_steps + 1)
+    fixed = run_kernel(replay_scan_nb, trace, "fixed_priority", 12)
+    np.testing.assert_array_equal(fast[0], fixed[0])
+    # and one step below the bound is still a real aging replay, equal to the scan's
+    assert_same_as_scan(trace, "aging", 12, interval=trace.work_steps)
