@@ -606,10 +606,21 @@ def compare(scenario: dict, obs) -> str:
 
 
 def setup_text(scenario: dict, upto: int | None = None) -> str:
+    """The scenario's operations as short calls (``sim = DecodeSchedulerSim(...); enqueue(...); step()``)."""
     ops = scenario["ops"] if upto is None else scenario["ops"][:upto]
-    parts = [_op_text(op) for op in ops if op[0] not in ("state",)]
-    text = "; ".join(parts)
-    return text if len(text) <= 400 else text[:400] + " ..."
+    parts = []
+    for op in ops:
+        if op[0] == "state":
+            continue
+        text = _op_text(op)
+        if op[0] == "new":
+            text = "sim = " + text
+        if parts and parts[-1][0] == text:
+            parts[-1][1] += 1
+        else:
+            parts.append([text, 1])
+    text = "; ".join(t if n == 1 else f"{t} x{n}" for t, n in parts)
+    return text if len(text) <= 500 else text[:500] + " ..."
 
 
 def trace_table(trace: dict) -> list[str]:
@@ -779,8 +790,10 @@ def judge(scenarios: list[dict], observations, *, rerun=None, shrink_budget_s: f
             else:
                 lines.append(f"all {total} random traces match the reference engine event for event")
         else:
-            for s, d in failures[:MAX_LINES_PER_CELL]:
+            for k, (s, d) in enumerate(failures[:MAX_LINES_PER_CELL]):
                 lines.append(f"FAIL {s['what']}: {d}")
+                if k == 0:
+                    lines.append("  setup / 场景: " + setup_text(s))
             if len(failures) > MAX_LINES_PER_CELL:
                 lines.append(f"... and {len(failures) - MAX_LINES_PER_CELL} more failing checks")
             if not failures:
@@ -858,7 +871,8 @@ class HarnessRun:
     builtins_changed: list = field(default_factory=list)  # builtins the solution replaced (restored by the harness)
 
 
-def run_harness(source: str, scenarios: list[dict], *, limits: Limits | None = None, hide=()) -> HarnessRun:
+def run_harness(source: str, scenarios: list[dict], *, limits: Limits | None = None, hide=(),
+                skip_lines=()) -> HarnessRun:
     """Run the harness once on `scenarios` in a private temporary folder under the sandbox."""
     limits = limits or Limits()
     start = time.monotonic()
@@ -874,6 +888,7 @@ def run_harness(source: str, scenarios: list[dict], *, limits: Limits | None = N
             os.symlink(np_dir, os.path.join(lib, "numpy"))
             sys_path.append(lib)
         job = {"solution_source": source, "sys_path": sys_path, "scenario_timeout_s": limits.scenario_timeout_s,
+               "load_timeout_s": limits.scenario_timeout_s * 1.5, "skip_lines": sorted(skip_lines),
                "scenarios": [{"id": s["id"], "ops": s["ops"]} for s in scenarios]}
         with open(os.path.join(tmp, "in.json"), "w", encoding="utf-8") as fh:
             json.dump(job, fh)
@@ -956,14 +971,17 @@ def collect_observations(source: str, scenarios: list[dict], limits: Limits, hid
     obs: dict = {}
     runs: list[HarnessRun] = []
     per_run = max(10.0, min(limits.timeout_s * 0.4, 30.0))
+    skip: set = set()
     for _ in range(max_runs):
         left = limits.timeout_s - (time.monotonic() - start)
         if not pending or left < 2.0:
             break
         run_limits = Limits(timeout_s=min(per_run, left), cpu_s=min(limits.cpu_s, per_run, left),
                             memory_mb=limits.memory_mb, scenario_timeout_s=limits.scenario_timeout_s)
-        hr = run_harness(source, pending, limits=run_limits, hide=hide)
+        hr = run_harness(source, pending, limits=run_limits, hide=hide, skip_lines=skip)
         runs.append(hr)
+        if hr.load and isinstance(hr.load.get("load_timeouts"), list):
+            skip |= {n for n in hr.load["load_timeouts"] if type(n) is int}
         obs.update(hr.obs)
         if hr.done:
             pending = []
@@ -1003,7 +1021,8 @@ def verdict_for_source(source, *, limits: Limits | dict | None = None, seed: int
     memory = any(getattr(o, "memory_exceeded", False) for o in outcomes)
     crashed = any(not r.done for r in runs) and not timed_out and not memory
     all_obs_text = json.dumps(list(obs.values()))
-    scenario_timeouts = '"timeout": true' in all_obs_text
+    scenario_timeouts = '"timeout": true' in all_obs_text or any(
+        r.load and r.load.get("load_timeouts") for r in runs)
     mem_in_obs = '"raised": "MemoryError"' in all_obs_text
     forged = [f for r in runs for f in r.forged]
     patched = sorted({n for r in runs for n in r.builtins_changed})
