@@ -41,14 +41,13 @@ the sentinel) every step also re-compares G * P cached answers.
 
 **Policy aging is not fast yet**: `replay_fast_nb` runs it on the scan kernel (exact, O(backlog) per
 step), except when ``aging_interval`` exceeds the trace's total work steps, where no wait can reach
-it and the replay is exactly fixed_priority's.  What a fast aging path needs (not built): one group
-per residue ``(enqueue step + times chosen) mod aging_interval`` (inside a residue every effective
-priority rises at the same steps, so the order is static), a tournament over the residues' heap
-tops for the admitted side, and, because effective priority varies inside a residue, a first-fit
-descent whose threshold ``free + max victim blocks below eff`` follows the victims' staircase
-(subtree min/max of the static base priority tells where it is flat).  The hard part is the cache:
-every step one residue's priorities (victims' included) rise, so "no waiting request is runnable"
-must be re-proved cheaply each step.
+it and the replay is exactly fixed_priority's.  Notes for a fast aging path (not built): with
+``a = enqueue step + times chosen`` and ``u = priority * K - a`` (K = aging_interval), the effective
+priority at S steps run is ``floor((S + u) / K)``, and u changes only when the request is chosen.
+So victims can be kept in a structure keyed by u (``eff_v < eff_c`` is ``u_v < u_c - (S + u_c) mod K``;
+max blocks below that is a prefix query), and requests sharing ``a mod K`` keep their relative
+order.  The hard part is the cache: every step one residue's priorities (victims' included) rise,
+so "no waiting request is runnable" must be re-proved cheaply at every step.
 """
 
 import numpy as np
@@ -412,10 +411,24 @@ def _replay_static(request_id, arrival_step, prompt_len, max_new_tokens, priorit
                     _seg_set(seg, seg_size, k, required_blocks[top] if top >= 0 else 0)
             wait_dirty = True
         else:
-            _set_key(chosen, policy, gk, phase, generated, enqueue_clock, request_id, prompt_len, max_new_tokens,
-                     priority, cache_hit, deadline_step, has_deadline)
+            # The chosen request's key after its step, updated in place (a call passing a dozen
+            # arrays costs more than the rest of a decode step): prefill -> decode, one token more,
+            # one remaining step less (so deadline - remaining grows by one).
+            if action == ACTION_PREFILL_TO_DECODE:
+                gk[chosen, 1] = PHASE_DECODE
+            elif policy != POLICY_FCFS:
+                gk[chosen, 4] += 1
+            if deadline_policy and has_deadline[chosen]:
+                gk[chosen, 0] += 1
             if was_admitted:
-                heap_sift_down_nb(heap, hsize, hpos, group[chosen], hpos[chosen], gk)
+                if policy != POLICY_FCFS:  # an fcfs decode key never changes
+                    g = group[chosen]
+                    i = hpos[chosen]
+                    c = 2 * i + 1
+                    # sift down only when a child now comes first (usually the top stays on top)
+                    if c < hsize[g] and (key_less_nb(gk, heap[g, c], chosen)
+                                         or (c + 1 < hsize[g] and key_less_nb(gk, heap[g, c + 1], chosen))):
+                        heap_sift_down_nb(heap, hsize, hpos, g, i, gk)
             else:
                 heap_push_nb(heap, hsize, hpos, group[chosen], chosen, gk)
                 if preemptible[chosen]:
