@@ -601,18 +601,27 @@ def grade_one(sub: Submission, course: Course, template: Path, workroot: Path, o
         tampered.append("locked or test cells were altered: " + ", ".join(altered))
     tampered += static_evidence(student_code_cells(nb))
 
-    verdict = checks.verdict_for_source(
-        source, limits={"timeout_s": limits.timeout_s, "cpu_s": limits.cpu_s, "memory_mb": limits.memory_mb},
-        hide=limits.hide,
-    )
+    # The kernel run mostly waits (nbgrader and kernel start-up), so it overlaps with the verdict.
+    kernel = None
+    if options.run_nbgrader:
+        kernel = cf.ThreadPoolExecutor(1, thread_name_prefix=f"kernel-{sub.student_id}")
+        kernel_future = kernel.submit(kernel_run, sub, nb, template, workroot, options, limits)
+    try:
+        verdict = checks.verdict_for_source(
+            source, limits={"timeout_s": limits.timeout_s, "cpu_s": limits.cpu_s, "memory_mb": limits.memory_mb},
+            hide=limits.hide,
+        )
+    finally:
+        rep = kernel_future.result() if kernel is not None else None
+        if kernel is not None:
+            kernel.shutdown()
     vstatus = verdict.status if verdict.status in STATUSES else "crashed"
     notes += [str(n) for n in (verdict.notes or [])]
     statuses = {vstatus}
     if vstatus == "tampered":
         tampered.append("the solution returned objects of the wrong type or forged its results")
         statuses.discard("tampered")
-    if options.run_nbgrader:
-        rep = kernel_run(sub, nb, template, workroot, options, limits)
+    if rep is not None:
         statuses.add(rep.status)
         tampered += rep.tampered
         notes += rep.notes

@@ -326,7 +326,9 @@ def run_isolated(
         "uid": uid,
         "gid": uid,
         "nproc": NPROC_LIMIT if root else None,
-        "hide": [str(Path(p).resolve()) for p in hide if Path(p).exists()] if root else [],
+        # never hide the command's own folder (or a folder holding it)
+        "hide": [h for h in (str(Path(p).resolve()) for p in hide if Path(p).exists())
+                 if not (str(cwd) == h or str(cwd).startswith(h.rstrip("/") + "/"))] if root else [],
         "private_tmp": ["/tmp", "/var/tmp", "/dev/shm"] if root else [],
         "expose": sorted({os.path.realpath(sys.base_prefix), os.path.realpath(sys.prefix),
                           os.path.dirname(os.path.realpath(sys.executable)), str(cwd)}

@@ -38,7 +38,7 @@ def run(args) -> int:
     if args.selfcheck:
         from ..grader import selfcheck
 
-        return int(selfcheck.main(course=args.course) or 0)
+        return int(selfcheck.main(course=args.course, jobs=args.jobs or None) or 0)
     if not args.submissions or not args.out:
         raise UserError("give SUBMISSIONS and --out DIR (or --selfcheck)")
     if args.jobs < 0:
