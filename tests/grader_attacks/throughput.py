@@ -64,9 +64,13 @@ def _kill_matching(token: str) -> int:
             continue
         try:
             with open(f"/proc/{name}/cmdline", "rb") as fh:
-                if token.encode() in fh.read():
-                    os.kill(int(name), 9)
-                    killed += 1
+                hit = token.encode() in fh.read()
+            hit = hit or token in os.readlink(f"/proc/{name}/cwd")
+            with open(f"/proc/{name}/environ", "rb") as fh:
+                hit = hit or token.encode() in fh.read()
+            if hit:
+                os.kill(int(name), 9)
+                killed += 1
         except OSError:
             pass
     return killed
@@ -111,6 +115,7 @@ def main() -> int:
         t = time.monotonic()
         env = _env()
         env["JUPYTER_RUNTIME_DIR"] = str(root / "runtime")  # so the kernels it leaves behind can be found
+        env["GRADE_THROUGHPUT_RUN"] = str(root)
         try:
             proc = subprocess.run([sys.executable, "-m", "nbgrader", "autograde", ASSIGNMENT], cwd=plain,
                                   capture_output=True, text=True, env=env, timeout=args.plain_timeout,
