@@ -135,7 +135,7 @@ def test_status_and_score(run, name):
 
 def test_one_row_per_submission_and_a_summary(run):
     assert sorted(run["rows"]) == sorted(attacks.EXPECT)
-    assert "graded 23 submission(s)" in run["stdout"]
+    assert f"graded {len(attacks.EXPECT)} submission(s)" in run["stdout"]
 
 
 def test_no_process_outlives_the_run(run):
