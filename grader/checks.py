@@ -869,6 +869,7 @@ class HarnessRun:
     wall_s: float
     forged: list = field(default_factory=list)  # signs that the output file was written by someone else
     builtins_changed: list = field(default_factory=list)  # builtins the solution replaced (restored by the harness)
+    slow_lines: list = field(default_factory=list)  # top-level statements of the cell that timed out
 
 
 def run_harness(source: str, scenarios: list[dict], *, limits: Limits | None = None, hide=(),
@@ -921,8 +922,9 @@ def run_harness(source: str, scenarios: list[dict], *, limits: Limits | None = N
                     continue
                 seen.add(sid)
                 obs[sid] = ln["obs"]
+        slow = sorted({ln["load_timeout"] for ln in lines if isinstance(ln, dict) and type(ln.get("load_timeout")) is int})
         return HarnessRun(load=load, obs=obs, done=done, outcome=outcome, wall_s=time.monotonic() - start,
-                          forged=forged, builtins_changed=patched)
+                          forged=forged, builtins_changed=patched, slow_lines=slow)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -970,7 +972,7 @@ def collect_observations(source: str, scenarios: list[dict], limits: Limits, hid
     pending = list(scenarios)
     obs: dict = {}
     runs: list[HarnessRun] = []
-    per_run = max(10.0, min(limits.timeout_s * 0.4, 30.0))
+    per_run = max(15.0, min(limits.timeout_s * 0.4, 30.0))
     skip: set = set()
     for _ in range(max_runs):
         left = limits.timeout_s - (time.monotonic() - start)
@@ -980,8 +982,8 @@ def collect_observations(source: str, scenarios: list[dict], limits: Limits, hid
                             memory_mb=limits.memory_mb, scenario_timeout_s=limits.scenario_timeout_s)
         hr = run_harness(source, pending, limits=run_limits, hide=hide, skip_lines=skip)
         runs.append(hr)
-        if hr.load and isinstance(hr.load.get("load_timeouts"), list):
-            skip |= {n for n in hr.load["load_timeouts"] if type(n) is int}
+        new_slow = set(hr.slow_lines) - skip
+        skip |= new_slow
         obs.update(hr.obs)
         if hr.done:
             pending = []
@@ -992,8 +994,11 @@ def collect_observations(source: str, scenarios: list[dict], limits: Limits, hid
             break
         obs[missing[0]["id"]] = [{"killed": _why_stopped(hr.outcome)}]
         pending = missing[1:]
+        if hr.load is None and not new_slow:
+            break  # it dies while loading, and not on a statement we can skip: a restart would die the same way
         if hr.load is None:
-            break  # it dies while loading: every restart would die the same way
+            del obs[missing[0]["id"]]  # the load, not this check, was at fault: run it again
+            pending = missing
     for s in pending:
         obs.setdefault(s["id"], [{"killed": "not run: the time budget was spent by earlier checks"}])
     return obs, runs
@@ -1021,8 +1026,7 @@ def verdict_for_source(source, *, limits: Limits | dict | None = None, seed: int
     memory = any(getattr(o, "memory_exceeded", False) for o in outcomes)
     crashed = any(not r.done for r in runs) and not timed_out and not memory
     all_obs_text = json.dumps(list(obs.values()))
-    scenario_timeouts = '"timeout": true' in all_obs_text or any(
-        r.load and r.load.get("load_timeouts") for r in runs)
+    scenario_timeouts = '"timeout": true' in all_obs_text or any(r.slow_lines for r in runs)
     mem_in_obs = '"raised": "MemoryError"' in all_obs_text
     forged = [f for r in runs for f in r.forged]
     patched = sorted({n for r in runs for n in r.builtins_changed})

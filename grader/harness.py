@@ -56,6 +56,20 @@ _os_write = os.write
 _monotonic = time.monotonic
 _setitimer = signal.setitimer
 _ITIMER_REAL = signal.ITIMER_REAL
+_ITIMER_PROF = signal.ITIMER_PROF
+WALL_FACTOR = 2.0  # a check may use `budget` seconds of CPU, or twice that of wall clock
+
+
+def _arm(seconds):
+    """Interrupt the running check after `seconds` of CPU time (robust to a loaded machine), or after
+    WALL_FACTOR times as long on the wall clock (a check that sleeps)."""
+    _setitimer(_ITIMER_PROF, seconds)
+    _setitimer(_ITIMER_REAL, seconds * WALL_FACTOR)
+
+
+def _disarm():
+    _setitimer(_ITIMER_PROF, 0)
+    _setitimer(_ITIMER_REAL, 0)
 _BaseException = BaseException
 _ValueError = ValueError
 _MemoryError = MemoryError
@@ -364,13 +378,13 @@ class _Anything:
         return iter(())
 
 
-def load_solution(source, namespace, budget_s, skip_lines=(), timed_out_lines=None):
+def load_solution(source, namespace, budget_s, skip_lines=(), timed_out_lines=None, on_timeout=None):
     """Execute the cell one top-level statement at a time; a failing statement does not stop the rest.
 
-    Each statement may run `budget_s` seconds (the whole cell at most twice that); one that runs
-    longer is interrupted, its line number appended to `timed_out_lines`, and loading goes on.
-    Statements starting on a line in `skip_lines` are not run (they timed out in an earlier process).
-    Returns the errors, as short strings.
+    Each statement may run `budget_s` seconds of CPU (twice that of wall clock); one that runs longer
+    is interrupted, its line number appended to `timed_out_lines` (and passed to `on_timeout`), and
+    loading goes on. Statements starting on a line in `skip_lines` are not run (they timed out in an
+    earlier process). Returns the errors, as short strings.
     """
     import __future__
     import ast
@@ -384,7 +398,6 @@ def load_solution(source, namespace, budget_s, skip_lines=(), timed_out_lines=No
         err = _error(exc)
         return ["%s: %s" % (err.get("raised", "error"), err.get("msg", ""))]
     flags = 0
-    deadline = _monotonic() + 2 * budget_s
     for node in tree.body:
         if _type(node) is ast.ImportFrom and node.module == "__future__":
             for alias in node.names:
@@ -395,18 +408,14 @@ def load_solution(source, namespace, budget_s, skip_lines=(), timed_out_lines=No
         if node.lineno in skip_lines:
             errors.append("line %s was skipped (it timed out before)" % node.lineno)
             continue
-        left = deadline - _monotonic()
-        if left <= 0.05:
-            errors.append("loading the solution cell timed out")
-            break
         try:
             code = compile(ast.Module(body=[node], type_ignores=[]), "<solution cell>", "exec", flags=flags,
                            dont_inherit=True)
-            _setitimer(_ITIMER_REAL, budget_s if budget_s < left else left)
+            _arm(budget_s)
             try:
                 exec(code, namespace)
             finally:
-                _setitimer(_ITIMER_REAL, 0)
+                _disarm()
                 restore_builtins()
         except _BaseException as exc:  # noqa: BLE001 - the cell may raise anything
             err = _error(exc)
@@ -414,6 +423,8 @@ def load_solution(source, namespace, budget_s, skip_lines=(), timed_out_lines=No
                 errors.append("line %s timed out" % node.lineno)
                 if timed_out_lines is not None:
                     timed_out_lines.append(node.lineno)
+                if on_timeout is not None:
+                    on_timeout(node.lineno)
                 continue
             errors.append("line %s raised %s: %s" % (node.lineno, err["raised"], err["msg"]))
     return errors
@@ -444,6 +455,7 @@ def main(argv):
         sys.path.append(p)
     budget = float(job.get("scenario_timeout_s", 5.0))
     signal.signal(signal.SIGALRM, _alarm)
+    signal.signal(signal.SIGPROF, _alarm)
     devnull = open(os.devnull, "w")
     real_stdout = sys.stdout
     sys.stdout = devnull  # the student's prints go nowhere (the sandbox caps direct writes anyway)
@@ -456,7 +468,8 @@ def main(argv):
     slow_lines = []
     skip = [n for n in job.get("skip_lines", []) if _type(n) is _int]
     errors = load_solution(job["solution_source"], module.__dict__, float(job.get("load_timeout_s", 4.0)),
-                           skip_lines=skip, timed_out_lines=slow_lines)
+                           skip_lines=skip, timed_out_lines=slow_lines,
+                           on_timeout=lambda lineno: emit({"load_timeout": lineno}))
     restore_builtins()
     missing = [n for n in ("DecodeSchedulerSim", "RequestState") if n not in module.__dict__]
     if missing:
@@ -472,13 +485,13 @@ def main(argv):
     count = 0
     for scenario in job["scenarios"]:
         start = _monotonic()
-        _setitimer(_ITIMER_REAL, budget)
+        _arm(budget)
         try:
             obs = run_scenario(ns, scenario["ops"])
         except ScenarioTimeout:
             obs = [{"timeout": True}]
         finally:
-            _setitimer(_ITIMER_REAL, 0)
+            _disarm()
         restore_builtins()
         line = {"id": scenario["id"], "obs": obs, "wall_ms": _int((_monotonic() - start) * 1000)}
         changed = changed_builtins()
