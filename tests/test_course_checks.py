@@ -279,3 +279,11 @@ def test_verdict_builtins_patching_is_undone_and_reported():
     v = checks.verdict_for_source(src, shrink_failures=False)
     assert v.total == 100  # the honest code earns what it earns, the harness is not disturbed
     assert v.status == "tampered" and any("isinstance" in n and "sorted" in n for n in v.notes)
+
+
+@pytest.mark.slow
+def test_verdict_slow_top_level_statement_is_skipped_not_fatal():
+    src = "import time\ntime.sleep(60)\n" + REFERENCE
+    v = checks.verdict_for_source(src, limits=checks.Limits(timeout_s=20, cpu_s=20), shrink_failures=False)
+    assert v.status == "timeout" and v.total == 100
+    assert any("line 2 timed out" in n for n in v.notes)
