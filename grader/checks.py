@@ -961,7 +961,7 @@ def _why_stopped(out) -> str:
     return f"the process exited early (exit code {getattr(out, 'returncode', None)})"
 
 
-def collect_observations(source: str, scenarios: list[dict], limits: Limits, hide, max_runs: int = 40):
+def collect_observations(source: str, scenarios: list[dict], limits: Limits, hide, max_runs: int = 100):
     """Run the harness; if it dies part-way, restart it after the check that killed it.
 
     The scenario being run when the process died (the first one without observations) is marked as
