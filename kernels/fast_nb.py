@@ -113,9 +113,12 @@ from .ordered_nb import (
     treap_insert_nb,
     treap_nodes_nb,
 )
+from .aging_nb import replay_aging_nb
 from .scan_nb import replay_scan_nb
 
 GK_NCOLS = 6
+# Aging intervals above this run on the scan kernel (the aging kernel loops over the residues).
+MAX_FAST_AGING_INTERVAL = 64
 
 
 @njit(cache=True)
@@ -220,6 +223,11 @@ def replay_fast_nb(request_id, arrival_step, prompt_len, max_new_tokens, priorit
         # No request can wait aging_interval steps (a wait never exceeds the steps run), so the
         # effective priority is the business priority all along: exactly fixed_priority.
         policy = POLICY_FIXED_PRIORITY
+    if policy == POLICY_AGING and aging_interval <= MAX_FAST_AGING_INTERVAL:
+        replay_aging_nb(request_id, arrival_step, prompt_len, max_new_tokens, priority, cache_hit,
+                        required_blocks, deadline_step, has_deadline, preemptible, order,
+                        free_kv_blocks, aging_interval, max_steps, events, req_out, summary)
+        return
     if policy == POLICY_AGING:
         replay_scan_nb(request_id, arrival_step, prompt_len, max_new_tokens, priority, cache_hit,
                        required_blocks, deadline_step, has_deadline, preemptible, order,

@@ -1,0 +1,391 @@
+"""The fast kernel for policy aging (called by `fast_nb.replay_fast_nb`; same arguments and outputs).
+
+With ``a = enqueue step + times chosen`` (steps counted as steps that ran), ``rho = a mod K`` and
+``base = priority - (a - rho) / K`` (K = aging_interval), a request's effective priority after S
+steps is ``priority + (S - a) // K = base + (S - rho) // K``.  A request's a, rho and base change
+only when it is chosen, so inside one residue rho every effective priority rises at the same
+steps (when ``S mod K == rho``) and the order by ``(phase, cache, -base, total_len, id)`` is static:
+
+* waiting requests sit in one treap per residue (aggregates: min blocks, max base), admitted ones in
+  another treap per residue whose first row is cached; the real key across residues is compared
+  with the effective priority computed at the current step;
+* victims (admitted, preemptible) are a small array kept sorted by effective priority, with prefix
+  maxima of their blocks: ``M(e)`` = max blocks among victims with effective priority below e;
+* the first runnable waiting request of a residue is a pruned in-order walk: a subtree is skipped
+  when ``min blocks > free + M(max base + shift)``; the answer is cached per residue and re-walked
+  only when it may have moved earlier (free blocks grew, a victim joined, the residue's priorities
+  rose this step, its membership changed); otherwise a cached answer is re-checked in O(log V),
+  since victims' priorities only rise (so runnability only shrinks).
+
+Cost per step: O(K log V + V) for the residues and the victim array (V = admitted preemptible
+requests, bounded by the capacity, not the backlog), O(log n) expected treap work for the chosen
+request, and one pruned walk of the residue whose priorities rose: O(log n) when the bound prunes
+well, but not bounded by it in the worst case (a subtree can pass the bound without a runnable
+row).  The kernel is only used for K <= 64 (`fast_nb` routes larger intervals to the scan kernel).
+"""
+
+import numpy as np
+from numba import njit
+
+from .enums import (
+    ACTION_DECODE_ONE_STEP,
+    ACTION_FINISH,
+    ACTION_PREFILL_TO_DECODE,
+    EV_ACTION,
+    EV_FREE,
+    EV_GENERATED,
+    EV_MISSED,
+    EV_ROW,
+    EV_STEP,
+    EV_VICTIM_ROW,
+    EV_WAIT,
+    NEVER,
+    NO_ROW,
+    PHASE_DECODE,
+    PHASE_PREFILL,
+    RQ_ADMITTED,
+    RQ_ENQUEUED,
+    RQ_FINISH_STEP,
+    RQ_FIRST_STEP,
+    RQ_FIRST_TOKEN_STEP,
+    RQ_GENERATED,
+    RQ_PHASE,
+    RQ_PREEMPTIONS,
+    RQ_STATUS,
+    RQ_WAIT,
+    SM_CLOCK,
+    SM_EVENTS,
+    SM_FREE,
+    SM_STOP,
+    STATUS_FINISHED,
+    STATUS_PREEMPTED,
+    STATUS_RUNNING,
+    STATUS_WAITING,
+    STOP_DRAINED,
+    STOP_MAX_STEPS,
+    STOP_STUCK,
+)
+from .ordered_nb import (
+    ND_BASE,
+    ND_BLOCKS,
+    ND_LEFT,
+    ND_MAXBASE,
+    ND_MINB,
+    ND_RIGHT,
+    key_less_nb,
+    treap_delete_nb,
+    treap_first_nb,
+    treap_insert_nb,
+    treap_nodes_nb,
+)
+
+# Columns of the aging key matrix: residue, phase, cache rank, -base, total_len, request_id.
+AK_RHO = 0
+AK_PHASE = 1
+AK_NEG_BASE = 3
+AK_TOTAL = 4
+
+
+@njit(cache=True)
+def _real_less(gk, a, b, steps, k):
+    """The real sort key of row a before that of b after `steps` steps (any residues)."""
+    if gk[a, 1] != gk[b, 1]:
+        return gk[a, 1] < gk[b, 1]
+    if gk[a, 2] != gk[b, 2]:
+        return gk[a, 2] < gk[b, 2]
+    ea = -gk[a, 3] + (steps - gk[a, 0]) // k
+    eb = -gk[b, 3] + (steps - gk[b, 0]) // k
+    if ea != eb:
+        return ea > eb
+    if gk[a, 4] != gk[b, 4]:
+        return gk[a, 4] < gk[b, 4]
+    return gk[a, 5] < gk[b, 5]
+
+
+@njit(cache=True)
+def _below(e, n_v, v_eff, v_pmax):
+    """Max blocks among victims with effective priority < e (0 if none)."""
+    lo = 0
+    hi = n_v
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if v_eff[mid] < e:
+            lo = mid + 1
+        else:
+            hi = mid
+    return v_pmax[lo - 1] if lo > 0 else 0
+
+
+@njit(cache=True)
+def _first_runnable(root, free, shift, nd, stack, n_v, v_eff, v_pmax):
+    """The first row in treap order with blocks <= free + M(base + shift): a pruned in-order walk."""
+    t = root
+    sp = 0
+    while True:
+        while t >= 0:
+            if nd[t, ND_MINB] > free + _below(nd[t, ND_MAXBASE] + shift, n_v, v_eff, v_pmax):
+                break  # nothing in this subtree can run
+            stack[sp] = t
+            sp += 1
+            t = nd[t, ND_LEFT]
+        if sp == 0:
+            return -1
+        sp -= 1
+        t = stack[sp]
+        if nd[t, ND_BLOCKS] <= free + _below(nd[t, ND_BASE] + shift, n_v, v_eff, v_pmax):
+            return t
+        t = nd[t, ND_RIGHT]
+
+
+@njit(cache=True)
+def _set_aging_key(r, a, k, gk, nd, phase, cache_hit, priority, total_len, request_id):
+    rho = a % k
+    base = priority - (a - rho) // k
+    gk[r, 0] = rho
+    gk[r, 1] = phase
+    gk[r, 2] = 0 if cache_hit else 1
+    gk[r, 3] = -base
+    gk[r, 4] = total_len
+    gk[r, 5] = request_id
+    nd[r, ND_BASE] = base
+    nd[r, ND_MAXBASE] = base
+
+
+@njit(cache=True)
+def replay_aging_nb(request_id, arrival_step, prompt_len, max_new_tokens, priority, cache_hit,
+                    required_blocks, deadline_step, has_deadline, preemptible, order,
+                    free_kv_blocks, aging_interval, max_steps, events, req_out, summary):
+    """Replay one trace under policy aging; arguments and outputs as `replay_scan_nb` (no policy)."""
+    n = request_id.shape[0]
+    k = np.int64(aging_interval)
+    phase = np.zeros(n, np.int64)
+    generated = np.zeros(n, np.int64)
+    chosen_count = np.zeros(n, np.int64)
+    enqueue_steps = np.zeros(n, np.int64)
+    wait_final = np.full(n, -1, np.int64)
+    status = np.zeros(n, np.int64)
+    preemptions = np.zeros(n, np.int64)
+    admitted = np.zeros(n, np.bool_)
+    enqueued = np.zeros(n, np.bool_)
+    first_step = np.full(n, NEVER, np.int64)
+    first_token_step = np.full(n, NEVER, np.int64)
+    finish_step = np.full(n, NEVER, np.int64)
+
+    gk = np.zeros((n, 6), np.int64)
+    nd = treap_nodes_nb(required_blocks)
+    stack = np.empty(n + 64, np.int64)
+    wroot = np.full(k, -1, np.int64)   # waiting, per residue
+    cand = np.full(k, -1, np.int64)    # first runnable waiting row per residue
+    stale = np.ones(k, np.bool_)       # its cand must be searched again
+    aroot = np.full(k, -1, np.int64)   # admitted, per residue
+    afirst = np.full(k, -1, np.int64)  # first admitted row per residue
+    # Victims, sorted by effective priority (insertion sort: the order barely moves per step).
+    v_rows = np.empty(n + 1, np.int64)
+    v_eff = np.empty(n + 1, np.int64)
+    v_pmax = np.empty(n + 1, np.int64)
+    n_v = 0
+
+    pos = 0
+    clock = np.int64(0)
+    free = np.int64(free_kv_blocks)
+    capacity = np.int64(free_kv_blocks)
+    steps = np.int64(0)
+    unfinished = 0
+    max_events = events.shape[0]
+    stop = STOP_DRAINED
+
+    while True:
+        if max_steps >= 0 and steps >= max_steps:
+            stop = STOP_MAX_STEPS
+            break
+        while pos < n and arrival_step[order[pos]] <= clock:
+            r = order[pos]
+            pos += 1
+            enqueued[r] = True
+            enqueue_steps[r] = steps
+            unfinished += 1
+            if required_blocks[r] > capacity:
+                continue  # can never be admitted
+            _set_aging_key(r, steps, k, gk, nd, PHASE_PREFILL, cache_hit[r], priority[r], prompt_len[r],
+                           request_id[r])
+            rho = gk[r, 0]
+            wroot[rho] = treap_insert_nb(wroot[rho], r, stack, gk, nd)
+            stale[rho] = True
+
+        # Victims' effective priorities now, sorted; prefix maxima of their blocks.
+        for i in range(n_v):
+            v = v_rows[i]
+            e = -gk[v, 3] + (steps - gk[v, 0]) // k
+            j = i
+            while j > 0 and v_eff[j - 1] > e:
+                v_eff[j] = v_eff[j - 1]
+                v_rows[j] = v_rows[j - 1]
+                j -= 1
+            v_eff[j] = e
+            v_rows[j] = v
+        best = np.int64(0)
+        for i in range(n_v):
+            b = required_blocks[v_rows[i]]
+            if b > best:
+                best = b
+            v_pmax[i] = best
+
+        best_wait = NO_ROW
+        for rho in range(k):
+            if wroot[rho] < 0:
+                cand[rho] = NO_ROW
+                stale[rho] = False
+                continue
+            shift = (steps - rho) // k
+            c = cand[rho]
+            if stale[rho] or (c != NO_ROW and required_blocks[c] > free + _below(
+                    nd[c, ND_BASE] + shift, n_v, v_eff, v_pmax)):
+                c = _first_runnable(wroot[rho], free, shift, nd, stack, n_v, v_eff, v_pmax)
+                cand[rho] = c
+                stale[rho] = False
+            if c != NO_ROW and (best_wait == NO_ROW or _real_less(gk, c, best_wait, steps, k)):
+                best_wait = c
+        chosen = best_wait
+        for rho in range(k):
+            c = afirst[rho]
+            if c != NO_ROW and (chosen == NO_ROW or _real_less(gk, c, chosen, steps, k)):
+                chosen = c
+
+        if chosen == NO_ROW:
+            if pos < n:
+                clock = arrival_step[order[pos]]  # idle gap: jump, nobody waits
+                continue
+            stop = STOP_DRAINED if unfinished == 0 else STOP_STUCK
+            break
+
+        victim = NO_ROW
+        was_admitted = admitted[chosen]
+        rho_old = gk[chosen, 0]
+        if was_admitted:
+            aroot[rho_old] = treap_delete_nb(aroot[rho_old], chosen, stack, gk, nd)
+            afirst[rho_old] = treap_first_nb(aroot[rho_old], nd)
+        else:
+            need = required_blocks[chosen]
+            if need > free:
+                e_c = -gk[chosen, 3] + (steps - rho_old) // k
+                best_e = np.int64(0)
+                # The seed's victim: lowest effective priority, then most blocks, then smallest id,
+                # among victims below the challenger that free enough blocks.
+                for i in range(n_v):
+                    if v_eff[i] >= e_c:
+                        break
+                    v = v_rows[i]
+                    if free + required_blocks[v] < need:
+                        continue
+                    if victim == NO_ROW:
+                        victim = v
+                        best_e = v_eff[i]
+                    elif v_eff[i] == best_e and (required_blocks[v] > required_blocks[victim] or (
+                            required_blocks[v] == required_blocks[victim] and request_id[v] < request_id[victim])):
+                        victim = v
+                if victim == NO_ROW:
+                    raise AssertionError("aging kernel: the chosen request has no victim")
+                admitted[victim] = False
+                status[victim] = STATUS_PREEMPTED
+                preemptions[victim] += 1
+                free += required_blocks[victim]
+                rv = gk[victim, 0]
+                aroot[rv] = treap_delete_nb(aroot[rv], victim, stack, gk, nd)
+                afirst[rv] = treap_first_nb(aroot[rv], nd)
+                wroot[rv] = treap_insert_nb(wroot[rv], victim, stack, gk, nd)
+                for i in range(n_v):
+                    if v_rows[i] == victim:
+                        for j in range(i, n_v - 1):
+                            v_rows[j] = v_rows[j + 1]
+                            v_eff[j] = v_eff[j + 1]
+                        n_v -= 1
+                        break
+                stale[:] = True  # free blocks grew by the victim's blocks
+            wroot[rho_old] = treap_delete_nb(wroot[rho_old], chosen, stack, gk, nd)
+            stale[rho_old] = True
+            free -= need
+            admitted[chosen] = True
+            if preemptible[chosen]:
+                v_rows[n_v] = chosen
+                v_eff[n_v] = -gk[chosen, 3] + (steps - rho_old) // k
+                n_v += 1
+                stale[:] = True  # a new victim: more may run
+        status[chosen] = STATUS_RUNNING
+        chosen_count[chosen] += 1
+
+        action = ACTION_DECODE_ONE_STEP
+        if phase[chosen] == PHASE_PREFILL:
+            phase[chosen] = PHASE_DECODE
+            action = ACTION_PREFILL_TO_DECODE
+            first_step[chosen] = clock
+        else:
+            generated[chosen] += 1
+            if generated[chosen] == 1:
+                first_token_step[chosen] = clock
+            if generated[chosen] >= max_new_tokens[chosen]:
+                action = ACTION_FINISH
+
+        if action == ACTION_FINISH:
+            free += required_blocks[chosen]
+            admitted[chosen] = False
+            status[chosen] = STATUS_FINISHED
+            finish_step[chosen] = clock
+            unfinished -= 1
+            wait_final[chosen] = steps + 1 - enqueue_steps[chosen] - chosen_count[chosen]
+            if preemptible[chosen]:
+                for i in range(n_v):
+                    if v_rows[i] == chosen:
+                        for j in range(i, n_v - 1):
+                            v_rows[j] = v_rows[j + 1]
+                            v_eff[j] = v_eff[j + 1]
+                        n_v -= 1
+                        break
+            stale[:] = True
+        else:
+            a = enqueue_steps[chosen] + chosen_count[chosen]
+            _set_aging_key(chosen, a, k, gk, nd, PHASE_DECODE, cache_hit[chosen], priority[chosen],
+                           prompt_len[chosen] + generated[chosen], request_id[chosen])
+            rho = gk[chosen, 0]
+            aroot[rho] = treap_insert_nb(aroot[rho], chosen, stack, gk, nd)
+            if afirst[rho] == NO_ROW or key_less_nb(gk, chosen, afirst[rho]):
+                afirst[rho] = chosen
+
+        missed = 0
+        if has_deadline[chosen]:
+            remaining = max_new_tokens[chosen] - generated[chosen]
+            if clock + 1 + remaining > deadline_step[chosen]:
+                missed = 1
+        if steps < max_events:
+            events[steps, EV_STEP] = clock
+            events[steps, EV_ROW] = chosen
+            events[steps, EV_ACTION] = action
+            events[steps, EV_GENERATED] = generated[chosen]
+            events[steps, EV_WAIT] = steps + 1 - enqueue_steps[chosen] - chosen_count[chosen]
+            events[steps, EV_FREE] = free
+            events[steps, EV_VICTIM_ROW] = victim
+            events[steps, EV_MISSED] = missed
+        clock += 1
+        steps += 1
+        stale[steps % k] = True  # this residue's priorities just rose: more of it may run
+
+    for r in range(n):
+        out = req_out[r]
+        out[RQ_ENQUEUED] = 1 if enqueued[r] else 0
+        out[RQ_PHASE] = phase[r]
+        out[RQ_STATUS] = status[r] if enqueued[r] else STATUS_WAITING
+        out[RQ_GENERATED] = generated[r]
+        if not enqueued[r]:
+            out[RQ_WAIT] = 0
+        elif wait_final[r] >= 0:
+            out[RQ_WAIT] = wait_final[r]
+        else:
+            out[RQ_WAIT] = steps - enqueue_steps[r] - chosen_count[r]
+        out[RQ_PREEMPTIONS] = preemptions[r]
+        out[RQ_ADMITTED] = 1 if admitted[r] else 0
+        out[RQ_FIRST_STEP] = first_step[r]
+        out[RQ_FIRST_TOKEN_STEP] = first_token_step[r]
+        out[RQ_FINISH_STEP] = finish_step[r]
+    summary[SM_EVENTS] = steps
+    summary[SM_CLOCK] = clock
+    summary[SM_FREE] = free
+    summary[SM_STOP] = stop
