@@ -83,6 +83,7 @@ def main() -> int:
     ap.add_argument("--timeout", type=float, default=60)
     ap.add_argument("--plain-timeout", type=float, default=900)
     ap.add_argument("--skip-plain", action="store_true", help="time only decodesched grade")
+    ap.add_argument("--table", action="store_true", help="print each submission's status and score, ours and plain")
     args = ap.parse_args()
     root = Path(tempfile.mkdtemp(prefix="grade-throughput-"))
     try:
@@ -127,6 +128,20 @@ def main() -> int:
         print(f"plain nbgrader autograde: {n} submissions in {plain_s:.1f} s = {n / plain_s * 60:.1f} per minute "
               f"(one process, exit {rc})")
         print(f"load average at the end: {os.getloadavg()}")
+        exp = subprocess.run([sys.executable, "-m", "nbgrader", "export", f"--to={root / 'plain.csv'}"], cwd=plain,
+                             capture_output=True, text=True, env=_env())
+        if args.table and exp.returncode == 0:
+            import csv
+
+            with open(root / "plain.csv", newline="") as fh:
+                plain_rows = {r["student_id"]: r for r in csv.DictReader(fh)}
+            with open(root / "out" / "grades.csv", newline="") as fh:
+                ours_rows = {r["student_id"]: r for r in csv.DictReader(fh)}
+            print(f"{'submission':26} {'status':9} {'score':>6}   plain nbgrader score")
+            for sid in sorted(ours_rows):
+                r = ours_rows[sid]
+                p = plain_rows.get(sid, {}).get("raw_score", "-")
+                print(f"{sid:26} {r['status']:9} {float(r['score']):6.2f}   {p}")
         left = _kill_matching(str(root))
         if left:
             print(f"plain nbgrader left {left} process(es) running (killed now)")
