@@ -7,12 +7,11 @@
    at step 0, few fit): measured as (events of a long run - events of a short run) / (time difference),
    so the setup of inserting the backlog is not counted; the ratio to the 1k rate is printed.
 3. The full Azure 2023 conversation trace (19,366 requests) at offered loads 0.8, 1.0 and 1.5, per
-   policy, warm (compiled, loaded from cache), with the event log: the whole `simulate` call.  Aging
-   still runs on the scan kernel, so by default only at load 0.8 (`--aging-loads`).
+   policy, warm (compiled, loaded from cache), with the event log: the whole `simulate` call.
 
 Usage (takes a few minutes on 2 cores; ``--quick`` skips the 1M backlog)::
 
-    python benchmarks/bench_scale.py [--kv-blocks 4000] [--model-steps 40] [--quick] [--aging-loads 0.8 1.0]
+    python benchmarks/bench_scale.py [--kv-blocks 4000] [--model-steps 40] [--quick]
 """
 
 from __future__ import annotations
@@ -146,7 +145,7 @@ def section_waiting(sizes, policies, window: int) -> None:
         print(f"{policy:<15}" + "".join(f"{r:>14,.0f}" for r in rates) + f"{rates[-1] / rates[0]:>12.2f}")
 
 
-def section_azure(loads, capacity: int, aging_loads) -> None:
+def section_azure(loads, capacity: int) -> None:
     raw = read_azure(bundled_trace_path())
     print(f"\n== 3. Azure 2023 conversation trace ({len(raw):,} requests), {capacity} KV blocks, fast engine, "
           f"warm, whole simulate() call with the event log ==")
@@ -154,10 +153,6 @@ def section_azure(loads, capacity: int, aging_loads) -> None:
     for load in loads:
         trace = to_trace(raw, load=load, seed=0)
         for policy in POLICIES:
-            if policy == "aging" and load not in aging_loads:
-                print(f"{load:>5} {policy:<15}  skipped: aging still runs on the scan kernel (minutes here); "
-                      f"--aging-loads {load} runs it")
-                continue
             t = time.perf_counter()
             result = decodesched.simulate(trace, policy, capacity, 4, engine="fast")
             dt = time.perf_counter() - t
@@ -172,14 +167,12 @@ def main() -> None:
     parser.add_argument("--backlog-kv-blocks", type=int, default=40, help="capacity for the 3,000 trace")
     parser.add_argument("--model-steps", type=int, default=40)
     parser.add_argument("--quick", action="store_true", help="skip the 1M backlog")
-    parser.add_argument("--aging-loads", type=float, nargs="*", default=[0.8],
-                        help="Azure loads at which to run aging (on the scan kernel: slow under load)")
     args = parser.parse_args()
     warm_up()
     section_backlog_3000(args.backlog_kv_blocks, args.model_steps)
     sizes = [1_000, 10_000, 100_000] + ([] if args.quick else [1_000_000])
-    section_waiting(sizes, ["fixed_priority", "fcfs", "deadline"], 10_000_000)
-    section_azure([0.8, 1.0, 1.5], args.kv_blocks, args.aging_loads)
+    section_waiting(sizes, list(POLICIES), 10_000_000)
+    section_azure([0.8, 1.0, 1.5], args.kv_blocks)
 
 
 if __name__ == "__main__":

@@ -86,7 +86,7 @@ AK_NEG_BASE = 3
 AK_TOTAL = 4
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _real_less(gk, a, b, steps, k):
     """The real sort key of row a before that of b after `steps` steps (any residues)."""
     if gk[a, 1] != gk[b, 1]:
@@ -102,7 +102,7 @@ def _real_less(gk, a, b, steps, k):
     return gk[a, 5] < gk[b, 5]
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _below(e, n_v, v_eff, v_pmax):
     """Max blocks among victims with effective priority < e (0 if none)."""
     lo = 0
@@ -116,7 +116,7 @@ def _below(e, n_v, v_eff, v_pmax):
     return v_pmax[lo - 1] if lo > 0 else 0
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _first_runnable(root, free, shift, nd, stack, n_v, v_eff, v_pmax):
     """The first row in treap order with blocks <= free + M(base + shift): a pruned in-order walk."""
     t = root
@@ -137,7 +137,7 @@ def _first_runnable(root, free, shift, nd, stack, n_v, v_eff, v_pmax):
         t = nd[t, ND_RIGHT]
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _set_aging_key(r, a, k, gk, nd, phase, cache_hit, priority, total_len, request_id):
     rho = a % k
     base = priority - (a - rho) // k

@@ -41,19 +41,16 @@ but a trace where every request has its own priority degrades to O(n) per admiss
 Under deadline, while the clock is less than 1_000_000_000 below the latest deadline (a real slack
 may still reach the sentinel), every step also re-compares the G * P cached answers.
 
-Constant factors matter as much: a Numba call that passes a dozen arrays costs about 100 ns (it
-reference-counts every array), more than a whole decode step, so the per-step path updates keys
-in place and calls only small helpers.  Memory: about 25 int64 per request.
+Constant factors matter as much: a Numba helper with branches or loops reference-counts every
+array it receives on entry and exit (atomic operations: ~100 ns for a dozen arrays, more than a
+whole decode step).  So the per-step path updates keys in place, and every helper that allocates
+nothing is compiled with ``_nrt=False`` (no reference counting; a private but long-standing Numba
+option).  Memory: about 30 int64 per request.
 
-**Policy aging is not fast yet**: `replay_fast_nb` runs it on the scan kernel (exact, O(backlog) per
-step), except when ``aging_interval`` exceeds the trace's total work steps, where no wait can reach
-it and the replay is exactly fixed_priority's.  Notes for a fast aging path (not built): with
-``a = enqueue step + times chosen`` and ``u = priority * K - a`` (K = aging_interval), the effective
-priority at S steps run is ``floor((S + u) / K)``, and u changes only when the request is chosen.
-So victims can be kept in a structure keyed by u (``eff_v < eff_c`` is ``u_v < u_c - (S + u_c) mod K``;
-max blocks below that is a prefix query), and requests sharing ``a mod K`` keep their relative
-order.  The hard part is the cache: every step one residue's priorities (victims' included) rise,
-so "no waiting request is runnable" must be re-proved cheaply at every step.
+**Policy aging** runs in `aging_nb.replay_aging_nb` (one group per residue of ``(enqueue step +
+times chosen) mod aging_interval``; see there) for ``aging_interval <= 64``, on the scan kernel
+above that (the aging kernel loops over the residues every step), and as fixed_priority when
+``aging_interval`` exceeds the trace's total work steps (no wait can reach it).
 """
 
 import numpy as np
@@ -121,7 +118,7 @@ GK_NCOLS = 6
 MAX_FAST_AGING_INTERVAL = 64
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _set_key(r, policy, gk, phase, generated, enqueue_clock, request_id, prompt_len, max_new_tokens, priority,
              cache_hit, deadline_step, has_deadline):
     """Write row r's group key: its sort key with the parts shared by its whole group left out."""
@@ -147,7 +144,7 @@ def _set_key(r, policy, gk, phase, generated, enqueue_clock, request_id, prompt_
     gk[r, 5] = request_id[r]
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _akey_less(a, b, gk, deadline_policy, has_deadline, clock):
     """The real sort key of a before that of b at `clock` (rows of any groups)."""
     if deadline_policy:
@@ -164,7 +161,7 @@ def _akey_less(a, b, gk, deadline_policy, has_deadline, clock):
 
 # A max segment tree over priority classes: leaf i = largest blocks among class i's victims (0: none).
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _seg_set(seg, size, i, value):
     i += size
     seg[i] = value
@@ -176,7 +173,7 @@ def _seg_set(seg, size, i, value):
         i >>= 1
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _seg_prefix_max(seg, size, j):
     """max of leaves [0, j)."""
     res = np.int64(0)
@@ -196,7 +193,7 @@ def _seg_prefix_max(seg, size, j):
     return res
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _seg_first_ge(seg, size, need):
     """The first leaf with value >= need, or -1."""
     if seg[1] < need:

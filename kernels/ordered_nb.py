@@ -17,7 +17,7 @@ import numpy as np
 from numba import njit
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def key_less_nb(gk, a, b):
     """gk[a] < gk[b], lexicographically."""
     for k in range(gk.shape[1]):
@@ -60,7 +60,7 @@ def treap_nodes_nb(blocks):
     return nd
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _pull(t, nd):
     m = nd[t, ND_BLOCKS]
     b = nd[t, ND_BASE]
@@ -80,7 +80,7 @@ def _pull(t, nd):
     nd[t, ND_MAXBASE] = b
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _attach(parent, right_side, child, root, nd):
     """Hang `child` under `parent` (or make it the root); return the root."""
     if parent < 0:
@@ -92,13 +92,13 @@ def _attach(parent, right_side, child, root, nd):
     return root
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _pull_path(stack, lo, hi, nd):
     for i in range(hi - 1, lo - 1, -1):
         _pull(stack[i], nd)
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _split(t, x, base, stack, kk, nd):
     """Split treap t into (keys < kk[x], keys >= kk[x]), iteratively; return both roots."""
     lroot = -1
@@ -131,7 +131,7 @@ def _split(t, x, base, stack, kk, nd):
     return lroot, rroot
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _merge(a, b, base, stack, nd):
     """Merge two treaps, every key of a before every key of b, iteratively; return the root."""
     if a < 0:
@@ -166,7 +166,7 @@ def _merge(a, b, base, stack, nd):
     return root
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def treap_insert_nb(t, x, stack, kk, nd):
     """Insert row x into treap t (ordered by the rows of kk); return the new root.
     `stack`: scratch of length >= the depth."""
@@ -190,7 +190,7 @@ def treap_insert_nb(t, x, stack, kk, nd):
     return root
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def treap_delete_nb(t, x, stack, kk, nd):
     """Remove row x (which must be in treap t); return the new root."""
     root = t
@@ -211,7 +211,7 @@ def treap_delete_nb(t, x, stack, kk, nd):
     return root
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def treap_first_fit_nb(t, limit, nd):
     """The first row in key order with blocks <= limit, or -1 (a pruned left-first descent)."""
     if t < 0 or nd[t, ND_MINB] > limit:
@@ -226,7 +226,7 @@ def treap_first_fit_nb(t, limit, nd):
             t = nd[t, ND_RIGHT]
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def treap_first_nb(t, nd):
     """The first row in key order, or -1."""
     if t < 0:
@@ -239,7 +239,7 @@ def treap_first_nb(t, nd):
 # Binary min-heaps over rows, one per slot of a 2-D array ``heap[h]`` with sizes ``hsize[h]`` and
 # the position of every row in its heap in ``pos`` (rows are in at most one heap at a time).
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def heap_sift_up_nb(heap, hsize, pos, h, i, gk):
     x = heap[h, i]
     while i > 0:
@@ -254,7 +254,7 @@ def heap_sift_up_nb(heap, hsize, pos, h, i, gk):
     pos[x] = i
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def heap_sift_down_nb(heap, hsize, pos, h, i, gk):
     n = hsize[h]
     x = heap[h, i]
@@ -274,7 +274,7 @@ def heap_sift_down_nb(heap, hsize, pos, h, i, gk):
     pos[x] = i
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def heap_push_nb(heap, hsize, pos, h, x, gk):
     i = hsize[h]
     hsize[h] = i + 1
@@ -283,7 +283,7 @@ def heap_push_nb(heap, hsize, pos, h, x, gk):
     heap_sift_up_nb(heap, hsize, pos, h, i, gk)
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def heap_remove_nb(heap, hsize, pos, h, x, gk):
     i = pos[x]
     last = hsize[h] - 1
