@@ -10,12 +10,15 @@ blocks per thread whatever ``set_parallel_chunksize`` says (measured), so a plai
 caller assigns scenarios to ``n_lanes`` lanes (usually one per thread, balanced by estimated cost)
 and the kernel runs ``prange(n_lanes)``, each lane walking its own scenario list.
 
-Numba's cache does not notice edits to a called kernel in another file (`scan_nb`, `fast_nb`):
-after editing those during development, delete ``kernels/__pycache__/batch_nb.*`` (installed
-releases are not affected: every file gets a new stamp).
+Caching: Numba's cache key covers only the cached function's own file, so an edit to a kernel it
+calls (`scan_nb`, `fast_nb`, `ordered_nb`, `enums`) would leave a stale batch kernel in the cache.
+The batch kernels therefore close over ``SOURCE_STAMP``, a hash of those files: Numba puts closure
+values into its cache key, so any edit there compiles the batch kernels afresh.
 """
 
-import numpy as np
+import hashlib
+from pathlib import Path
+
 from numba import njit, prange
 
 from .scan_nb import replay_scan_nb
@@ -28,49 +31,69 @@ except ImportError:  # pragma: no cover - only while fast_nb does not exist
     HAVE_FAST = False
 
 
-@njit(parallel=True, cache=True)
-def replay_batch_scan_nb(request_id, arrival_step, prompt_len, max_new_tokens, priority, cache_hit,
-                         required_blocks, deadline_step, has_deadline, preemptible, order, trace_start,
-                         sc_trace, sc_policy, sc_capacity, sc_interval, sc_max_steps,
-                         lane_start, lane_scenarios, req_start, event_start,
-                         events, req_out, summary):
-    """Run scenarios in parallel, each with the scan kernel (`scan_nb.replay_scan_nb`).
-
-    Traces, concatenated (T traces, N rows in all): the 11 trace arrays of `replay_scan_nb`, each
-    of length N, where ``order`` holds row indices *local to each trace*; ``trace_start`` int64
-    (T + 1,): trace t is rows ``trace_start[t]:trace_start[t + 1]``.
-
-    Scenarios (S of them), int64 (S,) each: ``sc_trace`` (trace index), ``sc_policy`` (POLICY_*),
-    ``sc_capacity`` (free_kv_blocks), ``sc_interval`` (aging_interval > 0), ``sc_max_steps`` (-1 for
-    no limit).
-
-    Work split: ``lane_start`` int64 (L + 1,), ``lane_scenarios`` int64 (M,): lane l runs scenarios
-    ``lane_scenarios[lane_start[l]:lane_start[l + 1]]`` in that order (M <= S: a call may run a
-    subset, e.g. one chunk of a progress bar).  Lanes run in parallel.
-
-    Outputs (preallocated): ``req_start`` int64 (S + 1,) and ``req_out`` int64 (R, RQ_NCOLS):
-    scenario s writes rows ``req_start[s]:req_start[s + 1]`` (its trace's length);
-    ``event_start`` int64 (S + 1,) and ``events`` int64 (E, EV_NCOLS): scenario s logs into rows
-    ``event_start[s]:event_start[s + 1]`` (an empty range keeps no log); ``summary`` int64
-    (S, SM_NCOLS).
-    """
-    n_lanes = lane_start.shape[0] - 1
-    for lane in prange(n_lanes):
-        for k in range(lane_start[lane], lane_start[lane + 1]):
-            s = lane_scenarios[k]
-            t = sc_trace[s]
-            a = trace_start[t]
-            b = trace_start[t + 1]
-            replay_scan_nb(request_id[a:b], arrival_step[a:b], prompt_len[a:b], max_new_tokens[a:b],
-                           priority[a:b], cache_hit[a:b], required_blocks[a:b], deadline_step[a:b],
-                           has_deadline[a:b], preemptible[a:b], order[a:b],
-                           sc_policy[s], sc_capacity[s], sc_interval[s], sc_max_steps[s],
-                           events[event_start[s]:event_start[s + 1]], req_out[req_start[s]:req_start[s + 1]],
-                           summary[s])
+def source_stamp() -> int:
+    """A hash (int, >= 0) of every kernel source the batch kernels may call: ``kernels/*.py``
+    except this file and the CUDA one."""
+    h = hashlib.sha256()
+    try:
+        for path in sorted(Path(__file__).parent.glob("*.py")):
+            if path.name not in ("batch_nb.py", "cuda_nb.py"):
+                h.update(path.name.encode() + b"\0" + path.read_bytes())
+    except OSError:  # pragma: no cover - sources not readable (e.g. a zip import): no stamp
+        return 0
+    return int.from_bytes(h.digest()[:7], "little")
 
 
+SOURCE_STAMP = source_stamp()
 
-if HAVE_FAST:
+
+def _make_batch_kernels(stamp):
+    """The two batch kernels, closing over `stamp` (see the module docstring)."""
+
+    @njit(parallel=True, cache=True)
+    def replay_batch_scan_nb(request_id, arrival_step, prompt_len, max_new_tokens, priority, cache_hit,
+                             required_blocks, deadline_step, has_deadline, preemptible, order, trace_start,
+                             sc_trace, sc_policy, sc_capacity, sc_interval, sc_max_steps,
+                             lane_start, lane_scenarios, req_start, event_start,
+                             events, req_out, summary):
+        """Run scenarios in parallel, each with the scan kernel (`scan_nb.replay_scan_nb`).
+
+        Traces, concatenated (T traces, N rows in all): the 11 trace arrays of `replay_scan_nb`,
+        each of length N, where ``order`` holds row indices *local to each trace*; ``trace_start``
+        int64 (T + 1,): trace t is rows ``trace_start[t]:trace_start[t + 1]``.
+
+        Scenarios (S of them), int64 (S,) each: ``sc_trace`` (trace index), ``sc_policy``
+        (POLICY_*), ``sc_capacity`` (free_kv_blocks), ``sc_interval`` (aging_interval > 0),
+        ``sc_max_steps`` (-1 for no limit).
+
+        Work split: ``lane_start`` int64 (L + 1,), ``lane_scenarios`` int64 (M,): lane l runs
+        scenarios ``lane_scenarios[lane_start[l]:lane_start[l + 1]]`` in that order (M <= S: a call
+        may run a subset, e.g. one chunk of a progress bar).  Lanes run in parallel.
+
+        Outputs (preallocated): ``req_start`` int64 (S + 1,) and ``req_out`` int64 (R, RQ_NCOLS):
+        scenario s writes rows ``req_start[s]:req_start[s + 1]`` (its trace's length);
+        ``event_start`` int64 (S + 1,) and ``events`` int64 (E, EV_NCOLS): scenario s logs into
+        rows ``event_start[s]:event_start[s + 1]`` (an empty range keeps no log); ``summary`` int64
+        (S, SM_NCOLS).
+        """
+        if stamp < 0:  # never true; the closure ties the cache entry to the callees' sources
+            return
+        n_lanes = lane_start.shape[0] - 1
+        for lane in prange(n_lanes):
+            for k in range(lane_start[lane], lane_start[lane + 1]):
+                s = lane_scenarios[k]
+                t = sc_trace[s]
+                a = trace_start[t]
+                b = trace_start[t + 1]
+                replay_scan_nb(request_id[a:b], arrival_step[a:b], prompt_len[a:b], max_new_tokens[a:b],
+                               priority[a:b], cache_hit[a:b], required_blocks[a:b], deadline_step[a:b],
+                               has_deadline[a:b], preemptible[a:b], order[a:b],
+                               sc_policy[s], sc_capacity[s], sc_interval[s], sc_max_steps[s],
+                               events[event_start[s]:event_start[s + 1]], req_out[req_start[s]:req_start[s + 1]],
+                               summary[s])
+
+    if not HAVE_FAST:  # pragma: no cover - only while fast_nb does not exist
+        return replay_batch_scan_nb, replay_batch_scan_nb
 
     @njit(parallel=True, cache=True)
     def replay_batch_nb(request_id, arrival_step, prompt_len, max_new_tokens, priority, cache_hit,
@@ -79,6 +102,8 @@ if HAVE_FAST:
                         lane_start, lane_scenarios, req_start, event_start,
                         events, req_out, summary):
         """`replay_batch_scan_nb` with the fast kernel (`fast_nb.replay_fast_nb`); the same arrays."""
+        if stamp < 0:  # never true; the closure ties the cache entry to the callees' sources
+            return
         n_lanes = lane_start.shape[0] - 1
         for lane in prange(n_lanes):
             for k in range(lane_start[lane], lane_start[lane + 1]):
@@ -93,5 +118,8 @@ if HAVE_FAST:
                                events[event_start[s]:event_start[s + 1]], req_out[req_start[s]:req_start[s + 1]],
                                summary[s])
 
-else:  # pragma: no cover - only while fast_nb does not exist
-    replay_batch_nb = replay_batch_scan_nb
+    return replay_batch_scan_nb, replay_batch_nb
+
+
+# replay_batch_nb: the fast kernel per scenario (the scan kernel while fast_nb does not exist).
+replay_batch_scan_nb, replay_batch_nb = _make_batch_kernels(SOURCE_STAMP)
