@@ -124,29 +124,40 @@ FIRST_RESULT = textwrap.dedent(
 )
 
 
-def timed_process(argv, env) -> tuple[float, str]:
-    start = time.perf_counter()
-    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
-    wall = time.perf_counter() - start
+def timed_process(argv, env) -> tuple[float, str, float]:
+    """(wall seconds, stdout, cores other processes kept busy) of a child process."""
+    out = {}
+
+    def run():
+        out["proc"] = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
+
+    busy0 = _cpu_busy_seconds()
+    child0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    wall, _ = timed(run)
+    busy1 = _cpu_busy_seconds()
+    child1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    child = (child1.ru_utime + child1.ru_stime) - (child0.ru_utime + child0.ru_stime)
+    others = float("nan") if busy0 is None else max((busy1 - busy0) - child, 0.0) / wall
+    proc = out["proc"]
     if proc.returncode != 0:
         raise SystemExit(f"{argv} failed:\n{proc.stderr}")
-    return wall, proc.stdout
+    return wall, proc.stdout, others
 
 
 def cold_section() -> None:
     print("\n== cold start (empty NUMBA_CACHE_DIR) vs warm start (cache filled); times in s ==")
     with tempfile.TemporaryDirectory(prefix="numba-cache-") as cache:
         env = dict(os.environ, NUMBA_CACHE_DIR=cache)
-        print(f"  {'':34s} {'import':>8s} {'first result':>13s} {'process wall':>13s}")
+        print(f"  {'':34s} {'import':>8s} {'first result':>13s} {'process wall':>13s} {'others busy':>12s}")
         for label in ("cold: import -> first sweep result", "warm: import -> first sweep result"):
-            wall, out = timed_process([sys.executable, "-c", FIRST_RESULT], env)
+            wall, out, others = timed_process([sys.executable, "-c", FIRST_RESULT], env)
             imp, first = (float(x) for x in out.split())
-            print(f"  {label:34s} {imp:8.2f} {first:13.2f} {wall:13.2f}")
+            print(f"  {label:34s} {imp:8.2f} {first:13.2f} {wall:13.2f} {others:9.2f} cores")
     with tempfile.TemporaryDirectory(prefix="numba-cache-") as cache:
         env = dict(os.environ, NUMBA_CACHE_DIR=cache)
         for label in ("cold: decodesched warmup", "warm: decodesched warmup"):
-            wall, out = timed_process([sys.executable, "-m", "decodesched.cli", "warmup"], env)
-            print(f"  {label:34s} {'':8s} {'':13s} {wall:13.2f}")
+            wall, out, others = timed_process([sys.executable, "-m", "decodesched.cli", "warmup"], env)
+            print(f"  {label:34s} {'':8s} {'':13s} {wall:13.2f} {others:9.2f} cores")
             print(textwrap.indent(out.rstrip(), "      "))
 
 
