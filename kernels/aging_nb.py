@@ -71,6 +71,7 @@ from .ordered_nb import (
     ND_LEFT,
     ND_MAXBASE,
     ND_MINB,
+    ND_MINBASE,
     ND_RIGHT,
     key_less_nb,
     treap_delete_nb,
@@ -78,6 +79,10 @@ from .ordered_nb import (
     treap_insert_nb,
     treap_nodes_nb,
 )
+
+STALE_NONE = 0
+STALE_SHIFT = 1
+STALE_FULL = 2
 
 # Columns of the aging key matrix: residue, phase, cache rank, -base, total_len, request_id.
 AK_RHO = 0
@@ -149,6 +154,7 @@ def _set_aging_key(r, a, k, gk, nd, phase, cache_hit, priority, total_len, reque
     gk[r, 5] = request_id
     nd[r, ND_BASE] = base
     nd[r, ND_MAXBASE] = base
+    nd[r, ND_MINBASE] = base
 
 
 @njit(cache=True)
@@ -176,7 +182,14 @@ def replay_aging_nb(request_id, arrival_step, prompt_len, max_new_tokens, priori
     stack = np.empty(n + 64, np.int64)
     wroot = np.full(k, -1, np.int64)   # waiting, per residue
     cand = np.full(k, -1, np.int64)    # first runnable waiting row per residue
-    stale = np.ones(k, np.bool_)       # its cand must be searched again
+    wfirst = np.full(k, -1, np.int64)  # first waiting row per residue
+    # Why a residue's cand may be out of date: STALE_NONE, STALE_SHIFT (only its priorities rose by
+    # one) or STALE_FULL (membership, free blocks or the victim set changed).
+    stale = np.full(k, STALE_FULL, np.int64)
+    # The threshold its cand was found with when it was one number for the whole residue (the
+    # victims' staircase flat over the residue's priorities), else -1: a shift that leaves that
+    # number as it was cannot change the answer.
+    flat_limit = np.full(k, -1, np.int64)
     aroot = np.full(k, -1, np.int64)   # admitted, per residue
     afirst = np.full(k, -1, np.int64)  # first admitted row per residue
     # Victims, sorted by effective priority (insertion sort: the order barely moves per step).
@@ -210,7 +223,9 @@ def replay_aging_nb(request_id, arrival_step, prompt_len, max_new_tokens, priori
                            request_id[r])
             rho = gk[r, 0]
             wroot[rho] = treap_insert_nb(wroot[rho], r, stack, gk, nd)
-            stale[rho] = True
+            if wfirst[rho] == NO_ROW or key_less_nb(gk, r, wfirst[rho]):
+                wfirst[rho] = r
+            stale[rho] = STALE_FULL
 
         # Victims' effective priorities now, sorted; prefix maxima of their blocks.
         for i in range(n_v):
@@ -232,17 +247,34 @@ def replay_aging_nb(request_id, arrival_step, prompt_len, max_new_tokens, priori
 
         best_wait = NO_ROW
         for rho in range(k):
-            if wroot[rho] < 0:
+            root = wroot[rho]
+            if root < 0:
                 cand[rho] = NO_ROW
-                stale[rho] = False
+                stale[rho] = STALE_NONE
                 continue
             shift = (steps - rho) // k
             c = cand[rho]
-            if stale[rho] or (c != NO_ROW and required_blocks[c] > free + _below(
-                    nd[c, ND_BASE] + shift, n_v, v_eff, v_pmax)):
-                c = _first_runnable(wroot[rho], free, shift, nd, stack, n_v, v_eff, v_pmax)
+            walk = stale[rho] == STALE_FULL
+            if stale[rho] == STALE_SHIFT:
+                # The residue's priorities rose with its victims', so only rows before a cand that
+                # still runs (free blocks may have shrunk) could now come first.
+                walk = c == NO_ROW or c != wfirst[rho] or required_blocks[c] > free + _below(
+                    nd[c, ND_BASE] + shift, n_v, v_eff, v_pmax)
+                if walk and flat_limit[rho] >= 0:
+                    lo = _below(nd[root, ND_MINBASE] + shift, n_v, v_eff, v_pmax)
+                    if lo == _below(nd[root, ND_MAXBASE] + shift, n_v, v_eff, v_pmax) and free + lo == flat_limit[rho]:
+                        walk = False
+            elif stale[rho] == STALE_NONE and c != NO_ROW:
+                walk = required_blocks[c] > free + _below(nd[c, ND_BASE] + shift, n_v, v_eff, v_pmax)
+                if walk:
+                    flat_limit[rho] = -1
+            if walk:
+                c = _first_runnable(root, free, shift, nd, stack, n_v, v_eff, v_pmax)
                 cand[rho] = c
-                stale[rho] = False
+                lo = _below(nd[root, ND_MINBASE] + shift, n_v, v_eff, v_pmax)
+                flat = lo == _below(nd[root, ND_MAXBASE] + shift, n_v, v_eff, v_pmax)
+                flat_limit[rho] = free + lo if flat else -1
+            stale[rho] = STALE_NONE
             if c != NO_ROW and (best_wait == NO_ROW or _real_less(gk, c, best_wait, steps, k)):
                 best_wait = c
         chosen = best_wait
@@ -293,6 +325,8 @@ def replay_aging_nb(request_id, arrival_step, prompt_len, max_new_tokens, priori
                 aroot[rv] = treap_delete_nb(aroot[rv], victim, stack, gk, nd)
                 afirst[rv] = treap_first_nb(aroot[rv], nd)
                 wroot[rv] = treap_insert_nb(wroot[rv], victim, stack, gk, nd)
+                if wfirst[rv] == NO_ROW or key_less_nb(gk, victim, wfirst[rv]):
+                    wfirst[rv] = victim
                 for i in range(n_v):
                     if v_rows[i] == victim:
                         for j in range(i, n_v - 1):
@@ -300,16 +334,18 @@ def replay_aging_nb(request_id, arrival_step, prompt_len, max_new_tokens, priori
                             v_eff[j] = v_eff[j + 1]
                         n_v -= 1
                         break
-                stale[:] = True  # free blocks grew by the victim's blocks
+                stale[:] = STALE_FULL  # free blocks grew by the victim's blocks
             wroot[rho_old] = treap_delete_nb(wroot[rho_old], chosen, stack, gk, nd)
-            stale[rho_old] = True
+            if wfirst[rho_old] == chosen:
+                wfirst[rho_old] = treap_first_nb(wroot[rho_old], nd)
+            stale[rho_old] = STALE_FULL
             free -= need
             admitted[chosen] = True
             if preemptible[chosen]:
                 v_rows[n_v] = chosen
                 v_eff[n_v] = -gk[chosen, 3] + (steps - rho_old) // k
                 n_v += 1
-                stale[:] = True  # a new victim: more may run
+                stale[:] = STALE_FULL  # a new victim: more may run
         status[chosen] = STATUS_RUNNING
         chosen_count[chosen] += 1
 
@@ -340,7 +376,7 @@ def replay_aging_nb(request_id, arrival_step, prompt_len, max_new_tokens, priori
                             v_eff[j] = v_eff[j + 1]
                         n_v -= 1
                         break
-            stale[:] = True
+            stale[:] = STALE_FULL
         else:
             a = enqueue_steps[chosen] + chosen_count[chosen]
             _set_aging_key(chosen, a, k, gk, nd, PHASE_DECODE, cache_hit[chosen], priority[chosen],
@@ -366,7 +402,8 @@ def replay_aging_nb(request_id, arrival_step, prompt_len, max_new_tokens, priori
             events[steps, EV_MISSED] = missed
         clock += 1
         steps += 1
-        stale[steps % k] = True  # this residue's priorities just rose: more of it may run
+        if stale[steps % k] == STALE_NONE:  # this residue's priorities just rose: more of it may run
+            stale[steps % k] = STALE_SHIFT
 
     for r in range(n):
         out = req_out[r]

@@ -2,7 +2,7 @@
 
 Nodes are trace rows; a row is in at most one treap and at most one heap at a time, so all treaps
 share one node matrix ``nd`` (children, the aggregates ``minimum required_blocks`` and ``maximum
-base priority`` of the subtree, the row's blocks, base and heap priority: one cache line per row),
+and minimum base priority`` of the subtree, the row's blocks, base and heap priority: one cache line per row),
 and every treap is just a root index (-1 when empty).  Order is lexicographic on the rows
 of an int64 key matrix ``gk`` (one row per trace row); a structure only ever holds rows whose keys
 keep their relative order while they are in it (the fast kernel's groups guarantee this), so keys
@@ -36,7 +36,8 @@ ND_BLOCKS = 3  # the row's own required_blocks
 ND_PRIO = 4    # the node's heap priority
 ND_BASE = 5    # a static part of the row's priority (aging), 0 elsewhere
 ND_MAXBASE = 6  # max ND_BASE in the subtree
-ND_NCOLS = 8   # padded to 64 bytes
+ND_MINBASE = 7  # min ND_BASE in the subtree
+ND_NCOLS = 8   # 64 bytes
 
 
 @njit(cache=True)
@@ -56,7 +57,7 @@ def treap_nodes_nb(blocks):
         nd[i, ND_PRIO] = np.int64(z >> np.uint64(1))
         nd[i, ND_BASE] = 0
         nd[i, ND_MAXBASE] = 0
-        nd[i, 7] = 0
+        nd[i, ND_MINBASE] = 0
     return nd
 
 
@@ -64,20 +65,26 @@ def treap_nodes_nb(blocks):
 def _pull(t, nd):
     m = nd[t, ND_BLOCKS]
     b = nd[t, ND_BASE]
+    lb = b
     c = nd[t, ND_LEFT]
     if c >= 0:
         if nd[c, ND_MINB] < m:
             m = nd[c, ND_MINB]
         if nd[c, ND_MAXBASE] > b:
             b = nd[c, ND_MAXBASE]
+        if nd[c, ND_MINBASE] < lb:
+            lb = nd[c, ND_MINBASE]
     c = nd[t, ND_RIGHT]
     if c >= 0:
         if nd[c, ND_MINB] < m:
             m = nd[c, ND_MINB]
         if nd[c, ND_MAXBASE] > b:
             b = nd[c, ND_MAXBASE]
+        if nd[c, ND_MINBASE] < lb:
+            lb = nd[c, ND_MINBASE]
     nd[t, ND_MINB] = m
     nd[t, ND_MAXBASE] = b
+    nd[t, ND_MINBASE] = lb
 
 
 @njit(cache=True, _nrt=False)
