@@ -30,6 +30,7 @@ CLONE_NEWNS = 0x00020000
 MS_RDONLY = 1
 MS_NOSUID = 2
 MS_NODEV = 4
+MS_NOEXEC = 8
 MS_BIND = 4096
 MS_REC = 16384
 MS_PRIVATE = 1 << 18
@@ -85,17 +86,30 @@ def _kill_tree(me):
     return killed
 
 
-def _hide(paths):
-    libc = _libc()  # unshare even when nothing is hidden: _expose mounts must stay private
+def _unshare():
+    libc = _libc()
     if libc.unshare(CLONE_NEWNS) != 0:
         raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWNS) failed")
     if libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None) != 0:
         raise OSError(ctypes.get_errno(), "mount --make-rprivate / failed")
+
+
+def _hide(paths, kinds):
+    """Cover each hidden folder with an empty, *writable* trap tmpfs; hidden files with /dev/null.
+
+    The folder's real content is invisible. Anything the command writes lands in the trap, where
+    `_trap_contents` finds it afterwards: evidence of a write to a protected place.
+    """
+    libc = _libc()
+    traps = []
     for path in paths:
         bpath = os.fsencode(path)
-        if os.path.isdir(path):
-            rc = libc.mount(b"tmpfs", bpath, b"tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV, b"size=4k,mode=0555")
-        elif os.path.exists(path):
+        if kinds.get(path) == "dir":
+            os.makedirs(path, mode=0o755, exist_ok=True)  # it may be gone under a private /tmp
+            rc = libc.mount(b"tmpfs", bpath, b"tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, b"size=1m,nr_inodes=256,mode=1777")
+            if rc == 0:
+                traps.append(path)
+        elif kinds.get(path) == "file" and os.path.exists(path):
             rc = libc.mount(b"/dev/null", bpath, None, MS_BIND, None)
             if rc == 0:
                 libc.mount(b"none", bpath, None, MS_BIND | 32 | MS_RDONLY, None)  # 32 = MS_REMOUNT
@@ -103,6 +117,18 @@ def _hide(paths):
             continue
         if rc != 0:
             raise OSError(ctypes.get_errno(), f"could not hide {path}")
+    return traps
+
+
+def _trap_contents(traps, limit=20):
+    found = []
+    for trap in traps:
+        for dirpath, dirnames, filenames in os.walk(trap):
+            for name in sorted(dirnames + filenames):
+                found.append(os.path.join(dirpath, name))
+                if len(found) >= limit:
+                    return found
+    return found
 
 
 def _expose(paths):
@@ -176,9 +202,13 @@ def main():
     os.set_inheritable(status_fd, False)
     me = os.getpid()
 
+    traps = []
     if spec.get("uid") is not None:  # root: private mount namespace
-        _hide(spec.get("hide", []))
+        hide = spec.get("hide", [])
+        kinds = {p: ("dir" if os.path.isdir(p) else "file" if os.path.exists(p) else None) for p in hide}
+        _unshare()
         _private_tmp(spec.get("private_tmp", []), [spec["cwd"]] + spec.get("expose", []))
+        traps = _hide(hide, kinds)
         _expose(spec.get("expose", []))
     _libc().prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
 
@@ -228,7 +258,8 @@ def main():
     else:
         returncode = os.WEXITSTATUS(status)
     leftovers = _kill_tree(me)
-    report = json.dumps({"returncode": returncode, "signal": sig, "cpu_s": cpu_s, "leftovers": leftovers})
+    report = json.dumps({"returncode": returncode, "signal": sig, "cpu_s": cpu_s, "leftovers": leftovers,
+                         "protected_writes": _trap_contents(traps)})
     try:
         os.write(status_fd, report.encode() + b"\n")
     except OSError:

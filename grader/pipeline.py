@@ -28,7 +28,9 @@ For every submission, in parallel (``jobs`` worker threads, each driving sandbox
              address-space limit).
    tampered  evidence of cheating: results of the wrong type (objects that fake ``==``), locked or
              test cells altered (compared with the release notebook and nbgrader's checksums), the
-             gradebook copy written by the student's code (manual scores, extra credit), a canary cell
+             gradebook copy written by the student's code (manual scores, extra credit), files written
+             into protected folders (the hidden output, submissions, course or repository folders are
+             writable traps in the kernel's private mount namespace, as root), a canary cell
              whose failing ``assert`` passed or whose output was forged (assert-dropping input/AST
              transformers, patched ``builtins``), the verdict child reporting replaced builtins or
              forged output, or plain signs in the student's code cells (assigning to ``builtins``,
@@ -511,6 +513,8 @@ def kernel_run(sub: Submission, nb: dict, template: Path, workroot: Path, option
         err = out.stderr.decode("utf-8", "replace")
         why = "the kernel died" if ("DeadKernel" in err or "Kernel died" in err) else "nbgrader autograde failed"
         rep.notes.append(f"kernel: {why} (exit {out.returncode}, signal {out.signal})")
+    if out.protected_writes:
+        rep.tampered.append("wrote into protected folders: " + ", ".join(out.protected_writes[:3]))
     if out.leftovers_killed:
         rep.notes.append(f"kernel: {out.leftovers_killed} leftover process(es) killed after the run")
     graded_nb = course / "autograded" / sub.student_id / spec.ASSIGNMENT / spec.NOTEBOOK

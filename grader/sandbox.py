@@ -24,9 +24,11 @@ Extra isolation when the grader runs as root (as in CI and on the grading machin
   range no real account uses), so it cannot write root-owned files (the instructor's gradebook,
   the output folder, the course, the repository), cannot read other runs' 0700 temp folders, and
   cannot signal the grader; ``cwd`` is handed to that uid for the run and back afterwards;
-* the command runs in a **private mount namespace** in which every path of ``hide`` is covered by
-  an empty read-only tmpfs (the source notebook, the grader package, the submissions folder, the
-  output folder), so it cannot even read them, and ``/tmp``, ``/var/tmp`` and ``/dev/shm`` are
+* the command runs in a **private mount namespace** in which every folder of ``hide`` is covered by
+  an empty tmpfs (the source notebook, the grader package, the submissions folder, the output
+  folder), so it cannot even read them. The cover is a writable trap: whatever the command writes
+  there never reaches the real folder and is listed in ``Outcome.protected_writes`` (evidence of
+  tampering). And ``/tmp``, ``/var/tmp`` and ``/dev/shm`` are
   fresh private tmpfs (only its own ``cwd`` is bound back), so it sees nothing that other runs,
   students or programs left there and cannot pass anything to them.
 
@@ -75,6 +77,7 @@ class Outcome:
     cpu_exceeded: bool = False
     output_truncated: bool = False
     leftovers_killed: int = 0  # processes still alive after the command ended (killed by us)
+    protected_writes: list = field(default_factory=list)  # files it created in hidden folders (root only)
     notes: list = field(default_factory=list)
 
     @property
@@ -421,6 +424,7 @@ def run_isolated(
             cpu_exceeded=cpu_exceeded,
             output_truncated=out_t.total > max_output_bytes or err_t.total > max_output_bytes,
             leftovers_killed=int(report.get("leftovers", 0)) + killed,
+            protected_writes=[str(p) for p in report.get("protected_writes", [])][:20],
             notes=notes,
         )
     finally:

@@ -124,6 +124,7 @@ def test_root_isolation_private_uid_hidden_paths_and_no_writes(tmp_path):
         "except OSError as e:\n"
         "    print('denied')\n"
         "open('mine.txt', 'w').write('ok'); print('own folder ok')\n"
+        f"open({str(secret_dir / 'planted.txt')!r}, 'w').write('x'); print(os.listdir({str(secret_dir)!r}))\n"
         "try:\n"
         "    os.kill(1, 9); print('killed init?')\n"
         "except OSError:\n"
@@ -132,7 +133,10 @@ def test_root_isolation_private_uid_hidden_paths_and_no_writes(tmp_path):
     (work / "x.py").write_text(code)
     out = sandbox.run_isolated([sys.executable, "-I", "-S", "x.py"], cwd=work, timeout_s=10, cpu_s=5,
                                memory_mb=400, hide=[secret_dir])
-    assert out.stdout.decode().split("\n")[:5] == ["True True", "False", "denied", "own folder ok", "no signal"]
+    assert out.stdout.decode().split("\n")[:6] == ["True True", "False", "denied", "own folder ok",
+                                                     "['planted.txt']", "no signal"]
     assert not (protected / "pwned").exists()
+    assert not (secret_dir / "planted.txt").exists()  # it landed in the trap, which lists it
+    assert out.protected_writes == [str(secret_dir / "planted.txt")]
     assert (secret_dir / "hidden.txt").read_text() == "hidden tests"
     assert (work / "mine.txt").stat().st_uid == 0  # handed back to the grader after the run
