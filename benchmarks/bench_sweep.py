@@ -9,7 +9,7 @@
    then a first small `simulate_batch` result (compiling the kernels).  Warm start: the same in a
    new process with that cache now filled.  Also ``decodesched warmup`` cold and warm.
 
-    python benchmarks/bench_sweep.py [--requests 160] [--load 1.0] [--engine fast|scan] [--repeats 3]
+    python benchmarks/bench_sweep.py [--requests 500] [--load 1.0] [--engine fast|scan] [--repeats 3]
                                      [--skip-threads] [--skip-cold]
 
 Thread scaling only means something on a quiet machine: each run prints how many cores other
@@ -163,7 +163,7 @@ def cold_section() -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--requests", type=int, default=160, help="Azure prefix length (default %(default)s)")
+    ap.add_argument("--requests", type=int, default=500, help="Azure prefix length (default %(default)s)")
     ap.add_argument("--load", type=float, default=1.0, help="offered load of the converted trace (default 1.0)")
     ap.add_argument("--engine", choices=("fast", "scan"), default="fast", help="kernel per scenario (default fast)")
     ap.add_argument("--repeats", type=int, default=3, help="timed runs per thread count (default 3)")
