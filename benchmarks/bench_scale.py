@@ -148,14 +148,16 @@ def section_waiting(sizes, policies, window: int) -> None:
 def section_azure(loads, capacity: int) -> None:
     raw = read_azure(bundled_trace_path())
     print(f"\n== 3. Azure 2023 conversation trace ({len(raw):,} requests), {capacity} KV blocks, fast engine, "
-          f"warm, whole simulate() call with the event log ==")
+          f"warm, whole simulate() call with the event log, best of 2 ==")
     print(f"{'load':>5} {'policy':<15}{'events':>11}{'seconds':>9}{'ev/s':>13}{'max wait':>10}{'preempt.':>10}")
     for load in loads:
         trace = to_trace(raw, load=load, seed=0)
         for policy in POLICIES:
-            t = time.perf_counter()
-            result = decodesched.simulate(trace, policy, capacity, 4, engine="fast")
-            dt = time.perf_counter() - t
+            dt = float("inf")
+            for _ in range(2):  # best of two: the first run also pays for fresh memory
+                t = time.perf_counter()
+                result = decodesched.simulate(trace, policy, capacity, 4, engine="fast")
+                dt = min(dt, time.perf_counter() - t)
             state = result.request_state
             print(f"{load:>5} {policy:<15}{result.n_events:>11,}{dt:>9.3f}{result.n_events / dt:>13,.0f}"
                   f"{int(state[:, E.RQ_WAIT].max()):>10,}{int(state[:, E.RQ_PREEMPTIONS].sum()):>10,}")

@@ -1,8 +1,9 @@
 """The fast kernel equals the model event for event, and the scan kernel on long overloaded traces.
 
 * thousands of small random traces (tests/oracle.py) against the pure-Python model, every policy;
-* long backlogged random traces (tight capacity, preemptions, far deadlines) against the scan kernel,
-  array for array (events, final request state, summary);
+* long backlogged random traces (tight capacity, preemptions, far deadlines, aging intervals up to
+  the 64 the aging kernel handles) against the scan kernel, array for array (events, final request
+  state, summary);
 * a prefix of the real Azure 2023 conversation trace at offered load 1.5;
 * the ordered structures (treap with min-blocks aggregate, heap) against sorted Python lists.
 """
@@ -57,7 +58,7 @@ def assert_same_as_scan(trace, policy, capacity, interval=4, max_steps=-1):
 
 @pytest.mark.parametrize("policy", POLICIES)
 def test_matches_model_on_small_random_traces(policy):
-    @settings(max_examples=900 if policy != "aging" else 400, **SETTINGS)
+    @settings(max_examples=1000, **SETTINGS)
     @given(rows=traces(), cfg=configs)
     def check(rows, cfg):
         _, capacity, interval, max_steps = cfg
@@ -84,6 +85,14 @@ def test_equals_scan_on_overloaded_traces(policy, seed, n, capacity):
     assert summary[E.SM_EVENTS] > n  # it ran the backlog, not a stub
     if policy != "fcfs":
         assert req_out[:, E.RQ_PREEMPTIONS].sum() > 0  # the traces do exercise preemption
+
+
+@pytest.mark.parametrize("interval", [1, 7, 64])
+def test_aging_equals_scan_with_many_residues(interval):
+    """Aging keeps one structure per residue of (enqueue step + times chosen) mod interval."""
+    trace = backlog_trace(800, seed=9, priorities=5, max_blocks=10, non_preemptible_fraction=0.3)
+    _, req_out, _ = assert_same_as_scan(trace, "aging", 25, interval=interval)
+    assert req_out[:, E.RQ_PREEMPTIONS].sum() > 0
 
 
 def test_equals_scan_with_far_deadlines_and_oversized_requests():
