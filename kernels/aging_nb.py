@@ -24,6 +24,9 @@ well, but not bounded by it in the worst case (a subtree can pass the bound with
 row).  The kernel is only used for K <= 64 (`fast_nb` routes larger intervals to the scan kernel).
 """
 
+import hashlib
+from pathlib import Path
+
 import numpy as np
 from numba import njit
 
@@ -79,6 +82,21 @@ from .ordered_nb import (
     treap_insert_nb,
     treap_nodes_nb,
 )
+
+def source_stamp(*names) -> int:
+    """A hash (int, >= 0) of the named kernel sources: Numba's cache key covers only a cached
+    function's own file, so functions that call kernels in other files close over this value (Numba
+    puts closure values into its cache key) and an edit of any of them compiles them afresh."""
+    h = hashlib.sha256()
+    try:
+        for name in names:
+            h.update(name.encode() + b"\0" + (Path(__file__).parent / name).read_bytes())
+    except OSError:  # pragma: no cover - sources not readable (e.g. a zip import): no stamp
+        return 0
+    return int.from_bytes(h.digest()[:7], "little")
+
+
+SOURCE_STAMP = source_stamp("enums.py", "ordered_nb.py")
 
 STALE_NONE = 0
 STALE_SHIFT = 1
@@ -157,272 +175,282 @@ def _set_aging_key(r, a, k, gk, nd, phase, cache_hit, priority, total_len, reque
     nd[r, ND_MINBASE] = base
 
 
-@njit(cache=True)
-def replay_aging_nb(request_id, arrival_step, prompt_len, max_new_tokens, priority, cache_hit,
-                    required_blocks, deadline_step, has_deadline, preemptible, order,
-                    free_kv_blocks, aging_interval, max_steps, events, req_out, summary):
-    """Replay one trace under policy aging; arguments and outputs as `replay_scan_nb` (no policy)."""
-    n = request_id.shape[0]
-    k = np.int64(aging_interval)
-    phase = np.zeros(n, np.int64)
-    generated = np.zeros(n, np.int64)
-    chosen_count = np.zeros(n, np.int64)
-    enqueue_steps = np.zeros(n, np.int64)
-    wait_final = np.full(n, -1, np.int64)
-    status = np.zeros(n, np.int64)
-    preemptions = np.zeros(n, np.int64)
-    admitted = np.zeros(n, np.bool_)
-    enqueued = np.zeros(n, np.bool_)
-    first_step = np.full(n, NEVER, np.int64)
-    first_token_step = np.full(n, NEVER, np.int64)
-    finish_step = np.full(n, NEVER, np.int64)
+def _make_replay_aging(stamp):
+    """`replay_aging_nb`, closing over `stamp` so that an edit of a kernel it calls compiles it afresh."""
 
-    gk = np.zeros((n, 6), np.int64)
-    nd = treap_nodes_nb(required_blocks)
-    stack = np.empty(n + 64, np.int64)
-    wroot = np.full(k, -1, np.int64)   # waiting, per residue
-    cand = np.full(k, -1, np.int64)    # first runnable waiting row per residue
-    wfirst = np.full(k, -1, np.int64)  # first waiting row per residue
-    # Why a residue's cand may be out of date: STALE_NONE, STALE_SHIFT (only its priorities rose by
-    # one) or STALE_FULL (membership, free blocks or the victim set changed).
-    stale = np.full(k, STALE_FULL, np.int64)
-    # The threshold its cand was found with when it was one number for the whole residue (the
-    # victims' staircase flat over the residue's priorities), else -1: a shift that leaves that
-    # number as it was cannot change the answer.
-    flat_limit = np.full(k, -1, np.int64)
-    aroot = np.full(k, -1, np.int64)   # admitted, per residue
-    afirst = np.full(k, -1, np.int64)  # first admitted row per residue
-    # Victims, sorted by effective priority (insertion sort: the order barely moves per step).
-    v_rows = np.empty(n + 1, np.int64)
-    v_eff = np.empty(n + 1, np.int64)
-    v_pmax = np.empty(n + 1, np.int64)
-    n_v = 0
+    @njit(cache=True)
+    def replay_aging_nb(request_id, arrival_step, prompt_len, max_new_tokens, priority, cache_hit,
+                        required_blocks, deadline_step, has_deadline, preemptible, order,
+                        free_kv_blocks, aging_interval, max_steps, events, req_out, summary):
+        """Replay one trace under policy aging; arguments and outputs as `replay_scan_nb` (no policy)."""
+        if stamp < 0:  # never: the stamp only keys the Numba cache (see `source_stamp`)
+            return
+        n = request_id.shape[0]
+        k = np.int64(aging_interval)
+        phase = np.zeros(n, np.int64)
+        generated = np.zeros(n, np.int64)
+        chosen_count = np.zeros(n, np.int64)
+        enqueue_steps = np.zeros(n, np.int64)
+        wait_final = np.full(n, -1, np.int64)
+        status = np.zeros(n, np.int64)
+        preemptions = np.zeros(n, np.int64)
+        admitted = np.zeros(n, np.bool_)
+        enqueued = np.zeros(n, np.bool_)
+        first_step = np.full(n, NEVER, np.int64)
+        first_token_step = np.full(n, NEVER, np.int64)
+        finish_step = np.full(n, NEVER, np.int64)
 
-    pos = 0
-    clock = np.int64(0)
-    free = np.int64(free_kv_blocks)
-    capacity = np.int64(free_kv_blocks)
-    steps = np.int64(0)
-    unfinished = 0
-    max_events = events.shape[0]
-    stop = STOP_DRAINED
+        gk = np.zeros((n, 6), np.int64)
+        nd = treap_nodes_nb(required_blocks)
+        stack = np.empty(n + 64, np.int64)
+        wroot = np.full(k, -1, np.int64)   # waiting, per residue
+        cand = np.full(k, -1, np.int64)    # first runnable waiting row per residue
+        wfirst = np.full(k, -1, np.int64)  # first waiting row per residue
+        # Why a residue's cand may be out of date: STALE_NONE, STALE_SHIFT (only its priorities rose by
+        # one) or STALE_FULL (membership, free blocks or the victim set changed).
+        stale = np.full(k, STALE_FULL, np.int64)
+        # The threshold its cand was found with when it was one number for the whole residue (the
+        # victims' staircase flat over the residue's priorities), else -1: a shift that leaves that
+        # number as it was cannot change the answer.
+        flat_limit = np.full(k, -1, np.int64)
+        aroot = np.full(k, -1, np.int64)   # admitted, per residue
+        afirst = np.full(k, -1, np.int64)  # first admitted row per residue
+        # Victims, sorted by effective priority (insertion sort: the order barely moves per step).
+        v_rows = np.empty(n + 1, np.int64)
+        v_eff = np.empty(n + 1, np.int64)
+        v_pmax = np.empty(n + 1, np.int64)
+        n_v = 0
 
-    while True:
-        if max_steps >= 0 and steps >= max_steps:
-            stop = STOP_MAX_STEPS
-            break
-        while pos < n and arrival_step[order[pos]] <= clock:
-            r = order[pos]
-            pos += 1
-            enqueued[r] = True
-            enqueue_steps[r] = steps
-            unfinished += 1
-            if required_blocks[r] > capacity:
-                continue  # can never be admitted
-            _set_aging_key(r, steps, k, gk, nd, PHASE_PREFILL, cache_hit[r], priority[r], prompt_len[r],
-                           request_id[r])
-            rho = gk[r, 0]
-            wroot[rho] = treap_insert_nb(wroot[rho], r, stack, gk, nd)
-            if wfirst[rho] == NO_ROW or key_less_nb(gk, r, wfirst[rho]):
-                wfirst[rho] = r
-            stale[rho] = STALE_FULL
+        pos = 0
+        clock = np.int64(0)
+        free = np.int64(free_kv_blocks)
+        capacity = np.int64(free_kv_blocks)
+        steps = np.int64(0)
+        unfinished = 0
+        max_events = events.shape[0]
+        stop = STOP_DRAINED
 
-        # Victims' effective priorities now, sorted; prefix maxima of their blocks.
-        for i in range(n_v):
-            v = v_rows[i]
-            e = -gk[v, 3] + (steps - gk[v, 0]) // k
-            j = i
-            while j > 0 and v_eff[j - 1] > e:
-                v_eff[j] = v_eff[j - 1]
-                v_rows[j] = v_rows[j - 1]
-                j -= 1
-            v_eff[j] = e
-            v_rows[j] = v
-        best = np.int64(0)
-        for i in range(n_v):
-            b = required_blocks[v_rows[i]]
-            if b > best:
-                best = b
-            v_pmax[i] = best
+        while True:
+            if max_steps >= 0 and steps >= max_steps:
+                stop = STOP_MAX_STEPS
+                break
+            while pos < n and arrival_step[order[pos]] <= clock:
+                r = order[pos]
+                pos += 1
+                enqueued[r] = True
+                enqueue_steps[r] = steps
+                unfinished += 1
+                if required_blocks[r] > capacity:
+                    continue  # can never be admitted
+                _set_aging_key(r, steps, k, gk, nd, PHASE_PREFILL, cache_hit[r], priority[r], prompt_len[r],
+                               request_id[r])
+                rho = gk[r, 0]
+                wroot[rho] = treap_insert_nb(wroot[rho], r, stack, gk, nd)
+                if wfirst[rho] == NO_ROW or key_less_nb(gk, r, wfirst[rho]):
+                    wfirst[rho] = r
+                stale[rho] = STALE_FULL
 
-        best_wait = NO_ROW
-        for rho in range(k):
-            root = wroot[rho]
-            if root < 0:
-                cand[rho] = NO_ROW
-                stale[rho] = STALE_NONE
-                continue
-            shift = (steps - rho) // k
-            c = cand[rho]
-            walk = stale[rho] == STALE_FULL
-            if stale[rho] == STALE_SHIFT:
-                # The residue's priorities rose with its victims', so only rows before a cand that
-                # still runs (free blocks may have shrunk) could now come first.
-                walk = c == NO_ROW or c != wfirst[rho] or required_blocks[c] > free + _below(
-                    nd[c, ND_BASE] + shift, n_v, v_eff, v_pmax)
-                if walk and flat_limit[rho] >= 0:
-                    lo = _below(nd[root, ND_MINBASE] + shift, n_v, v_eff, v_pmax)
-                    if lo == _below(nd[root, ND_MAXBASE] + shift, n_v, v_eff, v_pmax) and free + lo == flat_limit[rho]:
-                        walk = False
-            elif stale[rho] == STALE_NONE and c != NO_ROW:
-                walk = required_blocks[c] > free + _below(nd[c, ND_BASE] + shift, n_v, v_eff, v_pmax)
+            # Victims' effective priorities now, sorted; prefix maxima of their blocks.
+            for i in range(n_v):
+                v = v_rows[i]
+                e = -gk[v, 3] + (steps - gk[v, 0]) // k
+                j = i
+                while j > 0 and v_eff[j - 1] > e:
+                    v_eff[j] = v_eff[j - 1]
+                    v_rows[j] = v_rows[j - 1]
+                    j -= 1
+                v_eff[j] = e
+                v_rows[j] = v
+            best = np.int64(0)
+            for i in range(n_v):
+                b = required_blocks[v_rows[i]]
+                if b > best:
+                    best = b
+                v_pmax[i] = best
+
+            best_wait = NO_ROW
+            for rho in range(k):
+                root = wroot[rho]
+                if root < 0:
+                    cand[rho] = NO_ROW
+                    stale[rho] = STALE_NONE
+                    continue
+                shift = (steps - rho) // k
+                c = cand[rho]
+                walk = stale[rho] == STALE_FULL
+                if stale[rho] == STALE_SHIFT:
+                    # The residue's priorities rose with its victims', so only rows before a cand that
+                    # still runs (free blocks may have shrunk) could now come first.
+                    walk = c == NO_ROW or c != wfirst[rho] or required_blocks[c] > free + _below(
+                        nd[c, ND_BASE] + shift, n_v, v_eff, v_pmax)
+                    if walk and flat_limit[rho] >= 0:
+                        lo = _below(nd[root, ND_MINBASE] + shift, n_v, v_eff, v_pmax)
+                        if lo == _below(nd[root, ND_MAXBASE] + shift, n_v, v_eff, v_pmax) and free + lo == flat_limit[rho]:
+                            walk = False
+                elif stale[rho] == STALE_NONE and c != NO_ROW:
+                    walk = required_blocks[c] > free + _below(nd[c, ND_BASE] + shift, n_v, v_eff, v_pmax)
+                    if walk:
+                        flat_limit[rho] = -1
                 if walk:
-                    flat_limit[rho] = -1
-            if walk:
-                c = _first_runnable(root, free, shift, nd, stack, n_v, v_eff, v_pmax)
-                cand[rho] = c
-                lo = _below(nd[root, ND_MINBASE] + shift, n_v, v_eff, v_pmax)
-                flat = lo == _below(nd[root, ND_MAXBASE] + shift, n_v, v_eff, v_pmax)
-                flat_limit[rho] = free + lo if flat else -1
-            stale[rho] = STALE_NONE
-            if c != NO_ROW and (best_wait == NO_ROW or _real_less(gk, c, best_wait, steps, k)):
-                best_wait = c
-        chosen = best_wait
-        for rho in range(k):
-            c = afirst[rho]
-            if c != NO_ROW and (chosen == NO_ROW or _real_less(gk, c, chosen, steps, k)):
-                chosen = c
+                    c = _first_runnable(root, free, shift, nd, stack, n_v, v_eff, v_pmax)
+                    cand[rho] = c
+                    lo = _below(nd[root, ND_MINBASE] + shift, n_v, v_eff, v_pmax)
+                    flat = lo == _below(nd[root, ND_MAXBASE] + shift, n_v, v_eff, v_pmax)
+                    flat_limit[rho] = free + lo if flat else -1
+                stale[rho] = STALE_NONE
+                if c != NO_ROW and (best_wait == NO_ROW or _real_less(gk, c, best_wait, steps, k)):
+                    best_wait = c
+            chosen = best_wait
+            for rho in range(k):
+                c = afirst[rho]
+                if c != NO_ROW and (chosen == NO_ROW or _real_less(gk, c, chosen, steps, k)):
+                    chosen = c
 
-        if chosen == NO_ROW:
-            if pos < n:
-                clock = arrival_step[order[pos]]  # idle gap: jump, nobody waits
-                continue
-            stop = STOP_DRAINED if unfinished == 0 else STOP_STUCK
-            break
+            if chosen == NO_ROW:
+                if pos < n:
+                    clock = arrival_step[order[pos]]  # idle gap: jump, nobody waits
+                    continue
+                stop = STOP_DRAINED if unfinished == 0 else STOP_STUCK
+                break
 
-        victim = NO_ROW
-        was_admitted = admitted[chosen]
-        rho_old = gk[chosen, 0]
-        if was_admitted:
-            aroot[rho_old] = treap_delete_nb(aroot[rho_old], chosen, stack, gk, nd)
-            afirst[rho_old] = treap_first_nb(aroot[rho_old], nd)
-        else:
-            need = required_blocks[chosen]
-            if need > free:
-                e_c = -gk[chosen, 3] + (steps - rho_old) // k
-                best_e = np.int64(0)
-                # The seed's victim: lowest effective priority, then most blocks, then smallest id,
-                # among victims below the challenger that free enough blocks.
-                for i in range(n_v):
-                    if v_eff[i] >= e_c:
-                        break
-                    v = v_rows[i]
-                    if free + required_blocks[v] < need:
-                        continue
+            victim = NO_ROW
+            was_admitted = admitted[chosen]
+            rho_old = gk[chosen, 0]
+            if was_admitted:
+                aroot[rho_old] = treap_delete_nb(aroot[rho_old], chosen, stack, gk, nd)
+                afirst[rho_old] = treap_first_nb(aroot[rho_old], nd)
+            else:
+                need = required_blocks[chosen]
+                if need > free:
+                    e_c = -gk[chosen, 3] + (steps - rho_old) // k
+                    best_e = np.int64(0)
+                    # The seed's victim: lowest effective priority, then most blocks, then smallest id,
+                    # among victims below the challenger that free enough blocks.
+                    for i in range(n_v):
+                        if v_eff[i] >= e_c:
+                            break
+                        v = v_rows[i]
+                        if free + required_blocks[v] < need:
+                            continue
+                        if victim == NO_ROW:
+                            victim = v
+                            best_e = v_eff[i]
+                        elif v_eff[i] == best_e and (required_blocks[v] > required_blocks[victim] or (
+                                required_blocks[v] == required_blocks[victim] and request_id[v] < request_id[victim])):
+                            victim = v
                     if victim == NO_ROW:
-                        victim = v
-                        best_e = v_eff[i]
-                    elif v_eff[i] == best_e and (required_blocks[v] > required_blocks[victim] or (
-                            required_blocks[v] == required_blocks[victim] and request_id[v] < request_id[victim])):
-                        victim = v
-                if victim == NO_ROW:
-                    raise AssertionError("aging kernel: the chosen request has no victim")
-                admitted[victim] = False
-                status[victim] = STATUS_PREEMPTED
-                preemptions[victim] += 1
-                free += required_blocks[victim]
-                rv = gk[victim, 0]
-                aroot[rv] = treap_delete_nb(aroot[rv], victim, stack, gk, nd)
-                afirst[rv] = treap_first_nb(aroot[rv], nd)
-                wroot[rv] = treap_insert_nb(wroot[rv], victim, stack, gk, nd)
-                if wfirst[rv] == NO_ROW or key_less_nb(gk, victim, wfirst[rv]):
-                    wfirst[rv] = victim
-                for i in range(n_v):
-                    if v_rows[i] == victim:
-                        for j in range(i, n_v - 1):
-                            v_rows[j] = v_rows[j + 1]
-                            v_eff[j] = v_eff[j + 1]
-                        n_v -= 1
-                        break
-                stale[:] = STALE_FULL  # free blocks grew by the victim's blocks
-            wroot[rho_old] = treap_delete_nb(wroot[rho_old], chosen, stack, gk, nd)
-            if wfirst[rho_old] == chosen:
-                wfirst[rho_old] = treap_first_nb(wroot[rho_old], nd)
-            stale[rho_old] = STALE_FULL
-            free -= need
-            admitted[chosen] = True
-            if preemptible[chosen]:
-                v_rows[n_v] = chosen
-                v_eff[n_v] = -gk[chosen, 3] + (steps - rho_old) // k
-                n_v += 1
-                stale[:] = STALE_FULL  # a new victim: more may run
-        status[chosen] = STATUS_RUNNING
-        chosen_count[chosen] += 1
+                        raise AssertionError("aging kernel: the chosen request has no victim")
+                    admitted[victim] = False
+                    status[victim] = STATUS_PREEMPTED
+                    preemptions[victim] += 1
+                    free += required_blocks[victim]
+                    rv = gk[victim, 0]
+                    aroot[rv] = treap_delete_nb(aroot[rv], victim, stack, gk, nd)
+                    afirst[rv] = treap_first_nb(aroot[rv], nd)
+                    wroot[rv] = treap_insert_nb(wroot[rv], victim, stack, gk, nd)
+                    if wfirst[rv] == NO_ROW or key_less_nb(gk, victim, wfirst[rv]):
+                        wfirst[rv] = victim
+                    for i in range(n_v):
+                        if v_rows[i] == victim:
+                            for j in range(i, n_v - 1):
+                                v_rows[j] = v_rows[j + 1]
+                                v_eff[j] = v_eff[j + 1]
+                            n_v -= 1
+                            break
+                    stale[:] = STALE_FULL  # free blocks grew by the victim's blocks
+                wroot[rho_old] = treap_delete_nb(wroot[rho_old], chosen, stack, gk, nd)
+                if wfirst[rho_old] == chosen:
+                    wfirst[rho_old] = treap_first_nb(wroot[rho_old], nd)
+                stale[rho_old] = STALE_FULL
+                free -= need
+                admitted[chosen] = True
+                if preemptible[chosen]:
+                    v_rows[n_v] = chosen
+                    v_eff[n_v] = -gk[chosen, 3] + (steps - rho_old) // k
+                    n_v += 1
+                    stale[:] = STALE_FULL  # a new victim: more may run
+            status[chosen] = STATUS_RUNNING
+            chosen_count[chosen] += 1
 
-        action = ACTION_DECODE_ONE_STEP
-        if phase[chosen] == PHASE_PREFILL:
-            phase[chosen] = PHASE_DECODE
-            action = ACTION_PREFILL_TO_DECODE
-            first_step[chosen] = clock
-        else:
-            generated[chosen] += 1
-            if generated[chosen] == 1:
-                first_token_step[chosen] = clock
-            if generated[chosen] >= max_new_tokens[chosen]:
-                action = ACTION_FINISH
+            action = ACTION_DECODE_ONE_STEP
+            if phase[chosen] == PHASE_PREFILL:
+                phase[chosen] = PHASE_DECODE
+                action = ACTION_PREFILL_TO_DECODE
+                first_step[chosen] = clock
+            else:
+                generated[chosen] += 1
+                if generated[chosen] == 1:
+                    first_token_step[chosen] = clock
+                if generated[chosen] >= max_new_tokens[chosen]:
+                    action = ACTION_FINISH
 
-        if action == ACTION_FINISH:
-            free += required_blocks[chosen]
-            admitted[chosen] = False
-            status[chosen] = STATUS_FINISHED
-            finish_step[chosen] = clock
-            unfinished -= 1
-            wait_final[chosen] = steps + 1 - enqueue_steps[chosen] - chosen_count[chosen]
-            if preemptible[chosen]:
-                for i in range(n_v):
-                    if v_rows[i] == chosen:
-                        for j in range(i, n_v - 1):
-                            v_rows[j] = v_rows[j + 1]
-                            v_eff[j] = v_eff[j + 1]
-                        n_v -= 1
-                        break
-            stale[:] = STALE_FULL
-        else:
-            a = enqueue_steps[chosen] + chosen_count[chosen]
-            _set_aging_key(chosen, a, k, gk, nd, PHASE_DECODE, cache_hit[chosen], priority[chosen],
-                           prompt_len[chosen] + generated[chosen], request_id[chosen])
-            rho = gk[chosen, 0]
-            aroot[rho] = treap_insert_nb(aroot[rho], chosen, stack, gk, nd)
-            if afirst[rho] == NO_ROW or key_less_nb(gk, chosen, afirst[rho]):
-                afirst[rho] = chosen
+            if action == ACTION_FINISH:
+                free += required_blocks[chosen]
+                admitted[chosen] = False
+                status[chosen] = STATUS_FINISHED
+                finish_step[chosen] = clock
+                unfinished -= 1
+                wait_final[chosen] = steps + 1 - enqueue_steps[chosen] - chosen_count[chosen]
+                if preemptible[chosen]:
+                    for i in range(n_v):
+                        if v_rows[i] == chosen:
+                            for j in range(i, n_v - 1):
+                                v_rows[j] = v_rows[j + 1]
+                                v_eff[j] = v_eff[j + 1]
+                            n_v -= 1
+                            break
+                stale[:] = STALE_FULL
+            else:
+                a = enqueue_steps[chosen] + chosen_count[chosen]
+                _set_aging_key(chosen, a, k, gk, nd, PHASE_DECODE, cache_hit[chosen], priority[chosen],
+                               prompt_len[chosen] + generated[chosen], request_id[chosen])
+                rho = gk[chosen, 0]
+                aroot[rho] = treap_insert_nb(aroot[rho], chosen, stack, gk, nd)
+                if afirst[rho] == NO_ROW or key_less_nb(gk, chosen, afirst[rho]):
+                    afirst[rho] = chosen
 
-        missed = 0
-        if has_deadline[chosen]:
-            remaining = max_new_tokens[chosen] - generated[chosen]
-            if clock + 1 + remaining > deadline_step[chosen]:
-                missed = 1
-        if steps < max_events:
-            events[steps, EV_STEP] = clock
-            events[steps, EV_ROW] = chosen
-            events[steps, EV_ACTION] = action
-            events[steps, EV_GENERATED] = generated[chosen]
-            events[steps, EV_WAIT] = steps + 1 - enqueue_steps[chosen] - chosen_count[chosen]
-            events[steps, EV_FREE] = free
-            events[steps, EV_VICTIM_ROW] = victim
-            events[steps, EV_MISSED] = missed
-        clock += 1
-        steps += 1
-        if stale[steps % k] == STALE_NONE:  # this residue's priorities just rose: more of it may run
-            stale[steps % k] = STALE_SHIFT
+            missed = 0
+            if has_deadline[chosen]:
+                remaining = max_new_tokens[chosen] - generated[chosen]
+                if clock + 1 + remaining > deadline_step[chosen]:
+                    missed = 1
+            if steps < max_events:
+                events[steps, EV_STEP] = clock
+                events[steps, EV_ROW] = chosen
+                events[steps, EV_ACTION] = action
+                events[steps, EV_GENERATED] = generated[chosen]
+                events[steps, EV_WAIT] = steps + 1 - enqueue_steps[chosen] - chosen_count[chosen]
+                events[steps, EV_FREE] = free
+                events[steps, EV_VICTIM_ROW] = victim
+                events[steps, EV_MISSED] = missed
+            clock += 1
+            steps += 1
+            if stale[steps % k] == STALE_NONE:  # this residue's priorities just rose: more of it may run
+                stale[steps % k] = STALE_SHIFT
 
-    for r in range(n):
-        out = req_out[r]
-        out[RQ_ENQUEUED] = 1 if enqueued[r] else 0
-        out[RQ_PHASE] = phase[r]
-        out[RQ_STATUS] = status[r] if enqueued[r] else STATUS_WAITING
-        out[RQ_GENERATED] = generated[r]
-        if not enqueued[r]:
-            out[RQ_WAIT] = 0
-        elif wait_final[r] >= 0:
-            out[RQ_WAIT] = wait_final[r]
-        else:
-            out[RQ_WAIT] = steps - enqueue_steps[r] - chosen_count[r]
-        out[RQ_PREEMPTIONS] = preemptions[r]
-        out[RQ_ADMITTED] = 1 if admitted[r] else 0
-        out[RQ_FIRST_STEP] = first_step[r]
-        out[RQ_FIRST_TOKEN_STEP] = first_token_step[r]
-        out[RQ_FINISH_STEP] = finish_step[r]
-    summary[SM_EVENTS] = steps
-    summary[SM_CLOCK] = clock
-    summary[SM_FREE] = free
-    summary[SM_STOP] = stop
+        for r in range(n):
+            out = req_out[r]
+            out[RQ_ENQUEUED] = 1 if enqueued[r] else 0
+            out[RQ_PHASE] = phase[r]
+            out[RQ_STATUS] = status[r] if enqueued[r] else STATUS_WAITING
+            out[RQ_GENERATED] = generated[r]
+            if not enqueued[r]:
+                out[RQ_WAIT] = 0
+            elif wait_final[r] >= 0:
+                out[RQ_WAIT] = wait_final[r]
+            else:
+                out[RQ_WAIT] = steps - enqueue_steps[r] - chosen_count[r]
+            out[RQ_PREEMPTIONS] = preemptions[r]
+            out[RQ_ADMITTED] = 1 if admitted[r] else 0
+            out[RQ_FIRST_STEP] = first_step[r]
+            out[RQ_FIRST_TOKEN_STEP] = first_token_step[r]
+            out[RQ_FINISH_STEP] = finish_step[r]
+        summary[SM_EVENTS] = steps
+        summary[SM_CLOCK] = clock
+        summary[SM_FREE] = free
+        summary[SM_STOP] = stop
+
+    return replay_aging_nb
+
+
+replay_aging_nb = _make_replay_aging(SOURCE_STAMP)

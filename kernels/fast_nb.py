@@ -53,6 +53,9 @@ above that (the aging kernel loops over the residues every step), and as fixed_p
 ``aging_interval`` exceeds the trace's total work steps (no wait can reach it).
 """
 
+import hashlib
+from pathlib import Path
+
 import numpy as np
 from numba import njit
 
@@ -112,6 +115,21 @@ from .ordered_nb import (
 )
 from .aging_nb import replay_aging_nb
 from .scan_nb import replay_scan_nb
+
+def source_stamp(*names) -> int:
+    """A hash (int, >= 0) of the named kernel sources: Numba's cache key covers only a cached
+    function's own file, so functions that call kernels in other files close over this value (Numba
+    puts closure values into its cache key) and an edit of any of them compiles them afresh."""
+    h = hashlib.sha256()
+    try:
+        for name in names:
+            h.update(name.encode() + b"\0" + (Path(__file__).parent / name).read_bytes())
+    except OSError:  # pragma: no cover - sources not readable (e.g. a zip import): no stamp
+        return 0
+    return int.from_bytes(h.digest()[:7], "little")
+
+
+SOURCE_STAMP = source_stamp("enums.py", "ordered_nb.py", "aging_nb.py", "scan_nb.py")
 
 GK_NCOLS = 6
 # Aging intervals above this run on the scan kernel (the aging kernel loops over the residues).
@@ -207,282 +225,302 @@ def _seg_first_ge(seg, size, need):
     return i - size
 
 
-@njit(cache=True)
-def replay_fast_nb(request_id, arrival_step, prompt_len, max_new_tokens, priority, cache_hit,
-                   required_blocks, deadline_step, has_deadline, preemptible, order,
-                   policy, free_kv_blocks, aging_interval, max_steps,
-                   events, req_out, summary):
-    """Replay one trace under one configuration; arguments and outputs exactly as `replay_scan_nb`."""
-    work = np.int64(0)
-    for r in range(request_id.shape[0]):
-        work += 1 + max_new_tokens[r]
-    if policy == POLICY_AGING and aging_interval > work:
-        # No request can wait aging_interval steps (a wait never exceeds the steps run), so the
-        # effective priority is the business priority all along: exactly fixed_priority.
-        policy = POLICY_FIXED_PRIORITY
-    if policy == POLICY_AGING and aging_interval <= MAX_FAST_AGING_INTERVAL:
-        replay_aging_nb(request_id, arrival_step, prompt_len, max_new_tokens, priority, cache_hit,
-                        required_blocks, deadline_step, has_deadline, preemptible, order,
-                        free_kv_blocks, aging_interval, max_steps, events, req_out, summary)
-        return
-    if policy == POLICY_AGING:
-        replay_scan_nb(request_id, arrival_step, prompt_len, max_new_tokens, priority, cache_hit,
+def _make_replay_fast(stamp):
+    """`replay_fast_nb`, closing over `stamp` so that an edit of a kernel it calls compiles it afresh."""
+
+    @njit(cache=True)
+    def replay_fast_nb(request_id, arrival_step, prompt_len, max_new_tokens, priority, cache_hit,
                        required_blocks, deadline_step, has_deadline, preemptible, order,
-                       policy, free_kv_blocks, aging_interval, max_steps, events, req_out, summary)
-        return
-    _replay_static(request_id, arrival_step, prompt_len, max_new_tokens, priority, cache_hit,
-                   required_blocks, deadline_step, has_deadline, preemptible, order,
-                   policy, free_kv_blocks, max_steps, events, req_out, summary)
+                       policy, free_kv_blocks, aging_interval, max_steps,
+                       events, req_out, summary):
+        """Replay one trace under one configuration; arguments and outputs exactly as `replay_scan_nb`."""
+        if stamp < 0:  # never: the stamp only keys the Numba cache (see `source_stamp`)
+            return
+        work = np.int64(0)
+        for r in range(request_id.shape[0]):
+            work += 1 + max_new_tokens[r]
+        if policy == POLICY_AGING and aging_interval > work:
+            # No request can wait aging_interval steps (a wait never exceeds the steps run), so the
+            # effective priority is the business priority all along: exactly fixed_priority.
+            policy = POLICY_FIXED_PRIORITY
+        if policy == POLICY_AGING and aging_interval <= MAX_FAST_AGING_INTERVAL:
+            replay_aging_nb(request_id, arrival_step, prompt_len, max_new_tokens, priority, cache_hit,
+                            required_blocks, deadline_step, has_deadline, preemptible, order,
+                            free_kv_blocks, aging_interval, max_steps, events, req_out, summary)
+            return
+        if policy == POLICY_AGING:
+            replay_scan_nb(request_id, arrival_step, prompt_len, max_new_tokens, priority, cache_hit,
+                           required_blocks, deadline_step, has_deadline, preemptible, order,
+                           policy, free_kv_blocks, aging_interval, max_steps, events, req_out, summary)
+            return
+        _replay_static(request_id, arrival_step, prompt_len, max_new_tokens, priority, cache_hit,
+                       required_blocks, deadline_step, has_deadline, preemptible, order,
+                       policy, free_kv_blocks, max_steps, events, req_out, summary)
+
+    return replay_fast_nb
 
 
-@njit(cache=True)
-def _replay_static(request_id, arrival_step, prompt_len, max_new_tokens, priority, cache_hit,
-                   required_blocks, deadline_step, has_deadline, preemptible, order,
-                   policy, free_kv_blocks, max_steps, events, req_out, summary):
-    """fixed_priority, fcfs and deadline: effective priority = priority, so it never changes."""
-    n = request_id.shape[0]
-    deadline_policy = policy == POLICY_DEADLINE
-    n_groups = 2 if deadline_policy else 1
+replay_fast_nb = _make_replay_fast(SOURCE_STAMP)
 
-    # Priority classes: 0 = the lowest priority.
-    classes = np.unique(priority) if n > 0 else np.zeros(1, np.int64)
-    n_classes = classes.shape[0]
-    pclass = np.searchsorted(classes, priority)
-    seg_size = 1
-    while seg_size < n_classes:
-        seg_size *= 2
-    seg = np.zeros(2 * seg_size, np.int64)
 
-    max_deadline = np.int64(-(2**62))
-    if deadline_policy:
+def _make_replay_static(stamp):
+    """`_replay_static`, closing over `stamp` so that an edit of a kernel it calls compiles it afresh."""
+
+    @njit(cache=True)
+    def _replay_static(request_id, arrival_step, prompt_len, max_new_tokens, priority, cache_hit,
+                       required_blocks, deadline_step, has_deadline, preemptible, order,
+                       policy, free_kv_blocks, max_steps, events, req_out, summary):
+        """fixed_priority, fcfs and deadline: effective priority = priority, so it never changes."""
+        if stamp < 0:  # never: the stamp only keys the Numba cache (see `source_stamp`)
+            return
+        n = request_id.shape[0]
+        deadline_policy = policy == POLICY_DEADLINE
+        n_groups = 2 if deadline_policy else 1
+
+        # Priority classes: 0 = the lowest priority.
+        classes = np.unique(priority) if n > 0 else np.zeros(1, np.int64)
+        n_classes = classes.shape[0]
+        pclass = np.searchsorted(classes, priority)
+        seg_size = 1
+        while seg_size < n_classes:
+            seg_size *= 2
+        seg = np.zeros(2 * seg_size, np.int64)
+
+        max_deadline = np.int64(-(2**62))
+        if deadline_policy:
+            for r in range(n):
+                if has_deadline[r] and deadline_step[r] > max_deadline:
+                    max_deadline = deadline_step[r]
+
+        phase = np.zeros(n, np.int64)
+        generated = np.zeros(n, np.int64)
+        chosen_count = np.zeros(n, np.int64)
+        enqueue_steps = np.zeros(n, np.int64)
+        wait_final = np.full(n, -1, np.int64)
+        status = np.zeros(n, np.int64)
+        preemptions = np.zeros(n, np.int64)
+        admitted = np.zeros(n, np.bool_)
+        enqueued = np.zeros(n, np.bool_)
+        enqueue_clock = np.zeros(n, np.int64)
+        first_step = np.full(n, NEVER, np.int64)
+        first_token_step = np.full(n, NEVER, np.int64)
+        finish_step = np.full(n, NEVER, np.int64)
+        group = np.zeros(n, np.int64)
+        if deadline_policy:
+            for r in range(n):
+                if has_deadline[r]:
+                    group[r] = 1
+
+        gk = np.zeros((n, GK_NCOLS), np.int64)
+        vk = np.empty((n, 2), np.int64)  # victim order: (-blocks, id)
         for r in range(n):
-            if has_deadline[r] and deadline_step[r] > max_deadline:
-                max_deadline = deadline_step[r]
+            vk[r, 0] = -required_blocks[r]
+            vk[r, 1] = request_id[r]
+        nd = treap_nodes_nb(required_blocks)
+        stack = np.empty(n + 64, np.int64)  # treap path scratch
+        n_struct = n_groups * n_classes
+        wroot = np.full(n_struct, -1, np.int64)
+        cand = np.full(n_struct, -1, np.int64)  # first runnable row of each waiting treap at cand_limit
+        cand_limit = np.zeros(n_struct, np.int64)
+        cand_stale = np.ones(n_struct, np.bool_)  # its cand was taken: search again
+        vroot = np.full(n_classes, -1, np.int64)
+        heap = np.empty((n_groups, max(n, 1)), np.int64)
+        hsize = np.zeros(n_groups, np.int64)
+        hpos = np.full(n, -1, np.int64)
 
-    phase = np.zeros(n, np.int64)
-    generated = np.zeros(n, np.int64)
-    chosen_count = np.zeros(n, np.int64)
-    enqueue_steps = np.zeros(n, np.int64)
-    wait_final = np.full(n, -1, np.int64)
-    status = np.zeros(n, np.int64)
-    preemptions = np.zeros(n, np.int64)
-    admitted = np.zeros(n, np.bool_)
-    enqueued = np.zeros(n, np.bool_)
-    enqueue_clock = np.zeros(n, np.int64)
-    first_step = np.full(n, NEVER, np.int64)
-    first_token_step = np.full(n, NEVER, np.int64)
-    finish_step = np.full(n, NEVER, np.int64)
-    group = np.zeros(n, np.int64)
-    if deadline_policy:
-        for r in range(n):
-            if has_deadline[r]:
-                group[r] = 1
+        pos = 0
+        clock = np.int64(0)
+        free = np.int64(free_kv_blocks)
+        capacity = np.int64(free_kv_blocks)
+        steps = np.int64(0)
+        unfinished = 0
+        max_events = events.shape[0]
+        stop = STOP_DRAINED
+        wait_dirty = True
+        best_wait = NO_ROW
 
-    gk = np.zeros((n, GK_NCOLS), np.int64)
-    vk = np.empty((n, 2), np.int64)  # victim order: (-blocks, id)
-    for r in range(n):
-        vk[r, 0] = -required_blocks[r]
-        vk[r, 1] = request_id[r]
-    nd = treap_nodes_nb(required_blocks)
-    stack = np.empty(n + 64, np.int64)  # treap path scratch
-    n_struct = n_groups * n_classes
-    wroot = np.full(n_struct, -1, np.int64)
-    cand = np.full(n_struct, -1, np.int64)  # first runnable row of each waiting treap at cand_limit
-    cand_limit = np.zeros(n_struct, np.int64)
-    cand_stale = np.ones(n_struct, np.bool_)  # its cand was taken: search again
-    vroot = np.full(n_classes, -1, np.int64)
-    heap = np.empty((n_groups, max(n, 1)), np.int64)
-    hsize = np.zeros(n_groups, np.int64)
-    hpos = np.full(n, -1, np.int64)
+        while True:
+            if max_steps >= 0 and steps >= max_steps:
+                stop = STOP_MAX_STEPS
+                break
+            while pos < n and arrival_step[order[pos]] <= clock:
+                r = order[pos]
+                pos += 1
+                enqueued[r] = True
+                enqueue_clock[r] = clock
+                enqueue_steps[r] = steps
+                unfinished += 1
+                if required_blocks[r] > capacity:
+                    continue  # can never be admitted: free never exceeds the capacity
+                _set_key(r, policy, gk, phase, generated, enqueue_clock, request_id, prompt_len, max_new_tokens,
+                         priority, cache_hit, deadline_step, has_deadline)
+                s = group[r] * n_classes + pclass[r]
+                wroot[s] = treap_insert_nb(wroot[s], r, stack, gk, nd)
+                if required_blocks[r] <= cand_limit[s] and (cand[s] == NO_ROW or key_less_nb(gk, r, cand[s])):
+                    cand[s] = r
+                wait_dirty = True
 
-    pos = 0
-    clock = np.int64(0)
-    free = np.int64(free_kv_blocks)
-    capacity = np.int64(free_kv_blocks)
-    steps = np.int64(0)
-    unfinished = 0
-    max_events = events.shape[0]
-    stop = STOP_DRAINED
-    wait_dirty = True
-    best_wait = NO_ROW
+            # The first runnable waiting request (cached while free blocks, victims and waiters stay).
+            if wait_dirty:
+                for s in range(n_struct):
+                    limit = free + _seg_prefix_max(seg, seg_size, s % n_classes)
+                    c = cand[s]
+                    # A lower limit keeps a cand that still fits (nothing before it fitted at the higher one).
+                    if cand_stale[s] or limit > cand_limit[s] or (c != NO_ROW and required_blocks[c] > limit):
+                        cand[s] = treap_first_fit_nb(wroot[s], limit, nd)
+                        cand_stale[s] = False
+                    cand_limit[s] = limit
+            if wait_dirty or (deadline_policy and clock + NO_DEADLINE_SLACK <= max_deadline):
+                best_wait = NO_ROW
+                for s in range(n_struct):
+                    c = cand[s]
+                    if c != NO_ROW and (best_wait == NO_ROW or _akey_less(c, best_wait, gk, deadline_policy,
+                                                                          has_deadline, clock)):
+                        best_wait = c
+                wait_dirty = False
 
-    while True:
-        if max_steps >= 0 and steps >= max_steps:
-            stop = STOP_MAX_STEPS
-            break
-        while pos < n and arrival_step[order[pos]] <= clock:
-            r = order[pos]
-            pos += 1
-            enqueued[r] = True
-            enqueue_clock[r] = clock
-            enqueue_steps[r] = steps
-            unfinished += 1
-            if required_blocks[r] > capacity:
-                continue  # can never be admitted: free never exceeds the capacity
-            _set_key(r, policy, gk, phase, generated, enqueue_clock, request_id, prompt_len, max_new_tokens,
-                     priority, cache_hit, deadline_step, has_deadline)
-            s = group[r] * n_classes + pclass[r]
-            wroot[s] = treap_insert_nb(wroot[s], r, stack, gk, nd)
-            if required_blocks[r] <= cand_limit[s] and (cand[s] == NO_ROW or key_less_nb(gk, r, cand[s])):
-                cand[s] = r
-            wait_dirty = True
+            chosen = best_wait
+            for g in range(n_groups):
+                if hsize[g] > 0:
+                    c = heap[g, 0]
+                    if chosen == NO_ROW or _akey_less(c, chosen, gk, deadline_policy, has_deadline, clock):
+                        chosen = c
 
-        # The first runnable waiting request (cached while free blocks, victims and waiters stay).
-        if wait_dirty:
-            for s in range(n_struct):
-                limit = free + _seg_prefix_max(seg, seg_size, s % n_classes)
-                c = cand[s]
-                # A lower limit keeps a cand that still fits (nothing before it fitted at the higher one).
-                if cand_stale[s] or limit > cand_limit[s] or (c != NO_ROW and required_blocks[c] > limit):
-                    cand[s] = treap_first_fit_nb(wroot[s], limit, nd)
-                    cand_stale[s] = False
-                cand_limit[s] = limit
-        if wait_dirty or (deadline_policy and clock + NO_DEADLINE_SLACK <= max_deadline):
-            best_wait = NO_ROW
-            for s in range(n_struct):
-                c = cand[s]
-                if c != NO_ROW and (best_wait == NO_ROW or _akey_less(c, best_wait, gk, deadline_policy,
-                                                                      has_deadline, clock)):
-                    best_wait = c
-            wait_dirty = False
+            if chosen == NO_ROW:
+                if pos < n:
+                    clock = arrival_step[order[pos]]  # idle gap: jump, nobody waits
+                    continue
+                stop = STOP_DRAINED if unfinished == 0 else STOP_STUCK
+                break
 
-        chosen = best_wait
-        for g in range(n_groups):
-            if hsize[g] > 0:
-                c = heap[g, 0]
-                if chosen == NO_ROW or _akey_less(c, chosen, gk, deadline_policy, has_deadline, clock):
-                    chosen = c
-
-        if chosen == NO_ROW:
-            if pos < n:
-                clock = arrival_step[order[pos]]  # idle gap: jump, nobody waits
-                continue
-            stop = STOP_DRAINED if unfinished == 0 else STOP_STUCK
-            break
-
-        victim = NO_ROW
-        was_admitted = admitted[chosen]
-        if not was_admitted:
-            need = required_blocks[chosen]
-            if need > free:
-                c_class = pclass[chosen]
-                k = _seg_first_ge(seg, seg_size, need - free)
-                # the lowest class with a victim large enough; it is below the challenger's class
-                if k < 0 or k >= c_class:
-                    raise AssertionError("fast kernel: no victim below the challenger's class")
-                victim = treap_first_nb(vroot[k], nd)
-                admitted[victim] = False
-                status[victim] = STATUS_PREEMPTED
-                preemptions[victim] += 1
-                free += required_blocks[victim]
-                vroot[k] = treap_delete_nb(vroot[k], victim, stack, vk, nd)
-                top = treap_first_nb(vroot[k], nd)
-                _seg_set(seg, seg_size, k, required_blocks[top] if top >= 0 else 0)
-                heap_remove_nb(heap, hsize, hpos, group[victim], victim, gk)
-                sv = group[victim] * n_classes + pclass[victim]
-                wroot[sv] = treap_insert_nb(wroot[sv], victim, stack, gk, nd)
-                if required_blocks[victim] <= cand_limit[sv] and (cand[sv] == NO_ROW
-                                                                  or key_less_nb(gk, victim, cand[sv])):
-                    cand[sv] = victim
-            s = group[chosen] * n_classes + pclass[chosen]
-            wroot[s] = treap_delete_nb(wroot[s], chosen, stack, gk, nd)
-            cand_stale[s] = True
-            free -= need
-            admitted[chosen] = True
-            wait_dirty = True
-        status[chosen] = STATUS_RUNNING
-        chosen_count[chosen] += 1
-
-        action = ACTION_DECODE_ONE_STEP
-        if phase[chosen] == PHASE_PREFILL:
-            phase[chosen] = PHASE_DECODE
-            action = ACTION_PREFILL_TO_DECODE
-            first_step[chosen] = clock
-        else:
-            generated[chosen] += 1
-            if generated[chosen] == 1:
-                first_token_step[chosen] = clock
-            if generated[chosen] >= max_new_tokens[chosen]:
-                action = ACTION_FINISH
-        finished = action == ACTION_FINISH
-
-        if finished:
-            free += required_blocks[chosen]
-            admitted[chosen] = False
-            status[chosen] = STATUS_FINISHED
-            finish_step[chosen] = clock
-            unfinished -= 1
-            wait_final[chosen] = steps + 1 - enqueue_steps[chosen] - chosen_count[chosen]
-            if was_admitted:
-                heap_remove_nb(heap, hsize, hpos, group[chosen], chosen, gk)
-                if preemptible[chosen]:
-                    k = pclass[chosen]
-                    vroot[k] = treap_delete_nb(vroot[k], chosen, stack, vk, nd)
+            victim = NO_ROW
+            was_admitted = admitted[chosen]
+            if not was_admitted:
+                need = required_blocks[chosen]
+                if need > free:
+                    c_class = pclass[chosen]
+                    k = _seg_first_ge(seg, seg_size, need - free)
+                    # the lowest class with a victim large enough; it is below the challenger's class
+                    if k < 0 or k >= c_class:
+                        raise AssertionError("fast kernel: no victim below the challenger's class")
+                    victim = treap_first_nb(vroot[k], nd)
+                    admitted[victim] = False
+                    status[victim] = STATUS_PREEMPTED
+                    preemptions[victim] += 1
+                    free += required_blocks[victim]
+                    vroot[k] = treap_delete_nb(vroot[k], victim, stack, vk, nd)
                     top = treap_first_nb(vroot[k], nd)
                     _seg_set(seg, seg_size, k, required_blocks[top] if top >= 0 else 0)
-            wait_dirty = True
-        else:
-            # The chosen request's key after its step, updated in place (a call passing a dozen
-            # arrays costs more than the rest of a decode step): prefill -> decode, one token more,
-            # one remaining step less (so deadline - remaining grows by one).
-            if action == ACTION_PREFILL_TO_DECODE:
-                gk[chosen, 1] = PHASE_DECODE
-            elif policy != POLICY_FCFS:
-                gk[chosen, 4] += 1
-            if deadline_policy and has_deadline[chosen]:
-                gk[chosen, 0] += 1
-            if was_admitted:
-                if policy != POLICY_FCFS:  # an fcfs decode key never changes
-                    g = group[chosen]
-                    i = hpos[chosen]
-                    c = 2 * i + 1
-                    # sift down only when a child now comes first (usually the top stays on top)
-                    if c < hsize[g] and (key_less_nb(gk, heap[g, c], chosen)
-                                         or (c + 1 < hsize[g] and key_less_nb(gk, heap[g, c + 1], chosen))):
-                        heap_sift_down_nb(heap, hsize, hpos, g, i, gk)
+                    heap_remove_nb(heap, hsize, hpos, group[victim], victim, gk)
+                    sv = group[victim] * n_classes + pclass[victim]
+                    wroot[sv] = treap_insert_nb(wroot[sv], victim, stack, gk, nd)
+                    if required_blocks[victim] <= cand_limit[sv] and (cand[sv] == NO_ROW
+                                                                      or key_less_nb(gk, victim, cand[sv])):
+                        cand[sv] = victim
+                s = group[chosen] * n_classes + pclass[chosen]
+                wroot[s] = treap_delete_nb(wroot[s], chosen, stack, gk, nd)
+                cand_stale[s] = True
+                free -= need
+                admitted[chosen] = True
+                wait_dirty = True
+            status[chosen] = STATUS_RUNNING
+            chosen_count[chosen] += 1
+
+            action = ACTION_DECODE_ONE_STEP
+            if phase[chosen] == PHASE_PREFILL:
+                phase[chosen] = PHASE_DECODE
+                action = ACTION_PREFILL_TO_DECODE
+                first_step[chosen] = clock
             else:
-                heap_push_nb(heap, hsize, hpos, group[chosen], chosen, gk)
-                if preemptible[chosen]:
-                    k = pclass[chosen]
-                    vroot[k] = treap_insert_nb(vroot[k], chosen, stack, vk, nd)
-                    top = treap_first_nb(vroot[k], nd)
-                    _seg_set(seg, seg_size, k, required_blocks[top])
+                generated[chosen] += 1
+                if generated[chosen] == 1:
+                    first_token_step[chosen] = clock
+                if generated[chosen] >= max_new_tokens[chosen]:
+                    action = ACTION_FINISH
+            finished = action == ACTION_FINISH
 
-        missed = 0
-        if has_deadline[chosen]:
-            remaining = max_new_tokens[chosen] - generated[chosen]
-            if clock + 1 + remaining > deadline_step[chosen]:
-                missed = 1
-        if steps < max_events:
-            events[steps, EV_STEP] = clock
-            events[steps, EV_ROW] = chosen
-            events[steps, EV_ACTION] = action
-            events[steps, EV_GENERATED] = generated[chosen]
-            events[steps, EV_WAIT] = steps + 1 - enqueue_steps[chosen] - chosen_count[chosen]
-            events[steps, EV_FREE] = free
-            events[steps, EV_VICTIM_ROW] = victim
-            events[steps, EV_MISSED] = missed
-        clock += 1
-        steps += 1
+            if finished:
+                free += required_blocks[chosen]
+                admitted[chosen] = False
+                status[chosen] = STATUS_FINISHED
+                finish_step[chosen] = clock
+                unfinished -= 1
+                wait_final[chosen] = steps + 1 - enqueue_steps[chosen] - chosen_count[chosen]
+                if was_admitted:
+                    heap_remove_nb(heap, hsize, hpos, group[chosen], chosen, gk)
+                    if preemptible[chosen]:
+                        k = pclass[chosen]
+                        vroot[k] = treap_delete_nb(vroot[k], chosen, stack, vk, nd)
+                        top = treap_first_nb(vroot[k], nd)
+                        _seg_set(seg, seg_size, k, required_blocks[top] if top >= 0 else 0)
+                wait_dirty = True
+            else:
+                # The chosen request's key after its step, updated in place (a call passing a dozen
+                # arrays costs more than the rest of a decode step): prefill -> decode, one token more,
+                # one remaining step less (so deadline - remaining grows by one).
+                if action == ACTION_PREFILL_TO_DECODE:
+                    gk[chosen, 1] = PHASE_DECODE
+                elif policy != POLICY_FCFS:
+                    gk[chosen, 4] += 1
+                if deadline_policy and has_deadline[chosen]:
+                    gk[chosen, 0] += 1
+                if was_admitted:
+                    if policy != POLICY_FCFS:  # an fcfs decode key never changes
+                        g = group[chosen]
+                        i = hpos[chosen]
+                        c = 2 * i + 1
+                        # sift down only when a child now comes first (usually the top stays on top)
+                        if c < hsize[g] and (key_less_nb(gk, heap[g, c], chosen)
+                                             or (c + 1 < hsize[g] and key_less_nb(gk, heap[g, c + 1], chosen))):
+                            heap_sift_down_nb(heap, hsize, hpos, g, i, gk)
+                else:
+                    heap_push_nb(heap, hsize, hpos, group[chosen], chosen, gk)
+                    if preemptible[chosen]:
+                        k = pclass[chosen]
+                        vroot[k] = treap_insert_nb(vroot[k], chosen, stack, vk, nd)
+                        top = treap_first_nb(vroot[k], nd)
+                        _seg_set(seg, seg_size, k, required_blocks[top])
 
-    for r in range(n):
-        out = req_out[r]
-        out[RQ_ENQUEUED] = 1 if enqueued[r] else 0
-        out[RQ_PHASE] = phase[r]
-        out[RQ_STATUS] = status[r] if enqueued[r] else STATUS_WAITING
-        out[RQ_GENERATED] = generated[r]
-        if not enqueued[r]:
-            out[RQ_WAIT] = 0
-        elif wait_final[r] >= 0:
-            out[RQ_WAIT] = wait_final[r]
-        else:
-            out[RQ_WAIT] = steps - enqueue_steps[r] - chosen_count[r]
-        out[RQ_PREEMPTIONS] = preemptions[r]
-        out[RQ_ADMITTED] = 1 if admitted[r] else 0
-        out[RQ_FIRST_STEP] = first_step[r]
-        out[RQ_FIRST_TOKEN_STEP] = first_token_step[r]
-        out[RQ_FINISH_STEP] = finish_step[r]
-    summary[SM_EVENTS] = steps
-    summary[SM_CLOCK] = clock
-    summary[SM_FREE] = free
-    summary[SM_STOP] = stop
+            missed = 0
+            if has_deadline[chosen]:
+                remaining = max_new_tokens[chosen] - generated[chosen]
+                if clock + 1 + remaining > deadline_step[chosen]:
+                    missed = 1
+            if steps < max_events:
+                events[steps, EV_STEP] = clock
+                events[steps, EV_ROW] = chosen
+                events[steps, EV_ACTION] = action
+                events[steps, EV_GENERATED] = generated[chosen]
+                events[steps, EV_WAIT] = steps + 1 - enqueue_steps[chosen] - chosen_count[chosen]
+                events[steps, EV_FREE] = free
+                events[steps, EV_VICTIM_ROW] = victim
+                events[steps, EV_MISSED] = missed
+            clock += 1
+            steps += 1
+
+        for r in range(n):
+            out = req_out[r]
+            out[RQ_ENQUEUED] = 1 if enqueued[r] else 0
+            out[RQ_PHASE] = phase[r]
+            out[RQ_STATUS] = status[r] if enqueued[r] else STATUS_WAITING
+            out[RQ_GENERATED] = generated[r]
+            if not enqueued[r]:
+                out[RQ_WAIT] = 0
+            elif wait_final[r] >= 0:
+                out[RQ_WAIT] = wait_final[r]
+            else:
+                out[RQ_WAIT] = steps - enqueue_steps[r] - chosen_count[r]
+            out[RQ_PREEMPTIONS] = preemptions[r]
+            out[RQ_ADMITTED] = 1 if admitted[r] else 0
+            out[RQ_FIRST_STEP] = first_step[r]
+            out[RQ_FIRST_TOKEN_STEP] = first_token_step[r]
+            out[RQ_FINISH_STEP] = finish_step[r]
+        summary[SM_EVENTS] = steps
+        summary[SM_CLOCK] = clock
+        summary[SM_FREE] = free
+        summary[SM_STOP] = stop
+
+    return _replay_static
+
+
+_replay_static = _make_replay_static(SOURCE_STAMP)
