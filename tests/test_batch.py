@@ -166,15 +166,17 @@ def test_cuda_backend_without_gpu_is_a_clear_error(monkeypatch):
         B.simulate_batch(rows, [B.Scenario(0, "aging", 1)], backend="cuda")
 
 
-def test_assign_lanes_balances_and_covers_every_scenario():
-    rng = np.random.default_rng(1)
-    cost = rng.random(101) * 10
-    start, members = B.assign_lanes(cost, 3)
-    assert sorted(members.tolist()) == list(range(101))
-    loads = [cost[members[start[i]:start[i + 1]]].sum() for i in range(3)]
-    assert max(loads) - min(loads) <= cost.max()
-    start, members = B.assign_lanes(np.ones(5), 2)  # equal costs: round-robin
-    assert members[start[0]:start[1]].tolist() == [0, 2, 4]
+def test_run_order_starts_the_probably_slowest_first():
+    big = load_trace({"request_id": [1, 2], "arrival_step": [0, 0], "prompt_len": [1, 1], "max_new_tokens": [5, 5],
+                      "priority": [0, 0], "cache_hit": [False, False], "required_blocks": [1, 1],
+                      "deadline_step": [None, None], "preemptible": [True, True]})
+    small = big.subset([0])
+    sc = [B.Scenario(1, "fcfs", 1), B.Scenario(0, "fcfs", 1), B.Scenario(0, "aging", 1, 2),
+          B.Scenario(0, "aging", 1, 8), B.Scenario(0, "fcfs", 1, 4, 2)]
+    codes = [B.check_config(s.policy, s.free_kv_blocks, s.aging_interval, s.max_steps) for s in sc]
+    cols = [np.array(c, np.int64) for c in zip(*codes)]
+    order = B._run_order([big, small], np.array([s.trace for s in sc]), cols[0], cols[2], cols[3])
+    assert order.tolist() == [3, 2, 1, 0, 4]
 
 
 def test_metrics_csv_rows_and_columns(workload, tmp_path):

@@ -186,7 +186,8 @@ def simulate_batch(traces, scenarios: Sequence[Scenario], *, record_events: bool
     `threads`: Numba threads for this call (default: Numba's current setting); restored after.
     `backend`: ``"cpu"`` (``prange`` over scenarios) or ``"cuda"`` (one GPU thread per scenario,
     always the scan algorithm; `engine` is then ignored).  `progress`: a bar on stderr (None: only on
-    a terminal), advanced per chunk of scenarios.
+    a terminal), advanced as scenarios finish.  CPU workers take scenarios from a shared queue
+    (dynamic scheduling), so uneven scenarios still keep every thread busy.
     """
     traces = [load_trace(t) for t in _as_list(traces)]
     if not traces:
@@ -232,10 +233,7 @@ def simulate_batch(traces, scenarios: Sequence[Scenario], *, record_events: bool
     summary = np.zeros((n_sc, E.SM_NCOLS), np.int64)
     arrays = (*cols, trace_start, sc_trace, sc_policy, sc_capacity, sc_interval, sc_max_steps)
 
-    # Estimated cost (only its ratios matter): the scan kernel's steps times backlog.
-    work = np.array([t.work_steps for t in traces], np.float64)[sc_trace]
-    steps = np.where(sc_max_steps >= 0, np.minimum(work, sc_max_steps), work)
-    cost = steps * lengths[sc_trace]
+    run_order = _run_order(traces, sc_trace, sc_policy, sc_interval, sc_max_steps)
 
     import numba
 
@@ -252,12 +250,9 @@ def simulate_batch(traces, scenarios: Sequence[Scenario], *, record_events: bool
                 replay_batch_cuda(*arrays, req_start, event_start, events, req_out, summary)
                 bar.advance(n_sc)
             else:
-                kernel = _cpu_kernel(engine)
-                for chunk in _chunks(cost, used, progress):
-                    lane_start, lane_scenarios = assign_lanes(cost[chunk], used)
-                    kernel(*arrays, lane_start, chunk[lane_scenarios], req_start, event_start, events, req_out,
-                           summary)
-                    bar.advance(len(chunk))
+                counters = np.zeros(2, np.int64)
+                call = (*arrays, run_order, counters, used, req_start, event_start, events, req_out, summary)
+                _run_cpu(_cpu_kernel(engine), call, used, counters, bar)
     finally:
         numba.set_num_threads(previous)
     seconds = time.perf_counter() - start
@@ -271,41 +266,51 @@ def _cpu_kernel(engine: str):
     return batch_nb.replay_batch_scan_nb if engine == "scan" else batch_nb.replay_batch_nb
 
 
-def _chunks(cost: np.ndarray, threads: int, progress) -> list[np.ndarray]:
-    """Scenario indices per kernel call: one call without a bar; with one, about 12 calls, most costly first.
+def _run_cpu(kernel, call, threads: int, counters: np.ndarray, bar: Progress) -> None:
+    """Run the batch kernel; with a visible bar, in a helper thread while this one redraws the bar
+    from the kernel's count of finished scenarios (the kernel releases the GIL)."""
+    from .kernels.batch_nb import DONE
 
-    Each call ends at a barrier, so chunks hold a multiple of the thread count, and at least 8
-    scenarios per thread, to keep threads busy.
+    if not bar.enabled:
+        kernel(*call)
+        bar.advance(int(counters[DONE]))
+        return
+    import threading
+
+    import numba
+
+    failure = []
+
+    def work():
+        try:
+            numba.set_num_threads(threads)  # Numba's thread count is per calling thread
+            kernel(*call)
+        except BaseException as exc:  # re-raised in the calling thread
+            failure.append(exc)
+
+    worker = threading.Thread(target=work, name="decodesched-batch", daemon=True)
+    worker.start()
+    while worker.is_alive():
+        worker.join(0.1)
+        bar.advance(int(counters[DONE]) - bar.done)
+    bar.advance(int(counters[DONE]) - bar.done)
+    if failure:
+        raise failure[0]
+
+
+def _run_order(traces, sc_trace, sc_policy, sc_interval, sc_max_steps) -> np.ndarray:
+    """Scenario indices in the order workers take them: the probably slowest first, so that the
+    last scenarios to finish are short ones (the order never changes results).
+
+    Estimated cost: steps times requests of the scenario's trace; ties: aging before the other
+    policies and longer aging intervals first (the fast aging kernel keeps one structure per
+    residue class of the interval), then input order.
     """
-    order = np.argsort(-cost, kind="stable").astype(np.int64)
-    if progress is False:
-        return [order]
-    size = max(8 * threads, math.ceil(len(order) / 12))
-    size = math.ceil(size / threads) * threads
-    return [order[i:i + size] for i in range(0, len(order), size)]
-
-
-def assign_lanes(cost: np.ndarray, n_lanes: int) -> tuple[np.ndarray, np.ndarray]:
-    """Greedy longest-first split of scenarios over lanes: returns ``(lane_start, lane_scenarios)``.
-
-    Positions ``0..len(cost)-1``, most costly first (ties in input order), each go to the lane with
-    the least total cost so far (ties to the lowest lane), so equal costs are dealt round-robin.
-
-    >>> assign_lanes(np.array([1.0, 1.0, 1.0, 5.0]), 2)
-    (array([0, 1, 4]), array([3, 0, 1, 2]))
-    """
-    m = int(cost.shape[0])
-    n_lanes = max(1, min(int(n_lanes), m))
-    ranked = np.argsort(-cost, kind="stable")
-    load = np.zeros(n_lanes)
-    members: list[list[int]] = [[] for _ in range(n_lanes)]
-    for s in ranked.tolist():
-        lane = int(np.argmin(load))
-        members[lane].append(s)
-        load[lane] += cost[s]
-    lane_start = np.zeros(n_lanes + 1, np.int64)
-    lane_start[1:] = np.cumsum([len(x) for x in members])
-    return lane_start, np.array([s for x in members for s in x], dtype=np.int64)
+    lengths = np.array([len(t) for t in traces], np.float64)[sc_trace]
+    work = np.array([t.work_steps for t in traces], np.float64)[sc_trace]
+    steps = np.where(sc_max_steps >= 0, np.minimum(work, sc_max_steps), work)
+    aging_rank = np.where(sc_policy == E.POLICY_AGING, sc_interval, 0)
+    return np.lexsort((np.arange(len(sc_trace)), -aging_rank, -(steps * lengths))).astype(np.int64)
 
 
 def _csv_value(v):
