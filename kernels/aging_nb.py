@@ -110,14 +110,14 @@ AK_TOTAL = 4
 
 
 @njit(cache=True, _nrt=False)
-def _real_less(gk, a, b, steps, k):
-    """The real sort key of row a before that of b after `steps` steps (any residues)."""
+def _real_less(gk, sh, a, b):
+    """The real sort key of row a before that of b (any residues); sh[rho] = (steps - rho) // K."""
     if gk[a, 1] != gk[b, 1]:
         return gk[a, 1] < gk[b, 1]
     if gk[a, 2] != gk[b, 2]:
         return gk[a, 2] < gk[b, 2]
-    ea = -gk[a, 3] + (steps - gk[a, 0]) // k
-    eb = -gk[b, 3] + (steps - gk[b, 0]) // k
+    ea = -gk[a, 3] + sh[gk[a, 0]]
+    eb = -gk[b, 3] + sh[gk[b, 0]]
     if ea != eb:
         return ea > eb
     if gk[a, 4] != gk[b, 4]:
@@ -220,6 +220,9 @@ def _make_replay_aging(stamp):
         v_eff = np.empty(n + 1, np.int64)
         v_pmax = np.empty(n + 1, np.int64)
         n_v = 0
+        sh = np.empty(k, np.int64)  # sh[rho] = (steps - rho) // K: a residue's shift, kept per step
+        for rho in range(k):
+            sh[rho] = (0 - rho) // k
 
         pos = 0
         clock = np.int64(0)
@@ -250,10 +253,11 @@ def _make_replay_aging(stamp):
                     wfirst[rho] = r
                 stale[rho] = STALE_FULL
 
-            # Victims' effective priorities now, sorted; prefix maxima of their blocks.
+            # Victims sorted by effective priority (kept up to date at the end of each step); prefix
+            # maxima of their blocks.
             for i in range(n_v):
                 v = v_rows[i]
-                e = -gk[v, 3] + (steps - gk[v, 0]) // k
+                e = v_eff[i]
                 j = i
                 while j > 0 and v_eff[j - 1] > e:
                     v_eff[j] = v_eff[j - 1]
@@ -275,7 +279,7 @@ def _make_replay_aging(stamp):
                     cand[rho] = NO_ROW
                     stale[rho] = STALE_NONE
                     continue
-                shift = (steps - rho) // k
+                shift = sh[rho]
                 c = cand[rho]
                 walk = stale[rho] == STALE_FULL
                 if stale[rho] == STALE_SHIFT:
@@ -298,12 +302,12 @@ def _make_replay_aging(stamp):
                     flat = lo == _below(nd[root, ND_MAXBASE] + shift, n_v, v_eff, v_pmax)
                     flat_limit[rho] = free + lo if flat else -1
                 stale[rho] = STALE_NONE
-                if c != NO_ROW and (best_wait == NO_ROW or _real_less(gk, c, best_wait, steps, k)):
+                if c != NO_ROW and (best_wait == NO_ROW or _real_less(gk, sh, c, best_wait)):
                     best_wait = c
             chosen = best_wait
             for rho in range(k):
                 c = afirst[rho]
-                if c != NO_ROW and (chosen == NO_ROW or _real_less(gk, c, chosen, steps, k)):
+                if c != NO_ROW and (chosen == NO_ROW or _real_less(gk, sh, c, chosen)):
                     chosen = c
 
             if chosen == NO_ROW:
@@ -322,7 +326,7 @@ def _make_replay_aging(stamp):
             else:
                 need = required_blocks[chosen]
                 if need > free:
-                    e_c = -gk[chosen, 3] + (steps - rho_old) // k
+                    e_c = -gk[chosen, 3] + sh[rho_old]
                     best_e = np.int64(0)
                     # The seed's victim: lowest effective priority, then most blocks, then smallest id,
                     # among victims below the challenger that free enough blocks.
@@ -366,7 +370,7 @@ def _make_replay_aging(stamp):
                 admitted[chosen] = True
                 if preemptible[chosen]:
                     v_rows[n_v] = chosen
-                    v_eff[n_v] = -gk[chosen, 3] + (steps - rho_old) // k
+                    v_eff[n_v] = -gk[chosen, 3] + sh[rho_old]
                     n_v += 1
                     stale[:] = STALE_FULL  # a new victim: more may run
             status[chosen] = STATUS_RUNNING
@@ -425,8 +429,16 @@ def _make_replay_aging(stamp):
                 events[steps, EV_MISSED] = missed
             clock += 1
             steps += 1
-            if stale[steps % k] == STALE_NONE:  # this residue's priorities just rose: more of it may run
-                stale[steps % k] = STALE_SHIFT
+            # Residue steps % K: every effective priority in it rises by one (the chosen request's,
+            # now in another residue, stays), so more of it may run.
+            rs = steps % k
+            sh[rs] += 1
+            for i in range(n_v):
+                v = v_rows[i]
+                if gk[v, 0] == rs and v != chosen:
+                    v_eff[i] += 1
+            if stale[rs] == STALE_NONE:
+                stale[rs] = STALE_SHIFT
 
         for r in range(n):
             out = req_out[r]
