@@ -4,7 +4,8 @@ With ``a = enqueue step + times chosen`` (steps counted as steps that ran), ``rh
 ``base = priority - (a - rho) / K`` (K = aging_interval), a request's effective priority after S
 steps is ``priority + (S - a) // K = base + (S - rho) // K``.  A request's a, rho and base change
 only when it is chosen, so inside one residue rho every effective priority rises at the same
-steps (when ``S mod K == rho``) and the order by ``(phase, cache, -base, total_len, id)`` is static:
+steps (when ``S mod K == rho``) and the order by ``(phase, cache, -base, total_len, id)`` is static
+(column 0 of the key matrix holds the residue's slot, equal within a treap):
 
 * waiting requests sit in one treap per residue (aggregates: min blocks, max base), admitted ones in
   another treap per residue whose first row is cached; the real key across residues is compared
@@ -17,11 +18,18 @@ steps (when ``S mod K == rho``) and the order by ``(phase, cache, -base, total_l
   rose this step, its membership changed); otherwise a cached answer is re-checked in O(log V),
   since victims' priorities only rise (so runnability only shrinks).
 
-Cost per step: O(K log V + V) for the residues and the victim array (V = admitted preemptible
-requests, bounded by the capacity, not the backlog), O(log n) expected treap work for the chosen
-request, and one pruned walk of the residue whose priorities rose: O(log n) when the bound prunes
-well, but not bounded by it in the worst case (a subtree can pass the bound without a runnable
-row).  The kernel is only used for K <= 64 (`fast_nb` routes larger intervals to the scan kernel).
+Residues are held lazily: a residue has a *slot* (its two treaps, cached answers and shift) only
+while some row sits in it, found through a small open-addressing table ``residue -> slot``; the
+slots with waiting rows and those with admitted rows are kept as compact lists.  So memory is
+O(min(K, n)) and the per-step loops run over the non-empty residues only, whatever K is; at the end
+of step S only the residue ``S mod K`` (one table lookup) has its shift raised.
+
+Cost per step: O(R log V + V) for the R non-empty residues and the victim array (V = admitted
+preemptible requests, bounded by the capacity, not the backlog; R <= min(K, requests in the
+system)), O(log n) expected treap work for the chosen request, and one pruned walk of the residue
+whose priorities rose: O(log n) when the bound prunes well, but not bounded by it in the worst case
+(a subtree can pass the bound without a runnable row).  Every aging interval runs here (`fast_nb`
+replays an interval above the trace's total work steps as fixed_priority).
 """
 
 import hashlib
@@ -111,7 +119,8 @@ AK_TOTAL = 4
 
 @njit(cache=True, _nrt=False)
 def _real_less(gk, sh, a, b):
-    """The real sort key of row a before that of b (any residues); sh[rho] = (steps - rho) // K."""
+    """The real sort key of row a before that of b (any residues); column 0 is the row's slot and
+    sh[slot] = (steps - rho) // K for its residue rho."""
     if gk[a, 1] != gk[b, 1]:
         return gk[a, 1] < gk[b, 1]
     if gk[a, 2] != gk[b, 2]:
@@ -161,10 +170,11 @@ def _first_runnable(root, free, shift, nd, stack, n_v, v_eff, v_pmax):
 
 
 @njit(cache=True, _nrt=False)
-def _set_aging_key(r, a, k, gk, nd, phase, cache_hit, priority, total_len, request_id):
+def _set_aging_key(r, a, k, slot, gk, nd, phase, cache_hit, priority, total_len, request_id):
+    """Row r's key in residue a mod k, whose structures live in `slot` (column 0 holds the slot)."""
     rho = a % k
     base = priority - (a - rho) // k
-    gk[r, 0] = rho
+    gk[r, 0] = slot
     gk[r, 1] = phase
     gk[r, 2] = 0 if cache_hit else 1
     gk[r, 3] = -base
@@ -173,6 +183,90 @@ def _set_aging_key(r, a, k, gk, nd, phase, cache_hit, priority, total_len, reque
     nd[r, ND_BASE] = base
     nd[r, ND_MAXBASE] = base
     nd[r, ND_MINBASE] = base
+
+
+# Residues are mapped to slots (only non-empty residues hold one: at most min(K, n) at a time) by an
+# open-addressing hash table with linear probing on ``rho & mask`` (the identity when K fits).
+
+@njit(cache=True, _nrt=False)
+def _slot_lookup(rho, hkey, hval, mask):
+    """The slot of residue rho, or -1."""
+    i = rho & mask
+    while hkey[i] != -1:
+        if hkey[i] == rho:
+            return hval[i]
+        i = (i + 1) & mask
+    return -1
+
+
+@njit(cache=True, _nrt=False)
+def _slot_acquire(rho, steps, k, hkey, hval, mask, free_slots, n_free, s_rho, sh, wroot, aroot, cand, wfirst,
+                  afirst, stale, flat_limit):
+    """The slot of residue rho, a fresh one (empty, shift (steps - rho) // K) if it has none; returns
+    (slot, n_free)."""
+    i = rho & mask
+    while hkey[i] != -1:
+        if hkey[i] == rho:
+            return hval[i], n_free
+        i = (i + 1) & mask
+    n_free -= 1
+    s = free_slots[n_free]
+    hkey[i] = rho
+    hval[i] = s
+    s_rho[s] = rho
+    sh[s] = (steps - rho) // k
+    wroot[s] = -1
+    aroot[s] = -1
+    cand[s] = -1
+    wfirst[s] = -1
+    afirst[s] = -1
+    stale[s] = STALE_FULL
+    flat_limit[s] = -1
+    return s, n_free
+
+
+@njit(cache=True, _nrt=False)
+def _slot_release(s, s_rho, hkey, hval, mask, free_slots, n_free):
+    """Give back slot s (both its treaps empty): delete its residue from the table (backward shift)."""
+    rho = s_rho[s]
+    i = rho & mask
+    while hkey[i] != rho:
+        i = (i + 1) & mask
+    j = i
+    while True:
+        j = (j + 1) & mask
+        if hkey[j] == -1:
+            break
+        home = hkey[j] & mask
+        # the entry at j may move to i unless its home lies cyclically in (i, j]
+        if i <= j:
+            inside = i < home and home <= j
+        else:
+            inside = home > i or home <= j
+        if not inside:
+            hkey[i] = hkey[j]
+            hval[i] = hval[j]
+            i = j
+    hkey[i] = -1
+    free_slots[n_free] = s
+    return n_free + 1
+
+
+@njit(cache=True, _nrt=False)
+def _list_add(lst, lpos, cnt, s):
+    lst[cnt] = s
+    lpos[s] = cnt
+    return cnt + 1
+
+
+@njit(cache=True, _nrt=False)
+def _list_remove(lst, lpos, cnt, s):
+    i = lpos[s]
+    last = lst[cnt - 1]
+    lst[i] = last
+    lpos[last] = i
+    lpos[s] = -1
+    return cnt - 1
 
 
 def _make_replay_aging(stamp):
@@ -203,26 +297,45 @@ def _make_replay_aging(stamp):
         gk = np.zeros((n, 6), np.int64)
         nd = treap_nodes_nb(required_blocks)
         stack = np.empty(n + 64, np.int64)
-        wroot = np.full(k, -1, np.int64)   # waiting, per residue
-        cand = np.full(k, -1, np.int64)    # first runnable waiting row per residue
-        wfirst = np.full(k, -1, np.int64)  # first waiting row per residue
-        # Why a residue's cand may be out of date: STALE_NONE, STALE_SHIFT (only its priorities rose by
+        # Per-slot structures: a slot is held by a non-empty residue (a live row sits in its residue's
+        # slot), so at most min(K, n) are in use; sized by that, not by K.
+        m = min(k, np.int64(n)) + 1
+        t_size = 2
+        while t_size < 2 * m:
+            t_size *= 2
+        mask = np.int64(t_size - 1)
+        hkey = np.full(t_size, -1, np.int64)  # residue -> slot table
+        hval = np.zeros(t_size, np.int64)
+        free_slots = np.empty(m, np.int64)
+        for i in range(m):
+            free_slots[i] = m - 1 - i
+        n_free = m
+        s_rho = np.zeros(m, np.int64)
+        wroot = np.full(m, -1, np.int64)   # waiting, per slot
+        cand = np.full(m, -1, np.int64)    # first runnable waiting row per slot
+        wfirst = np.full(m, -1, np.int64)  # first waiting row per slot
+        # Why a slot's cand may be out of date: STALE_NONE, STALE_SHIFT (only its priorities rose by
         # one) or STALE_FULL (membership, free blocks or the victim set changed).
-        stale = np.full(k, STALE_FULL, np.int64)
+        stale = np.full(m, STALE_FULL, np.int64)
         # The threshold its cand was found with when it was one number for the whole residue (the
         # victims' staircase flat over the residue's priorities), else -1: a shift that leaves that
         # number as it was cannot change the answer.
-        flat_limit = np.full(k, -1, np.int64)
-        aroot = np.full(k, -1, np.int64)   # admitted, per residue
-        afirst = np.full(k, -1, np.int64)  # first admitted row per residue
+        flat_limit = np.full(m, -1, np.int64)
+        aroot = np.full(m, -1, np.int64)   # admitted, per slot
+        afirst = np.full(m, -1, np.int64)  # first admitted row per slot
+        sh = np.zeros(m, np.int64)  # sh[slot] = (steps - rho) // K: its residue's shift, kept per step
+        # The slots with waiting rows and those with admitted rows, as compact lists.
+        wlist = np.empty(m, np.int64)
+        wpos = np.full(m, -1, np.int64)
+        n_w = 0
+        alist = np.empty(m, np.int64)
+        apos = np.full(m, -1, np.int64)
+        n_a = 0
         # Victims, sorted by effective priority (insertion sort: the order barely moves per step).
         v_rows = np.empty(n + 1, np.int64)
         v_eff = np.empty(n + 1, np.int64)
         v_pmax = np.empty(n + 1, np.int64)
         n_v = 0
-        sh = np.empty(k, np.int64)  # sh[rho] = (steps - rho) // K: a residue's shift, kept per step
-        for rho in range(k):
-            sh[rho] = (0 - rho) // k
 
         pos = 0
         clock = np.int64(0)
@@ -245,13 +358,16 @@ def _make_replay_aging(stamp):
                 unfinished += 1
                 if required_blocks[r] > capacity:
                     continue  # can never be admitted
-                _set_aging_key(r, steps, k, gk, nd, PHASE_PREFILL, cache_hit[r], priority[r], prompt_len[r],
+                sl, n_free = _slot_acquire(steps % k, steps, k, hkey, hval, mask, free_slots, n_free, s_rho, sh,
+                                           wroot, aroot, cand, wfirst, afirst, stale, flat_limit)
+                _set_aging_key(r, steps, k, sl, gk, nd, PHASE_PREFILL, cache_hit[r], priority[r], prompt_len[r],
                                request_id[r])
-                rho = gk[r, 0]
-                wroot[rho] = treap_insert_nb(wroot[rho], r, stack, gk, nd)
-                if wfirst[rho] == NO_ROW or key_less_nb(gk, r, wfirst[rho]):
-                    wfirst[rho] = r
-                stale[rho] = STALE_FULL
+                if wroot[sl] < 0:
+                    n_w = _list_add(wlist, wpos, n_w, sl)
+                wroot[sl] = treap_insert_nb(wroot[sl], r, stack, gk, nd)
+                if wfirst[sl] == NO_ROW or key_less_nb(gk, r, wfirst[sl]):
+                    wfirst[sl] = r
+                stale[sl] = STALE_FULL
 
             # Victims sorted by effective priority (kept up to date at the end of each step); prefix
             # maxima of their blocks.
@@ -273,41 +389,38 @@ def _make_replay_aging(stamp):
                 v_pmax[i] = best
 
             best_wait = NO_ROW
-            for rho in range(k):
-                root = wroot[rho]
-                if root < 0:
-                    cand[rho] = NO_ROW
-                    stale[rho] = STALE_NONE
-                    continue
-                shift = sh[rho]
-                c = cand[rho]
-                walk = stale[rho] == STALE_FULL
-                if stale[rho] == STALE_SHIFT:
+            for i in range(n_w):
+                sl = wlist[i]
+                root = wroot[sl]
+                shift = sh[sl]
+                c = cand[sl]
+                walk = stale[sl] == STALE_FULL
+                if stale[sl] == STALE_SHIFT:
                     # The residue's priorities rose with its victims', so only rows before a cand that
                     # still runs (free blocks may have shrunk) could now come first.
-                    walk = c == NO_ROW or c != wfirst[rho] or required_blocks[c] > free + _below(
+                    walk = c == NO_ROW or c != wfirst[sl] or required_blocks[c] > free + _below(
                         nd[c, ND_BASE] + shift, n_v, v_eff, v_pmax)
-                    if walk and flat_limit[rho] >= 0:
+                    if walk and flat_limit[sl] >= 0:
                         lo = _below(nd[root, ND_MINBASE] + shift, n_v, v_eff, v_pmax)
-                        if lo == _below(nd[root, ND_MAXBASE] + shift, n_v, v_eff, v_pmax) and free + lo == flat_limit[rho]:
+                        if lo == _below(nd[root, ND_MAXBASE] + shift, n_v, v_eff, v_pmax) and free + lo == flat_limit[sl]:
                             walk = False
-                elif stale[rho] == STALE_NONE and c != NO_ROW:
+                elif stale[sl] == STALE_NONE and c != NO_ROW:
                     walk = required_blocks[c] > free + _below(nd[c, ND_BASE] + shift, n_v, v_eff, v_pmax)
                     if walk:
-                        flat_limit[rho] = -1
+                        flat_limit[sl] = -1
                 if walk:
                     c = _first_runnable(root, free, shift, nd, stack, n_v, v_eff, v_pmax)
-                    cand[rho] = c
+                    cand[sl] = c
                     lo = _below(nd[root, ND_MINBASE] + shift, n_v, v_eff, v_pmax)
                     flat = lo == _below(nd[root, ND_MAXBASE] + shift, n_v, v_eff, v_pmax)
-                    flat_limit[rho] = free + lo if flat else -1
-                stale[rho] = STALE_NONE
+                    flat_limit[sl] = free + lo if flat else -1
+                stale[sl] = STALE_NONE
                 if c != NO_ROW and (best_wait == NO_ROW or _real_less(gk, sh, c, best_wait)):
                     best_wait = c
             chosen = best_wait
-            for rho in range(k):
-                c = afirst[rho]
-                if c != NO_ROW and (chosen == NO_ROW or _real_less(gk, sh, c, chosen)):
+            for i in range(n_a):
+                c = afirst[alist[i]]
+                if chosen == NO_ROW or _real_less(gk, sh, c, chosen):
                     chosen = c
 
             if chosen == NO_ROW:
@@ -319,14 +432,16 @@ def _make_replay_aging(stamp):
 
             victim = NO_ROW
             was_admitted = admitted[chosen]
-            rho_old = gk[chosen, 0]
+            s_old = gk[chosen, 0]
             if was_admitted:
-                aroot[rho_old] = treap_delete_nb(aroot[rho_old], chosen, stack, gk, nd)
-                afirst[rho_old] = treap_first_nb(aroot[rho_old], nd)
+                aroot[s_old] = treap_delete_nb(aroot[s_old], chosen, stack, gk, nd)
+                afirst[s_old] = treap_first_nb(aroot[s_old], nd)
+                if aroot[s_old] < 0:
+                    n_a = _list_remove(alist, apos, n_a, s_old)
             else:
                 need = required_blocks[chosen]
                 if need > free:
-                    e_c = -gk[chosen, 3] + sh[rho_old]
+                    e_c = -gk[chosen, 3] + sh[s_old]
                     best_e = np.int64(0)
                     # The seed's victim: lowest effective priority, then most blocks, then smallest id,
                     # among victims below the challenger that free enough blocks.
@@ -348,9 +463,13 @@ def _make_replay_aging(stamp):
                     status[victim] = STATUS_PREEMPTED
                     preemptions[victim] += 1
                     free += required_blocks[victim]
-                    rv = gk[victim, 0]
+                    rv = gk[victim, 0]  # its slot keeps a row throughout: out of aroot, into wroot
                     aroot[rv] = treap_delete_nb(aroot[rv], victim, stack, gk, nd)
                     afirst[rv] = treap_first_nb(aroot[rv], nd)
+                    if aroot[rv] < 0:
+                        n_a = _list_remove(alist, apos, n_a, rv)
+                    if wroot[rv] < 0:
+                        n_w = _list_add(wlist, wpos, n_w, rv)
                     wroot[rv] = treap_insert_nb(wroot[rv], victim, stack, gk, nd)
                     if wfirst[rv] == NO_ROW or key_less_nb(gk, victim, wfirst[rv]):
                         wfirst[rv] = victim
@@ -361,18 +480,22 @@ def _make_replay_aging(stamp):
                                 v_eff[j] = v_eff[j + 1]
                             n_v -= 1
                             break
-                    stale[:] = STALE_FULL  # free blocks grew by the victim's blocks
-                wroot[rho_old] = treap_delete_nb(wroot[rho_old], chosen, stack, gk, nd)
-                if wfirst[rho_old] == chosen:
-                    wfirst[rho_old] = treap_first_nb(wroot[rho_old], nd)
-                stale[rho_old] = STALE_FULL
+                    for i in range(n_w):  # free blocks grew by the victim's blocks
+                        stale[wlist[i]] = STALE_FULL
+                wroot[s_old] = treap_delete_nb(wroot[s_old], chosen, stack, gk, nd)
+                if wfirst[s_old] == chosen:
+                    wfirst[s_old] = treap_first_nb(wroot[s_old], nd)
+                if wroot[s_old] < 0:
+                    n_w = _list_remove(wlist, wpos, n_w, s_old)
+                stale[s_old] = STALE_FULL
                 free -= need
                 admitted[chosen] = True
                 if preemptible[chosen]:
                     v_rows[n_v] = chosen
-                    v_eff[n_v] = -gk[chosen, 3] + sh[rho_old]
+                    v_eff[n_v] = -gk[chosen, 3] + sh[s_old]
                     n_v += 1
-                    stale[:] = STALE_FULL  # a new victim: more may run
+                    for i in range(n_w):  # a new victim: more may run
+                        stale[wlist[i]] = STALE_FULL
             status[chosen] = STATUS_RUNNING
             chosen_count[chosen] += 1
 
@@ -403,15 +526,21 @@ def _make_replay_aging(stamp):
                                 v_eff[j] = v_eff[j + 1]
                             n_v -= 1
                             break
-                stale[:] = STALE_FULL
+                for i in range(n_w):
+                    stale[wlist[i]] = STALE_FULL
             else:
                 a = enqueue_steps[chosen] + chosen_count[chosen]
-                _set_aging_key(chosen, a, k, gk, nd, PHASE_DECODE, cache_hit[chosen], priority[chosen],
+                sl, n_free = _slot_acquire(a % k, steps, k, hkey, hval, mask, free_slots, n_free, s_rho, sh,
+                                           wroot, aroot, cand, wfirst, afirst, stale, flat_limit)
+                _set_aging_key(chosen, a, k, sl, gk, nd, PHASE_DECODE, cache_hit[chosen], priority[chosen],
                                prompt_len[chosen] + generated[chosen], request_id[chosen])
-                rho = gk[chosen, 0]
-                aroot[rho] = treap_insert_nb(aroot[rho], chosen, stack, gk, nd)
-                if afirst[rho] == NO_ROW or key_less_nb(gk, chosen, afirst[rho]):
-                    afirst[rho] = chosen
+                if aroot[sl] < 0:
+                    n_a = _list_add(alist, apos, n_a, sl)
+                aroot[sl] = treap_insert_nb(aroot[sl], chosen, stack, gk, nd)
+                if afirst[sl] == NO_ROW or key_less_nb(gk, chosen, afirst[sl]):
+                    afirst[sl] = chosen
+            if wroot[s_old] < 0 and aroot[s_old] < 0:
+                n_free = _slot_release(s_old, s_rho, hkey, hval, mask, free_slots, n_free)
 
             missed = 0
             if has_deadline[chosen]:
@@ -430,15 +559,16 @@ def _make_replay_aging(stamp):
             clock += 1
             steps += 1
             # Residue steps % K: every effective priority in it rises by one (the chosen request's,
-            # now in another residue, stays), so more of it may run.
-            rs = steps % k
-            sh[rs] += 1
-            for i in range(n_v):
-                v = v_rows[i]
-                if gk[v, 0] == rs and v != chosen:
-                    v_eff[i] += 1
-            if stale[rs] == STALE_NONE:
-                stale[rs] = STALE_SHIFT
+            # now in another residue, stays), so more of it may run.  An empty residue holds no slot.
+            rs = _slot_lookup(steps % k, hkey, hval, mask)
+            if rs >= 0:
+                sh[rs] += 1
+                for i in range(n_v):
+                    v = v_rows[i]
+                    if gk[v, 0] == rs and v != chosen:
+                        v_eff[i] += 1
+                if stale[rs] == STALE_NONE:
+                    stale[rs] = STALE_SHIFT
 
         for r in range(n):
             out = req_out[r]

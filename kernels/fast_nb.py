@@ -48,9 +48,8 @@ nothing is compiled with ``_nrt=False`` (no reference counting; a private but lo
 option).  Memory: about 30 int64 per request.
 
 **Policy aging** runs in `aging_nb.replay_aging_nb` (one group per residue of ``(enqueue step +
-times chosen) mod aging_interval``; see there) for ``aging_interval <= 64``, on the scan kernel
-above that (the aging kernel loops over the residues every step), and as fixed_priority when
-``aging_interval`` exceeds the trace's total work steps (no wait can reach it).
+times chosen) mod aging_interval``, held only while non-empty; see there) for any interval, and
+as fixed_priority when ``aging_interval`` exceeds the trace's total work steps (no wait can reach it).
 """
 
 import hashlib
@@ -114,7 +113,6 @@ from .ordered_nb import (
     treap_nodes_nb,
 )
 from .aging_nb import replay_aging_nb
-from .scan_nb import replay_scan_nb
 
 def source_stamp(*names) -> int:
     """A hash (int, >= 0) of the named kernel sources: Numba's cache key covers only a cached
@@ -129,11 +127,9 @@ def source_stamp(*names) -> int:
     return int.from_bytes(h.digest()[:7], "little")
 
 
-SOURCE_STAMP = source_stamp("enums.py", "ordered_nb.py", "aging_nb.py", "scan_nb.py")
+SOURCE_STAMP = source_stamp("enums.py", "ordered_nb.py", "aging_nb.py")
 
 GK_NCOLS = 6
-# Aging intervals above this run on the scan kernel (the aging kernel loops over the residues).
-MAX_FAST_AGING_INTERVAL = 64
 
 
 @njit(cache=True, _nrt=False)
@@ -243,15 +239,10 @@ def _make_replay_fast(stamp):
             # No request can wait aging_interval steps (a wait never exceeds the steps run), so the
             # effective priority is the business priority all along: exactly fixed_priority.
             policy = POLICY_FIXED_PRIORITY
-        if policy == POLICY_AGING and aging_interval <= MAX_FAST_AGING_INTERVAL:
+        if policy == POLICY_AGING:
             replay_aging_nb(request_id, arrival_step, prompt_len, max_new_tokens, priority, cache_hit,
                             required_blocks, deadline_step, has_deadline, preemptible, order,
                             free_kv_blocks, aging_interval, max_steps, events, req_out, summary)
-            return
-        if policy == POLICY_AGING:
-            replay_scan_nb(request_id, arrival_step, prompt_len, max_new_tokens, priority, cache_hit,
-                           required_blocks, deadline_step, has_deadline, preemptible, order,
-                           policy, free_kv_blocks, aging_interval, max_steps, events, req_out, summary)
             return
         _replay_static(request_id, arrival_step, prompt_len, max_new_tokens, priority, cache_hit,
                        required_blocks, deadline_step, has_deadline, preemptible, order,

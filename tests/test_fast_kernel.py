@@ -1,9 +1,8 @@
 """The fast kernel equals the model event for event, and the scan kernel on long overloaded traces.
 
 * thousands of small random traces (tests/oracle.py) against the pure-Python model, every policy;
-* long backlogged random traces (tight capacity, preemptions, far deadlines, aging intervals up to
-  the 64 the aging kernel handles) against the scan kernel, array for array (events, final request
-  state, summary);
+* long backlogged random traces (tight capacity, preemptions, far deadlines, aging intervals from 1
+  to 10**6) against the scan kernel, array for array (events, final request state, summary);
 * a prefix of the real Azure 2023 conversation trace at offered load 1.5;
 * the ordered structures (treap with min-blocks aggregate, heap) against sorted Python lists.
 """
@@ -18,6 +17,7 @@ from oracle import POLICIES, assert_matches_model, configs, traces
 
 from decodesched.engine import policy_code, simulate, trace_arrays
 from decodesched.kernels import enums as E
+from decodesched.kernels.aging_nb import replay_aging_nb
 from decodesched.kernels.fast_nb import replay_fast_nb
 from decodesched.kernels.ordered_nb import (
     heap_push_nb,
@@ -93,6 +93,62 @@ def test_aging_equals_scan_with_many_residues(interval):
     trace = backlog_trace(800, seed=9, priorities=5, max_blocks=10, non_preemptible_fraction=0.3)
     _, req_out, _ = assert_same_as_scan(trace, "aging", 25, interval=interval)
     assert req_out[:, E.RQ_PREEMPTIONS].sum() > 0
+
+
+@pytest.mark.parametrize("interval", [65, 100, 1000, 3000])
+def test_aging_equals_scan_with_long_intervals(interval):
+    """Intervals above 64 run on the aging kernel too (it holds only the non-empty residues); 3000
+    exceeds the number of slots, so residues collide in its residue -> slot table."""
+    for seed, n, capacity in [(21, 800, 25), (22, 300, 12)]:
+        trace = backlog_trace(n, seed=seed, priorities=5, max_blocks=10, non_preemptible_fraction=0.3)
+        assert interval <= trace.work_steps  # a real aging replay, not the fixed_priority shortcut
+        events, req_out, _ = assert_same_as_scan(trace, "aging", capacity, interval=interval)
+        assert req_out[:, E.RQ_PREEMPTIONS].sum() > 0
+        fixed = run_kernel(replay_scan_nb, trace, "fixed_priority", capacity)[0]
+        assert fixed.shape != events.shape or (fixed != events).any()  # aging did change the schedule
+
+
+def run_aging_kernel(trace, capacity, interval, max_steps=-1):
+    events = np.zeros((trace.work_steps, E.EV_NCOLS), np.int64)
+    req_out = np.zeros((len(trace), E.RQ_NCOLS), np.int64)
+    summary = np.zeros(E.SM_NCOLS, np.int64)
+    arrays = trace_arrays(trace)
+    replay_aging_nb(*arrays, capacity, interval, max_steps, events, req_out, summary)
+    return events[: summary[E.SM_EVENTS]], req_out, summary
+
+
+@pytest.mark.parametrize("interval", [10**6, 2**40 + 3])
+def test_aging_kernel_itself_with_huge_intervals_equals_scan(interval):
+    """The aging kernel called directly (not through the fixed_priority shortcut) with intervals far
+    above the trace's work: every residue its own slot, colliding in the table; memory as for small K."""
+    trace = backlog_trace(600, seed=23, priorities=5, max_blocks=10, non_preemptible_fraction=0.3)
+    got = run_aging_kernel(trace, 20, interval)
+    want = run_kernel(replay_scan_nb, trace, "aging", 20, interval)
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
+    assert got[1][:, E.RQ_PREEMPTIONS].sum() > 0
+
+
+@settings(max_examples=300, **SETTINGS)
+@given(rows=traces(max_requests=30, max_len=8, max_arrival=20, max_blocks=10),
+       capacity=st.integers(0, 25), interval=st.sampled_from([6, 9, 17, 33, 64, 65, 100, 1000, 10**6]),
+       max_steps=st.one_of(st.none(), st.integers(0, 200)))
+def test_aging_with_long_intervals_matches_model(rows, capacity, interval, max_steps):
+    result = simulate(rows, policy="aging", free_kv_blocks=capacity, aging_interval=interval, max_steps=max_steps,
+                      engine="fast")
+    assert_matches_model(result, rows, "aging", capacity, interval, max_steps)
+
+
+@settings(max_examples=200, **SETTINGS)
+@given(rows=traces(max_requests=30, max_len=8, max_arrival=20, max_blocks=10),
+       capacity=st.integers(0, 25), interval=st.integers(1, 400))
+def test_aging_kernel_directly_matches_scan_on_small_traces(rows, capacity, interval):
+    """Any interval, also above the trace's work (no shortcut): the residue slots come and go."""
+    trace = load_trace(rows)
+    got = run_aging_kernel(trace, capacity, interval)
+    want = run_kernel(replay_scan_nb, trace, "aging", capacity, interval)
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
 
 
 def test_equals_scan_with_far_deadlines_and_oversized_requests():
