@@ -8,7 +8,7 @@ available, then `grader.checks.verdict_for_source` in the sandbox):
   (`grader/solutions/seed_reference.py`, a completed seed) must score full marks, status graded;
 * the untouched release (the solution regions stripped by nbgrader's own ``ClearSolutions``) must
   score 0 on every graded cell;
-* every one-bug mutant in `grader/mutants/` must lose points, and every cell where it loses points
+* every one-bug mutant in `grader/mutants.py` must lose points, and every cell where it loses points
   must say why in a ``FAIL`` feedback line.
 
 `run_selfcheck(jobs=None)` returns the table; `main()` prints it and returns 1 if a row is wrong.
@@ -26,12 +26,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import checks, spec
+from . import checks, mutants, spec
 
 HERE = Path(__file__).resolve().parent
 REFERENCE = HERE / "solutions" / "reference.py"
 SEED_REFERENCE = HERE / "solutions" / "seed_reference.py"
-MUTANTS = HERE / "mutants"
 
 
 @dataclass
@@ -67,16 +66,6 @@ class SelfcheckTable:
         out.append(f"{len(self.rows)} solutions checked in {self.seconds:.1f} s with {self.jobs} job(s): "
                    + ("all judged as expected" if not n_bad else f"{n_bad} misjudged"))
         return "\n".join(out)
-
-
-def mutant_files() -> list[Path]:
-    return sorted(p for p in MUTANTS.glob("m*.py"))
-
-
-def mutant_bug(path: Path) -> str:
-    first = path.read_text(encoding="utf-8").splitlines()[0]
-    m = re.match(r"#\s*MUTANT\s+\S+:\s*(.*)", first)
-    return m.group(1).strip() if m else ""
 
 
 def release_solution_source(reference: str | None = None) -> str:
@@ -168,8 +157,8 @@ def run_selfcheck(jobs: int | None = None, *, limits: checks.Limits | None = Non
     if SEED_REFERENCE.is_file():
         items.insert(1, (Row("seed_reference", "full", "the seed chapter's own reference solution"),
                          SEED_REFERENCE.read_text(encoding="utf-8")))
-    for path in mutant_files():
-        items.append((Row(path.stem, "loses", mutant_bug(path)), path.read_text(encoding="utf-8")))
+    for mutant in mutants.MUTANTS:
+        items.append((Row(mutant.name, "loses", mutant.bug), mutant.source(reference)))
     jobs = jobs or os.cpu_count() or 1
     checks.build_scenarios()  # build (and cache) the scenarios once, before the threads start
     rows: list[Row] = []

@@ -10,11 +10,10 @@ from pathlib import Path
 import pytest
 
 from decodesched import model
-from decodesched.grader import checks, harness, spec
+from decodesched.grader import checks, harness, mutants, spec
 
 ROOT = Path(__file__).resolve().parents[1]
 REFERENCE = (ROOT / "grader" / "solutions" / "reference.py").read_text(encoding="utf-8")
-MUTANTS = ROOT / "grader" / "mutants"
 
 
 def _ns(source):
@@ -141,7 +140,7 @@ def test_reference_in_process_passes_every_scenario():
 
 def test_partial_credit_is_proportional_and_never_above_points():
     scen = checks.build_scenarios()
-    obs = _inprocess_obs((MUTANTS / "m05_preempts_equal_priority.py").read_text(), scen)
+    obs = _inprocess_obs(mutants.by_name("m05_preempts_equal_priority").source(), scen)
     verdicts = checks.judge(scen, obs)
     for c in spec.CELLS:
         v = verdicts[c.grade_id]
@@ -151,7 +150,7 @@ def test_partial_credit_is_proportional_and_never_above_points():
 
 
 def test_shrinking_finds_a_minimal_trace_and_names_the_first_diverging_event():
-    src = (MUTANTS / "m05_preempts_equal_priority.py").read_text()
+    src = mutants.by_name("m05_preempts_equal_priority").source()
     scen = checks.build_scenarios()
     obs = _inprocess_obs(src, scen)
     lines = checks.judge(scen, obs, rerun=lambda more: _inprocess_obs(src, more))["hidden_differential"].lines
@@ -190,7 +189,7 @@ def test_messages_say_expected_and_got():
         ("m13_minus_one_means_no_victim", "hidden_todo3_capacity", r"expected preempted_request_id=-1, got preempted_request_id=None"),
         ("m09_slack_clamped_at_zero", "hidden_todo2_schedule_key", r"expected \(-\d+, .*\), got \(0, "),
     ]:
-        obs = _inprocess_obs((MUTANTS / f"{name}.py").read_text(), scen)
+        obs = _inprocess_obs(mutants.by_name(name).source(), scen)
         lines = checks.judge(scen, obs)[cell].lines
         assert any(re.search(pattern, ln) for ln in lines), (name, lines)
 
@@ -205,8 +204,8 @@ def test_feedback_never_contains_hidden_test_source():
             hidden += [ln.strip() for ln in m.group(1).splitlines() if len(ln.strip()) > 15]
     assert hidden
     scen = checks.build_scenarios()
-    for path in sorted(MUTANTS.glob("m*.py"))[:8]:
-        text = json.dumps({k: v.lines for k, v in checks.judge(scen, _inprocess_obs(path.read_text(), scen)).items()},
+    for mutant in mutants.MUTANTS[:8]:
+        text = json.dumps({k: v.lines for k, v in checks.judge(scen, _inprocess_obs(mutant.source(), scen)).items()},
                           ensure_ascii=False)
         for ln in hidden:
             assert ln not in text

@@ -3,7 +3,7 @@
     python tests/grader_attacks/throughput.py [--folder honest|attacks] [--jobs 2] [--plain-timeout 900]
 
 Builds a course from `assignments/` in a temporary folder, makes the submissions (honest: the
-reference plus every one-bug mutant of `grader/mutants/`; attacks: `attacks.build`), then times
+reference plus every one-bug mutant of `grader/mutants.py`; attacks: `attacks.build`), then times
 1. `decodesched grade SUBS --out OUT --jobs N`, and
 2. plain `nbgrader autograde decode_scheduling` (one call, all students, nbgrader's own defaults
    from assignments/nbgrader_config.py), which runs hidden tests inside each student's kernel.
@@ -28,6 +28,8 @@ sys.path.insert(0, str(HERE.parent))
 
 from grader_attacks import attacks  # noqa: E402
 
+from decodesched.grader import mutants  # noqa: E402
+
 ASSIGNMENT = "decode_scheduling"
 
 
@@ -51,8 +53,8 @@ def honest_folder(release: Path, out: Path) -> None:
     out.mkdir()
     rel = json.loads(release.read_text())
     sources = {"reference": attacks.reference_source(), "honest_buggy": attacks.honest_source()}
-    for p in sorted((REPO / "grader" / "mutants").glob("m*.py")):
-        sources[p.stem] = p.read_text()
+    for mutant in mutants.MUTANTS:
+        sources[mutant.name] = mutant.source()
     for name, src in sources.items():
         (out / f"{name}.ipynb").write_text(json.dumps(attacks._with_solution(rel, src)))
 
