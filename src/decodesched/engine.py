@@ -35,19 +35,6 @@ EVENT_COLUMNS = (
     "preempted_request_id",
     "deadline_missed",
 )
-REQUEST_RESULT_COLUMNS = (
-    "first_step",
-    "first_token_step",
-    "finish_step",
-    "wait_steps",
-    "preemptions",
-    "status",
-    "queue_wait",
-    "ttft",
-    "tpot",
-    "e2e",
-    "deadline_met",
-)
 
 
 def policy_code(policy: str) -> int:
