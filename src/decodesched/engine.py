@@ -171,7 +171,7 @@ class SimulationResult:
 
     @cached_property
     def events(self) -> dict[str, np.ndarray]:
-        """The event log as columns (SPEC section 4); ``preempted_request_id`` is -1... see `timeline`."""
+        """The event log as columns (SPEC section 4); ``preempted_request_id`` is 0 where ``has_victim`` is False."""
         ev = self._need_events()
         t = self.trace
         rows = ev[:, E.EV_ROW]
