@@ -175,6 +175,22 @@ def _check_backend(backend: str) -> None:
                             "CUDA code in Numba's slow simulator)")
 
 
+def check_scenarios(scenarios: Sequence[Scenario], n_traces: int) -> list[tuple[int, int, int, int, int]]:
+    """Validate every scenario; return (trace index, policy code, capacity, interval, max_steps or -1) each."""
+    out = []
+    for i, sc in enumerate(scenarios):
+        if not isinstance(sc, Scenario):
+            raise UserError(f"scenario {i}: expected a Scenario, got {type(sc).__name__}")
+        t = sc.trace
+        if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or not 0 <= t < n_traces:
+            raise UserError(f"scenario {i}: trace index {t!r} is not one of 0..{n_traces - 1}")
+        try:
+            out.append((int(t), *check_config(sc.policy, sc.free_kv_blocks, sc.aging_interval, sc.max_steps)))
+        except UserError as exc:
+            raise UserError(f"scenario {i}: {exc}") from None
+    return out
+
+
 def simulate_batch(traces, scenarios: Sequence[Scenario], *, record_events: bool = False, threads: int | None = None,
                    backend: str = "cpu", engine: str = "fast", progress: bool | None = False) -> BatchResult:
     """Replay every scenario in parallel; return a `BatchResult`.
@@ -200,23 +216,8 @@ def simulate_batch(traces, scenarios: Sequence[Scenario], *, record_events: bool
     _check_backend(backend)
     threads = _check_threads(threads)
     n_sc = len(scenarios)
-    sc_trace = np.empty(n_sc, np.int64)
-    sc_policy = np.empty(n_sc, np.int64)
-    sc_capacity = np.empty(n_sc, np.int64)
-    sc_interval = np.empty(n_sc, np.int64)
-    sc_max_steps = np.empty(n_sc, np.int64)
-    for i, sc in enumerate(scenarios):
-        if not isinstance(sc, Scenario):
-            raise UserError(f"scenario {i}: expected a Scenario, got {type(sc).__name__}")
-        t = sc.trace
-        if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or not 0 <= t < len(traces):
-            raise UserError(f"scenario {i}: trace index {t!r} is not one of 0..{len(traces) - 1}")
-        try:
-            code, capacity, interval, limit = check_config(sc.policy, sc.free_kv_blocks, sc.aging_interval,
-                                                           sc.max_steps)
-        except UserError as exc:
-            raise UserError(f"scenario {i}: {exc}") from None
-        sc_trace[i], sc_policy[i], sc_capacity[i], sc_interval[i], sc_max_steps[i] = t, code, capacity, interval, limit
+    configs = np.array(check_scenarios(scenarios, len(traces)), np.int64).reshape(n_sc, 5)
+    sc_trace, sc_policy, sc_capacity, sc_interval, sc_max_steps = (np.ascontiguousarray(c) for c in configs.T)
 
     lengths = np.array([len(t) for t in traces], np.int64)
     trace_start = np.zeros(len(traces) + 1, np.int64)

@@ -178,8 +178,7 @@ def run_sweep(traces, scenarios: Sequence, address, *, chunk_size: int = DEFAULT
     A chunk that still fails after `retries` raises `UserError` (finished chunks stay in the
     checkpoint).
     """
-    from .batch import Scenario, _as_list
-    from .engine import check_config
+    from .batch import _as_list, check_scenarios
     from .trace import load_trace
 
     _import_dask()
@@ -190,16 +189,7 @@ def run_sweep(traces, scenarios: Sequence, address, *, chunk_size: int = DEFAULT
     if not traces or not scenarios:
         raise UserError("a sweep needs at least one trace and one scenario")
     # Validate everything here, before any cluster work (the same checks as a local run).
-    for i, sc in enumerate(scenarios):
-        if not isinstance(sc, Scenario):
-            raise UserError(f"scenario {i}: expected a Scenario, got {type(sc).__name__}")
-        t = sc.trace
-        if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or not 0 <= t < len(traces):
-            raise UserError(f"scenario {i}: trace index {t!r} is not one of 0..{len(traces) - 1}")
-        try:
-            check_config(sc.policy, sc.free_kv_blocks, sc.aging_interval, sc.max_steps)
-        except UserError as exc:
-            raise UserError(f"scenario {i}: {exc}") from None
+    check_scenarios(scenarios, len(traces))
 
     n = len(scenarios)
     key = sweep_key(traces, scenarios)
