@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import csv
-import importlib.util
 import math
 import random
 
@@ -273,16 +272,6 @@ def test_cli_sweep_cuda_without_gpu_exits_2(trace_csv, tmp_path, capsys, monkeyp
     assert main(["sweep", str(trace_csv), "--policy", "aging", "--kv-blocks", "4", "--backend", "cuda",
                  "--out", str(out)]) == 2
     assert "needs an NVIDIA GPU" in capsys.readouterr().err
-    assert not out.exists()
-
-
-@pytest.mark.skipif(importlib.util.find_spec("decodesched.distributed") is not None,
-                    reason="decodesched.distributed exists; its own tests cover --dask")
-def test_cli_sweep_dask_without_support_exits_2(trace_csv, tmp_path, capsys):
-    out = tmp_path / "m.csv"
-    assert main(["sweep", str(trace_csv), "--policy", "aging", "--kv-blocks", "4", "--dask", "local",
-                 "--out", str(out)]) == 2
-    assert "pip install 'decodesched[dask]'" in capsys.readouterr().err
     assert not out.exists()
 
 
