@@ -253,6 +253,33 @@ def _slot_release(s, s_rho, hkey, hval, mask, free_slots, n_free):
 
 
 @njit(cache=True, _nrt=False)
+def _tree_set(tb, size, s, row, gk, sh):
+    """Slot s's leaf of the tournament tree (the first of its cached rows, -1 for none) and its path."""
+    i = s + size
+    tb[i] = row
+    i >>= 1
+    while i >= 1:
+        a = tb[2 * i]
+        b = tb[2 * i + 1]
+        if a < 0:
+            tb[i] = b
+        elif b < 0 or _real_less(gk, sh, a, b):
+            tb[i] = a
+        else:
+            tb[i] = b
+        i >>= 1
+
+
+@njit(cache=True, _nrt=False)
+def _mark(s, dirty, in_dirty, n_d):
+    if not in_dirty[s]:
+        in_dirty[s] = True
+        dirty[n_d] = s
+        n_d += 1
+    return n_d
+
+
+@njit(cache=True, _nrt=False)
 def _list_add(lst, lpos, cnt, s):
     lst[cnt] = s
     lpos[s] = cnt
@@ -331,6 +358,18 @@ def _make_replay_aging(stamp):
         alist = np.empty(m, np.int64)
         apos = np.full(m, -1, np.int64)
         n_a = 0
+        # A tournament tree over slots: leaf = the first of the slot's cached waiting answer and its first
+        # admitted row; internal nodes by the real key.  Slots whose leaf may be out of date are queued
+        # in `dirty`.  A cached answer of a slot that is not dirty may have stopped being runnable (free
+        # blocks shrank, victims' priorities rose: runnability only shrinks there), never the reverse,
+        # so it only comes too early: the top is checked and its slot re-walked until it runs.
+        t_leaves = 1
+        while t_leaves < m:
+            t_leaves *= 2
+        tb = np.full(2 * t_leaves, -1, np.int64)
+        dirty = np.empty(m, np.int64)
+        in_dirty = np.zeros(m, np.bool_)
+        n_d = 0
         # Victims, sorted by effective priority (insertion sort: the order barely moves per step).
         v_rows = np.empty(n + 1, np.int64)
         v_eff = np.empty(n + 1, np.int64)
@@ -368,6 +407,7 @@ def _make_replay_aging(stamp):
                 if wfirst[sl] == NO_ROW or key_less_nb(gk, r, wfirst[sl]):
                     wfirst[sl] = r
                 stale[sl] = STALE_FULL
+                n_d = _mark(sl, dirty, in_dirty, n_d)
 
             # Victims sorted by effective priority (kept up to date at the end of each step); prefix
             # maxima of their blocks.
@@ -388,40 +428,60 @@ def _make_replay_aging(stamp):
                     best = b
                 v_pmax[i] = best
 
-            best_wait = NO_ROW
-            for i in range(n_w):
-                sl = wlist[i]
+            for i in range(n_d):
+                sl = dirty[i]
+                in_dirty[sl] = False
                 root = wroot[sl]
-                shift = sh[sl]
-                c = cand[sl]
-                walk = stale[sl] == STALE_FULL
-                if stale[sl] == STALE_SHIFT:
-                    # The residue's priorities rose with its victims', so only rows before a cand that
-                    # still runs (free blocks may have shrunk) could now come first.
-                    walk = c == NO_ROW or c != wfirst[sl] or required_blocks[c] > free + _below(
-                        nd[c, ND_BASE] + shift, n_v, v_eff, v_pmax)
-                    if walk and flat_limit[sl] >= 0:
-                        lo = _below(nd[root, ND_MINBASE] + shift, n_v, v_eff, v_pmax)
-                        if lo == _below(nd[root, ND_MAXBASE] + shift, n_v, v_eff, v_pmax) and free + lo == flat_limit[sl]:
-                            walk = False
-                elif stale[sl] == STALE_NONE and c != NO_ROW:
-                    walk = required_blocks[c] > free + _below(nd[c, ND_BASE] + shift, n_v, v_eff, v_pmax)
+                if root < 0:
+                    cand[sl] = NO_ROW
+                    stale[sl] = STALE_NONE
+                else:
+                    shift = sh[sl]
+                    c = cand[sl]
+                    walk = stale[sl] == STALE_FULL
+                    if stale[sl] == STALE_SHIFT:
+                        # The residue's priorities rose with its victims', so only rows before a cand
+                        # that still runs (free blocks may have shrunk) could now come first.
+                        walk = c == NO_ROW or c != wfirst[sl] or required_blocks[c] > free + _below(
+                            nd[c, ND_BASE] + shift, n_v, v_eff, v_pmax)
+                        if walk and flat_limit[sl] >= 0:
+                            lo = _below(nd[root, ND_MINBASE] + shift, n_v, v_eff, v_pmax)
+                            if lo == _below(nd[root, ND_MAXBASE] + shift, n_v, v_eff, v_pmax) and free + lo == flat_limit[sl]:
+                                walk = False
+                    elif stale[sl] == STALE_NONE and c != NO_ROW:
+                        walk = required_blocks[c] > free + _below(nd[c, ND_BASE] + shift, n_v, v_eff, v_pmax)
                     if walk:
-                        flat_limit[sl] = -1
-                if walk:
-                    c = _first_runnable(root, free, shift, nd, stack, n_v, v_eff, v_pmax)
-                    cand[sl] = c
-                    lo = _below(nd[root, ND_MINBASE] + shift, n_v, v_eff, v_pmax)
-                    flat = lo == _below(nd[root, ND_MAXBASE] + shift, n_v, v_eff, v_pmax)
-                    flat_limit[sl] = free + lo if flat else -1
-                stale[sl] = STALE_NONE
-                if c != NO_ROW and (best_wait == NO_ROW or _real_less(gk, sh, c, best_wait)):
-                    best_wait = c
-            chosen = best_wait
-            for i in range(n_a):
-                c = afirst[alist[i]]
-                if chosen == NO_ROW or _real_less(gk, sh, c, chosen):
-                    chosen = c
+                        c = _first_runnable(root, free, shift, nd, stack, n_v, v_eff, v_pmax)
+                        cand[sl] = c
+                        lo = _below(nd[root, ND_MINBASE] + shift, n_v, v_eff, v_pmax)
+                        flat = lo == _below(nd[root, ND_MAXBASE] + shift, n_v, v_eff, v_pmax)
+                        flat_limit[sl] = free + lo if flat else -1
+                    stale[sl] = STALE_NONE
+                c = cand[sl]
+                f = afirst[sl]
+                if c == NO_ROW or (f != NO_ROW and key_less_nb(gk, f, c)):
+                    c = f
+                _tree_set(tb, t_leaves, sl, c, gk, sh)
+            n_d = 0
+            # The top of the tree, once it runs, is the step's request (see `tb`).
+            while True:
+                chosen = tb[1]
+                if chosen == NO_ROW or admitted[chosen]:
+                    break
+                sl = gk[chosen, 0]
+                shift = sh[sl]
+                if required_blocks[chosen] <= free + _below(nd[chosen, ND_BASE] + shift, n_v, v_eff, v_pmax):
+                    break
+                root = wroot[sl]
+                c = _first_runnable(root, free, shift, nd, stack, n_v, v_eff, v_pmax)
+                cand[sl] = c
+                lo = _below(nd[root, ND_MINBASE] + shift, n_v, v_eff, v_pmax)
+                flat = lo == _below(nd[root, ND_MAXBASE] + shift, n_v, v_eff, v_pmax)
+                flat_limit[sl] = free + lo if flat else -1
+                f = afirst[sl]
+                if c == NO_ROW or (f != NO_ROW and key_less_nb(gk, f, c)):
+                    c = f
+                _tree_set(tb, t_leaves, sl, c, gk, sh)
 
             if chosen == NO_ROW:
                 if pos < n:
@@ -438,6 +498,7 @@ def _make_replay_aging(stamp):
                 afirst[s_old] = treap_first_nb(aroot[s_old], nd)
                 if aroot[s_old] < 0:
                     n_a = _list_remove(alist, apos, n_a, s_old)
+                n_d = _mark(s_old, dirty, in_dirty, n_d)
             else:
                 need = required_blocks[chosen]
                 if need > free:
@@ -473,6 +534,7 @@ def _make_replay_aging(stamp):
                     wroot[rv] = treap_insert_nb(wroot[rv], victim, stack, gk, nd)
                     if wfirst[rv] == NO_ROW or key_less_nb(gk, victim, wfirst[rv]):
                         wfirst[rv] = victim
+                    n_d = _mark(rv, dirty, in_dirty, n_d)
                     for i in range(n_v):
                         if v_rows[i] == victim:
                             for j in range(i, n_v - 1):
@@ -482,12 +544,14 @@ def _make_replay_aging(stamp):
                             break
                     for i in range(n_w):  # free blocks grew by the victim's blocks
                         stale[wlist[i]] = STALE_FULL
+                        n_d = _mark(wlist[i], dirty, in_dirty, n_d)
                 wroot[s_old] = treap_delete_nb(wroot[s_old], chosen, stack, gk, nd)
                 if wfirst[s_old] == chosen:
                     wfirst[s_old] = treap_first_nb(wroot[s_old], nd)
                 if wroot[s_old] < 0:
                     n_w = _list_remove(wlist, wpos, n_w, s_old)
                 stale[s_old] = STALE_FULL
+                n_d = _mark(s_old, dirty, in_dirty, n_d)
                 free -= need
                 admitted[chosen] = True
                 if preemptible[chosen]:
@@ -496,6 +560,7 @@ def _make_replay_aging(stamp):
                     n_v += 1
                     for i in range(n_w):  # a new victim: more may run
                         stale[wlist[i]] = STALE_FULL
+                        n_d = _mark(wlist[i], dirty, in_dirty, n_d)
             status[chosen] = STATUS_RUNNING
             chosen_count[chosen] += 1
 
@@ -528,6 +593,7 @@ def _make_replay_aging(stamp):
                             break
                 for i in range(n_w):
                     stale[wlist[i]] = STALE_FULL
+                    n_d = _mark(wlist[i], dirty, in_dirty, n_d)
             else:
                 a = enqueue_steps[chosen] + chosen_count[chosen]
                 sl, n_free = _slot_acquire(a % k, steps, k, hkey, hval, mask, free_slots, n_free, s_rho, sh,
@@ -539,6 +605,7 @@ def _make_replay_aging(stamp):
                 aroot[sl] = treap_insert_nb(aroot[sl], chosen, stack, gk, nd)
                 if afirst[sl] == NO_ROW or key_less_nb(gk, chosen, afirst[sl]):
                     afirst[sl] = chosen
+                n_d = _mark(sl, dirty, in_dirty, n_d)
             if wroot[s_old] < 0 and aroot[s_old] < 0:
                 n_free = _slot_release(s_old, s_rho, hkey, hval, mask, free_slots, n_free)
 
@@ -569,6 +636,7 @@ def _make_replay_aging(stamp):
                         v_eff[i] += 1
                 if stale[rs] == STALE_NONE:
                     stale[rs] = STALE_SHIFT
+                n_d = _mark(rs, dirty, in_dirty, n_d)
 
         for r in range(n):
             out = req_out[r]
