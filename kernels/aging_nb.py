@@ -20,16 +20,23 @@ steps (when ``S mod K == rho``) and the order by ``(phase, cache, -base, total_l
 
 Residues are held lazily: a residue has a *slot* (its two treaps, cached answers and shift) only
 while some row sits in it, found through a small open-addressing table ``residue -> slot``; the
-slots with waiting rows and those with admitted rows are kept as compact lists.  So memory is
-O(min(K, n)) and the per-step loops run over the non-empty residues only, whatever K is; at the end
-of step S only the residue ``S mod K`` (one table lookup) has its shift raised.
+slots with waiting rows are kept as a compact list.  So memory is O(min(K, n)) whatever K is; at
+the end of step S only the residue ``S mod K`` (one table lookup) has its shift raised.
 
-Cost per step: O(R log V + V) for the R non-empty residues and the victim array (V = admitted
-preemptible requests, bounded by the capacity, not the backlog; R <= min(K, requests in the
-system)), O(log n) expected treap work for the chosen request, and one pruned walk of the residue
-whose priorities rose: O(log n) when the bound prunes well, but not bounded by it in the worst case
-(a subtree can pass the bound without a runnable row).  Every aging interval runs here (`fast_nb`
-replays an interval above the trace's total work steps as fixed_priority).
+The request a step runs is the top of a tournament tree over the slots (leaf: the first of the
+slot's cached waiting answer and its first admitted row, by the real key).  Only slots that changed
+are re-evaluated (queued as dirty): the residue whose shift rose, those whose membership changed,
+and every waiting one when free blocks grow or a victim joins.  Elsewhere runnability only shrinks
+(free blocks shrink, victims' priorities rise), so a cached answer can only come too early; the top
+is checked and, if it no longer runs, its residue re-walked, until the top runs.
+
+Cost per step: O(D log R + V) for D dirty slots (about 2 on a decode step; all R non-empty ones
+after a finish, preemption or a preemptible admission; R <= min(K, requests in the system)) and
+the victim array (V = admitted preemptible requests, bounded by the capacity, not the backlog),
+O(log n) expected treap work for the chosen request, and pruned walks of the re-evaluated
+residues: O(log n) when the bound prunes well, but not bounded by it in the worst case (a subtree
+can pass the bound without a runnable row).  Every aging interval runs here (`fast_nb` replays an
+interval above the trace's total work steps as fixed_priority).
 """
 
 import hashlib
@@ -438,7 +445,9 @@ def _make_replay_aging(stamp):
                 else:
                     shift = sh[sl]
                     c = cand[sl]
-                    walk = stale[sl] == STALE_FULL
+                    # A cached answer that is the residue's first row stays right whatever changed
+                    # (nothing comes before it; if it no longer runs, the check at the top re-walks).
+                    walk = stale[sl] == STALE_FULL and (c == NO_ROW or c != wfirst[sl])
                     if stale[sl] == STALE_SHIFT:
                         # The residue's priorities rose with its victims', so only rows before a cand
                         # that still runs (free blocks may have shrunk) could now come first.
