@@ -167,12 +167,12 @@ def _expose(paths):
                 os.close(fd)
 
 
-def _private_tmp(dirs, keep):
-    """Cover the shared scratch folders (/tmp, /var/tmp, /dev/shm) with fresh private tmpfs.
+def _cover(dirs, keep):
+    """Cover each folder of `dirs` (every non-system top-level folder, and /dev/shm) with a fresh tmpfs.
 
-    Files that anything else on the machine left there (other students, other courses, copies of
-    the repository) disappear for the command; the paths in `keep` (its own working folder) are
-    bind-mounted back at the same place.
+    Whatever is there (other students, other courses, copies of the repository, what other runs left
+    in /tmp) disappears for the command; the paths in `keep` (its own working folder, the interpreter,
+    the venv) are bind-mounted back at the same place.
     """
     libc = _libc()
     for d in dirs:
@@ -207,7 +207,7 @@ def main():
         hide = spec.get("hide", [])
         kinds = {p: ("dir" if os.path.isdir(p) else "file" if os.path.exists(p) else None) for p in hide}
         _unshare()
-        _private_tmp(spec.get("private_tmp", []), [spec["cwd"]] + spec.get("expose", []))
+        _cover(spec.get("cover", []), [spec["cwd"]] + spec.get("expose", []))
         traps = _hide(hide, kinds)
         _expose(spec.get("expose", []))
     _libc().prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)

@@ -28,13 +28,15 @@ Extra isolation when the grader runs as root (as in CI and on the grading machin
   an empty tmpfs (the source notebook, the grader package, the submissions folder, the output
   folder), so it cannot even read them. The cover is a writable trap: whatever the command writes
   there never reaches the real folder and is listed in ``Outcome.protected_writes`` (evidence of
-  tampering). And ``/tmp``, ``/var/tmp`` and ``/dev/shm`` are
-  fresh private tmpfs (only its own ``cwd`` is bound back), so it sees nothing that other runs,
-  students or programs left there and cannot pass anything to them.
+  tampering). Beyond ``hide``, the mount namespace denies by default: every top-level folder but
+  the system ones (``/usr``, ``/etc``, ``/lib*``, ``/bin``, ``/dev``, ...) is a fresh empty tmpfs
+  (`covered_dirs`: ``/tmp``, ``/var``, ``/home``, ``/root``, ``/work``, ``/opt``, ... and ``/dev/shm``),
+  with only its own ``cwd``, the interpreter and the venv bound back, so other copies of the course
+  or the repository elsewhere on the machine, and whatever other runs left in ``/tmp``, are out of
+  sight.
 
 Not isolated (documented limits): the network; the CPU time of other runs (we rely on the wall
-clock and ``--jobs``); world-readable files outside ``hide`` (e.g. the installed venv, the
-system). Without root, the command runs as the grader's own user: it can then read and write
+clock and ``--jobs``); the system folders and the venv, which stay readable. Without root, the command runs as the grader's own user: it can then read and write
 whatever the grader can, and the pipeline's own checks (strict JSON verdicts computed outside,
 gradebook rewritten from verdicts, output written only after every run ended) are what protect
 the grades.
@@ -285,6 +287,28 @@ def scrubbed_env(cwd, extra: dict | None = None) -> dict:
     return env
 
 
+# Top-level folders the command keeps seeing as they are (the system); every other one is covered.
+SYSTEM_DIRS = frozenset({"bin", "sbin", "lib", "lib32", "lib64", "libx32", "usr", "etc", "dev", "proc", "sys"})
+
+
+def covered_dirs() -> list[str]:
+    """The folders a root-run command sees as fresh empty tmpfs: every top-level folder but the system
+    ones (so /tmp, /var, /home, /root, /work, /opt, /srv, /mnt, ... and /dev/shm), deny by default.
+
+    Copies of the course, the repository or other submissions can be anywhere on the machine; only
+    what the command needs (its own folder, the interpreter and the venv, ``expose``) is bound back.
+    """
+    out = []
+    for entry in sorted(os.listdir("/")):
+        path = "/" + entry
+        if entry in SYSTEM_DIRS or os.path.islink(path) or not os.path.isdir(path):
+            continue
+        out.append(path)
+    if os.path.isdir("/dev/shm") and not os.path.islink("/dev/shm"):
+        out.append("/dev/shm")
+    return out
+
+
 def run_isolated(
     argv,
     *,
@@ -332,7 +356,7 @@ def run_isolated(
         # never hide the command's own folder (or a folder holding it)
         "hide": [h for h in (str(Path(p).resolve()) for p in hide if Path(p).exists())
                  if not (str(cwd) == h or str(cwd).startswith(h.rstrip("/") + "/"))] if root else [],
-        "private_tmp": ["/tmp", "/var/tmp", "/dev/shm"] if root else [],
+        "cover": covered_dirs() if root else [],
         "expose": sorted({os.path.realpath(sys.base_prefix), os.path.realpath(sys.prefix),
                           os.path.dirname(os.path.realpath(sys.executable)), str(cwd)}
                          | {os.path.realpath(p) for p in expose}),
