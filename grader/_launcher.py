@@ -102,7 +102,9 @@ def _hide(paths, kinds):
     """
     libc = _libc()
     traps = []
-    for path in paths:
+    for path in sorted(paths):
+        if any(path.startswith(t.rstrip("/") + "/") for t in traps):
+            continue  # already out of sight under an outer trap (and making it there would spring it)
         bpath = os.fsencode(path)
         if kinds.get(path) == "dir":
             os.makedirs(path, mode=0o755, exist_ok=True)  # it may be gone under a private /tmp

@@ -713,20 +713,10 @@ def update_gradebook(course: Course, results: list[Result]) -> None:
 
 # ----------------------------------------------------------------------------- the run
 def default_hide(course: Course, submissions: Path, out_dir: Path) -> tuple:
-    """Paths the untrusted code must not see: the repository (except the venv), course, input, output."""
+    """Paths the untrusted code must not see, each a writable trap (writes there are tamper evidence):
+    the course, the submissions and the output folder.  Everything else outside the system folders
+    is covered anyway when running as root (`sandbox.covered_dirs`)."""
     hide = {course.root, Path(submissions).resolve(), Path(out_dir).resolve()}
-    venv = Path(sys.prefix).resolve()
-    pkg_root = Path(__file__).resolve().parent.parent
-    if (pkg_root / "pyproject.toml").is_file():
-        # the checkout, and the folder holding it (course material often sits beside it), but not the venv
-        for folder in (pkg_root, pkg_root.parent):
-            if folder == Path(folder.anchor):
-                continue
-            for entry in folder.iterdir():
-                r = entry.resolve()
-                if r == venv or venv.is_relative_to(r) or r == pkg_root:
-                    continue
-                hide.add(r)
     return tuple(sorted(str(p) for p in hide))
 
 
