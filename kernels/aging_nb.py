@@ -358,13 +358,10 @@ def _make_replay_aging(stamp):
         aroot = np.full(m, -1, np.int64)   # admitted, per slot
         afirst = np.full(m, -1, np.int64)  # first admitted row per slot
         sh = np.zeros(m, np.int64)  # sh[slot] = (steps - rho) // K: its residue's shift, kept per step
-        # The slots with waiting rows and those with admitted rows, as compact lists.
+        # The slots with waiting rows, as a compact list.
         wlist = np.empty(m, np.int64)
         wpos = np.full(m, -1, np.int64)
         n_w = 0
-        alist = np.empty(m, np.int64)
-        apos = np.full(m, -1, np.int64)
-        n_a = 0
         # A tournament tree over slots: leaf = the first of the slot's cached waiting answer and its first
         # admitted row; internal nodes by the real key.  Slots whose leaf may be out of date are queued
         # in `dirty`.  A cached answer of a slot that is not dirty may have stopped being runnable (free
@@ -505,8 +502,6 @@ def _make_replay_aging(stamp):
             if was_admitted:
                 aroot[s_old] = treap_delete_nb(aroot[s_old], chosen, stack, gk, nd)
                 afirst[s_old] = treap_first_nb(aroot[s_old], nd)
-                if aroot[s_old] < 0:
-                    n_a = _list_remove(alist, apos, n_a, s_old)
                 n_d = _mark(s_old, dirty, in_dirty, n_d)
             else:
                 need = required_blocks[chosen]
@@ -536,8 +531,6 @@ def _make_replay_aging(stamp):
                     rv = gk[victim, 0]  # its slot keeps a row throughout: out of aroot, into wroot
                     aroot[rv] = treap_delete_nb(aroot[rv], victim, stack, gk, nd)
                     afirst[rv] = treap_first_nb(aroot[rv], nd)
-                    if aroot[rv] < 0:
-                        n_a = _list_remove(alist, apos, n_a, rv)
                     if wroot[rv] < 0:
                         n_w = _list_add(wlist, wpos, n_w, rv)
                     wroot[rv] = treap_insert_nb(wroot[rv], victim, stack, gk, nd)
@@ -609,8 +602,6 @@ def _make_replay_aging(stamp):
                                            wroot, aroot, cand, wfirst, afirst, stale, flat_limit)
                 _set_aging_key(chosen, a, k, sl, gk, nd, PHASE_DECODE, cache_hit[chosen], priority[chosen],
                                prompt_len[chosen] + generated[chosen], request_id[chosen])
-                if aroot[sl] < 0:
-                    n_a = _list_add(alist, apos, n_a, sl)
                 aroot[sl] = treap_insert_nb(aroot[sl], chosen, stack, gk, nd)
                 if afirst[sl] == NO_ROW or key_less_nb(gk, chosen, afirst[sl]):
                     afirst[sl] = chosen
