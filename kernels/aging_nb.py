@@ -39,9 +39,6 @@ can pass the bound without a runnable row).  Every aging interval runs here (`fa
 interval above the trace's total work steps as fixed_priority).
 """
 
-import hashlib
-from pathlib import Path
-
 import numpy as np
 from numba import njit
 
@@ -97,19 +94,7 @@ from .ordered_nb import (
     treap_insert_nb,
     treap_nodes_nb,
 )
-
-def source_stamp(*names) -> int:
-    """A hash (int, >= 0) of the named kernel sources: Numba's cache key covers only a cached
-    function's own file, so functions that call kernels in other files close over this value (Numba
-    puts closure values into its cache key) and an edit of any of them compiles them afresh."""
-    h = hashlib.sha256()
-    try:
-        for name in names:
-            h.update(name.encode() + b"\0" + (Path(__file__).parent / name).read_bytes())
-    except OSError:  # pragma: no cover - sources not readable (e.g. a zip import): no stamp
-        return 0
-    return int.from_bytes(h.digest()[:7], "little")
-
+from .stamp import source_stamp
 
 SOURCE_STAMP = source_stamp("enums.py", "ordered_nb.py")
 

@@ -18,37 +18,16 @@ The batch kernels therefore close over ``SOURCE_STAMP``, a hash of those files: 
 values into its cache key, so any edit there compiles the batch kernels afresh.
 """
 
-import hashlib
-from pathlib import Path
-
 from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from .fast_nb import replay_fast_nb
 from .scan_nb import replay_scan_nb
+from .stamp import KERNELS, source_stamp
 
-try:  # the fast kernel (`fast_nb`) has the same signature as the scan kernel
-    from .fast_nb import replay_fast_nb
-
-    HAVE_FAST = True
-except ImportError:  # pragma: no cover - only while fast_nb does not exist
-    HAVE_FAST = False
-
-
-def source_stamp() -> int:
-    """A hash (int, >= 0) of every kernel source the batch kernels may call: ``kernels/*.py``
-    except this file and the CUDA one."""
-    h = hashlib.sha256()
-    try:
-        for path in sorted(Path(__file__).parent.glob("*.py")):
-            if path.name not in ("batch_nb.py", "cuda_nb.py"):
-                h.update(path.name.encode() + b"\0" + path.read_bytes())
-    except OSError:  # pragma: no cover - sources not readable (e.g. a zip import): no stamp
-        return 0
-    return int.from_bytes(h.digest()[:7], "little")
-
-
-SOURCE_STAMP = source_stamp()
+# every kernel source the batch kernels may call: kernels/*.py but this file and the CUDA one
+SOURCE_STAMP = source_stamp(*sorted(p.name for p in KERNELS.glob("*.py") if p.name not in ("batch_nb.py", "cuda_nb.py")))
 
 
 @intrinsic
@@ -124,9 +103,6 @@ def _make_batch_kernels(stamp):
                                summary[s])
                 atomic_add_nb(counters, DONE, 1)
 
-    if not HAVE_FAST:  # pragma: no cover - only while fast_nb does not exist
-        return replay_batch_scan_nb, replay_batch_scan_nb
-
     @njit(parallel=True, nogil=True, cache=True)
     def replay_batch_nb(request_id, arrival_step, prompt_len, max_new_tokens, priority, cache_hit,
                         required_blocks, deadline_step, has_deadline, preemptible, order, trace_start,
@@ -156,5 +132,5 @@ def _make_batch_kernels(stamp):
     return replay_batch_scan_nb, replay_batch_nb
 
 
-# replay_batch_nb: the fast kernel per scenario (the scan kernel while fast_nb does not exist).
+# replay_batch_nb: the fast kernel per scenario; replay_batch_scan_nb: the scan kernel.
 replay_batch_scan_nb, replay_batch_nb = _make_batch_kernels(SOURCE_STAMP)

@@ -52,9 +52,6 @@ times chosen) mod aging_interval``, held only while non-empty; see there) for an
 as fixed_priority when ``aging_interval`` exceeds the trace's total work steps (no wait can reach it).
 """
 
-import hashlib
-from pathlib import Path
-
 import numpy as np
 from numba import njit
 
@@ -112,20 +109,8 @@ from .ordered_nb import (
     treap_insert_nb,
     treap_nodes_nb,
 )
+from .stamp import source_stamp
 from .aging_nb import replay_aging_nb
-
-def source_stamp(*names) -> int:
-    """A hash (int, >= 0) of the named kernel sources: Numba's cache key covers only a cached
-    function's own file, so functions that call kernels in other files close over this value (Numba
-    puts closure values into its cache key) and an edit of any of them compiles them afresh."""
-    h = hashlib.sha256()
-    try:
-        for name in names:
-            h.update(name.encode() + b"\0" + (Path(__file__).parent / name).read_bytes())
-    except OSError:  # pragma: no cover - sources not readable (e.g. a zip import): no stamp
-        return 0
-    return int.from_bytes(h.digest()[:7], "little")
-
 
 SOURCE_STAMP = source_stamp("enums.py", "ordered_nb.py", "aging_nb.py")
 

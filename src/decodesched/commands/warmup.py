@@ -51,18 +51,15 @@ def _counters(dispatchers) -> dict:
 def tasks(cuda: bool = False):
     """(label, dispatchers, thunk) for every kernel the package runs, in dependency order."""
     from .. import batch, engine
-    from ..kernels import batch_nb, scan_nb
+    from ..kernels import batch_nb, fast_nb, scan_nb
     from ..trace import load_trace
 
     trace = load_trace(TINY_TRACE, name="warmup")
     scenarios = batch.grid(1, ["fixed_priority", "aging"], [2], [2])
     out = [("scan kernel (replay_scan_nb)", [scan_nb.replay_scan_nb, scan_nb.find_victim_nb],
             lambda: engine.simulate(trace, "aging", 2, 2, engine="scan"))]
-    if batch_nb.HAVE_FAST:
-        from ..kernels import fast_nb
-
-        out.append(("fast kernel (replay_fast_nb)", [fast_nb.replay_fast_nb],
-                    lambda: engine.simulate(trace, "aging", 2, 2, engine="fast")))
+    out.append(("fast kernel (replay_fast_nb)", [fast_nb.replay_fast_nb],
+                lambda: engine.simulate(trace, "aging", 2, 2, engine="fast")))
     out.append(("batch kernel (replay_batch_nb)", [batch_nb.replay_batch_nb],
                 lambda: batch.simulate_batch([trace], scenarios, engine="fast")))
     out.append(("batch scan kernel (replay_batch_scan_nb)", [batch_nb.replay_batch_scan_nb],
