@@ -76,24 +76,9 @@ from .enums import (
     POLICY_DEADLINE,
     POLICY_FIXED_PRIORITY,
     POLICY_FCFS,
-    RQ_ADMITTED,
-    RQ_ENQUEUED,
-    RQ_FINISH_STEP,
-    RQ_FIRST_STEP,
-    RQ_FIRST_TOKEN_STEP,
-    RQ_GENERATED,
-    RQ_PHASE,
-    RQ_PREEMPTIONS,
-    RQ_STATUS,
-    RQ_WAIT,
-    SM_CLOCK,
-    SM_EVENTS,
-    SM_FREE,
-    SM_STOP,
     STATUS_FINISHED,
     STATUS_PREEMPTED,
     STATUS_RUNNING,
-    STATUS_WAITING,
     STOP_DRAINED,
     STOP_MAX_STEPS,
     STOP_STUCK,
@@ -108,6 +93,7 @@ from .ordered_nb import (
     treap_first_nb,
     treap_insert_nb,
     treap_nodes_nb,
+    write_lazy_state_nb,
 )
 from .stamp import source_stamp
 from .aging_nb import replay_aging_nb
@@ -474,27 +460,9 @@ def _make_replay_static(stamp):
             clock += 1
             steps += 1
 
-        for r in range(n):
-            out = req_out[r]
-            out[RQ_ENQUEUED] = 1 if enqueued[r] else 0
-            out[RQ_PHASE] = phase[r]
-            out[RQ_STATUS] = status[r] if enqueued[r] else STATUS_WAITING
-            out[RQ_GENERATED] = generated[r]
-            if not enqueued[r]:
-                out[RQ_WAIT] = 0
-            elif wait_final[r] >= 0:
-                out[RQ_WAIT] = wait_final[r]
-            else:
-                out[RQ_WAIT] = steps - enqueue_steps[r] - chosen_count[r]
-            out[RQ_PREEMPTIONS] = preemptions[r]
-            out[RQ_ADMITTED] = 1 if admitted[r] else 0
-            out[RQ_FIRST_STEP] = first_step[r]
-            out[RQ_FIRST_TOKEN_STEP] = first_token_step[r]
-            out[RQ_FINISH_STEP] = finish_step[r]
-        summary[SM_EVENTS] = steps
-        summary[SM_CLOCK] = clock
-        summary[SM_FREE] = free
-        summary[SM_STOP] = stop
+        write_lazy_state_nb(req_out, summary, steps, clock, free, stop, enqueued, phase, status, generated,
+                            wait_final, enqueue_steps, chosen_count, preemptions, admitted, first_step,
+                            first_token_step, finish_step)
 
     return _replay_static
 
