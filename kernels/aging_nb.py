@@ -7,18 +7,23 @@ only when it is chosen, so inside one residue rho every effective priority rises
 steps (when ``S mod K == rho``) and the order by ``(phase, cache, -base, total_len, id)`` is static
 (column 0 of the key matrix holds the residue's slot, equal within a treap):
 
-* waiting requests sit in one treap per residue (aggregates: min blocks, max base), admitted ones in
-  another treap per residue whose first row is cached; the real key across residues is compared
-  with the effective priority computed at the current step;
+* waiting requests sit in two treaps per residue (aggregates: min blocks, max base), one for the
+  prefill phase and one for preempted (decode-phase) requests, which sort after every prefill one;
+  admitted ones in a third treap per residue whose first row is cached; the real key across
+  residues is compared with the effective priority computed at the current step;
 * victims (admitted, preemptible) are a small array kept sorted by effective priority, with prefix
   maxima of their blocks: ``M(e)`` = max blocks among victims with effective priority below e;
-* the first runnable waiting request of a residue is a pruned in-order walk: a subtree is skipped
-  when ``min blocks > free + M(max base + shift)``; the answer is cached per residue and re-walked
-  only when it may have moved earlier (free blocks grew, a victim joined, the residue's priorities
-  rose this step, its membership changed); otherwise a cached answer is re-checked in O(log V),
-  since victims' priorities only rise (so runnability only shrinks).
+* the first runnable waiting request of a half (residue and phase) is a pruned in-order walk: a
+  subtree is skipped when ``min blocks > free + M(max base + shift)``.  The answer is cached, with a
+  *front* of at most FRONT points (blocks, base) such that every row before the answer has at
+  least a point's blocks and at most its base (`_front_add`).  Since M only grows with the priority
+  and a residue shares one shift, no row before the answer can run while no point can, so the half
+  is walked again only when a point may run (checked when free blocks grow, a victim joins, the
+  residue's priorities rise or a row joins before the answer) or its answer was taken.  A cached
+  answer that stopped running (victims' priorities only rise, free blocks shrink) is found at the
+  top of the tournament tree below and re-walked there.
 
-Residues are held lazily: a residue has a *slot* (its two treaps, cached answers and shift) only
+Residues are held lazily: a residue has a *slot* (its three treaps, cached answers and shift) only
 while some row sits in it, found through a small open-addressing table ``residue -> slot``; the
 slots with waiting rows are kept as a compact list.  So memory is O(min(K, n)) whatever K is; at
 the end of step S only the residue ``S mod K`` (one table lookup) has its shift raised.
@@ -28,15 +33,17 @@ slot's cached waiting answer and its first admitted row, by the real key).  Only
 are re-evaluated (queued as dirty): the residue whose shift rose, those whose membership changed,
 and every waiting one when free blocks grow or a victim joins.  Elsewhere runnability only shrinks
 (free blocks shrink, victims' priorities rise), so a cached answer can only come too early; the top
-is checked and, if it no longer runs, its residue re-walked, until the top runs.
+is checked and, if it no longer runs, its half re-walked, until the top runs.  A dirty slot whose
+leaf is the same row, with the same key and shift, keeps its path in the tree.
 
-Cost per step: O(D log R + V) for D dirty slots (about 2 on a decode step; all R non-empty ones
-after a finish, preemption or a preemptible admission; R <= min(K, requests in the system)) and
-the victim array (V = admitted preemptible requests, bounded by the capacity, not the backlog),
-O(log n) expected treap work for the chosen request, and pruned walks of the re-evaluated
-residues: O(log n) when the bound prunes well, but not bounded by it in the worst case (a subtree
-can pass the bound without a runnable row).  Every aging interval runs here (`fast_nb` replays an
-interval above the trace's total work steps as fixed_priority).
+Cost per step: O(D (F log V + log R) + V) for D dirty slots (about 2 on a decode step; all R
+non-empty ones after a finish, preemption or a preemptible admission; R <= min(K, requests in the
+system)), F = FRONT and the victim array (V = admitted preemptible requests, bounded by the
+capacity, not the backlog); O(log n) expected treap work for the chosen request (and its victim);
+and the walks of halves whose front may run: O(log n) when the bound prunes well, but not bounded
+by it in the worst case (a subtree can pass the bound without a runnable row).  Every aging
+interval runs here (`fast_nb` replays an interval above the trace's total work steps as
+fixed_priority).
 """
 
 import numpy as np
@@ -71,7 +78,6 @@ from .ordered_nb import (
     ND_LEFT,
     ND_MAXBASE,
     ND_MINB,
-    ND_MINBASE,
     ND_RIGHT,
     key_less_nb,
     treap_delete_nb,
@@ -84,9 +90,8 @@ from .stamp import source_stamp
 
 SOURCE_STAMP = source_stamp("enums.py", "ordered_nb.py")
 
-STALE_NONE = 0
-STALE_SHIFT = 1
-STALE_FULL = 2
+# Points kept per residue to bound the rows before its cached answer (see `_front_add`).
+FRONT = 6
 
 # Columns of the aging key matrix: residue, phase, cache rank, -base, total_len, request_id.
 AK_RHO = 0
@@ -127,13 +132,66 @@ def _below(e, n_v, v_eff, v_pmax):
 
 
 @njit(cache=True, _nrt=False)
-def _first_runnable(root, free, shift, nd, stack, n_v, v_eff, v_pmax):
-    """The first row in treap order with blocks <= free + M(base + shift): a pruned in-order walk."""
+def _front_add(s, b, x, fb, fx, fn):
+    """Add the point (blocks b, base x) to slot s's front: points (fb[s, i], fx[s, i]), i < fn[s],
+    bases descending, such that every row before the slot's cached answer has blocks >= fb and base
+    <= fx of some point.  A row with fewer blocks and a higher base runs whenever the row does (M
+    only grows with the priority, and the residue shares one shift), so dominated points are dropped;
+    past FRONT points the two with the closest bases merge into (fewer blocks, higher base)."""
+    n = fn[s]
+    for i in range(n):
+        if fx[s, i] >= x and fb[s, i] <= b:
+            return
+    k = 0
+    for i in range(n):
+        if fx[s, i] <= x and fb[s, i] >= b:
+            continue
+        fx[s, k] = fx[s, i]
+        fb[s, k] = fb[s, i]
+        k += 1
+    i = k
+    while i > 0 and fx[s, i - 1] < x:
+        fx[s, i] = fx[s, i - 1]
+        fb[s, i] = fb[s, i - 1]
+        i -= 1
+    fx[s, i] = x
+    fb[s, i] = b
+    k += 1
+    if k > FRONT:
+        j = 0
+        for i in range(1, k - 1):
+            if fx[s, i] - fx[s, i + 1] < fx[s, j] - fx[s, j + 1]:
+                j = i
+        fb[s, j] = fb[s, j + 1]
+        for i in range(j + 1, k - 1):
+            fx[s, i] = fx[s, i + 1]
+            fb[s, i] = fb[s, i + 1]
+        k -= 1
+    fn[s] = k
+
+
+@njit(cache=True, _nrt=False)
+def _front_may_run(s, free, shift, fb, fx, fn, n_v, v_eff, v_pmax):
+    """Whether a row before slot s's cached answer may run now (always, when fn[s] < 0)."""
+    if fn[s] < 0:
+        return True
+    for i in range(fn[s]):
+        if fb[s, i] <= free + _below(fx[s, i] + shift, n_v, v_eff, v_pmax):
+            return True
+    return False
+
+
+@njit(cache=True, _nrt=False)
+def _first_runnable(s, root, free, shift, nd, stack, n_v, v_eff, v_pmax, fb, fx, fn):
+    """The first row in treap order with blocks <= free + M(base + shift): a pruned in-order walk.
+    Rebuilds slot s's front from the rows before it (all rows if none runs)."""
+    fn[s] = 0
     t = root
     sp = 0
     while True:
         while t >= 0:
             if nd[t, ND_MINB] > free + _below(nd[t, ND_MAXBASE] + shift, n_v, v_eff, v_pmax):
+                _front_add(s, nd[t, ND_MINB], nd[t, ND_MAXBASE], fb, fx, fn)
                 break  # nothing in this subtree can run
             stack[sp] = t
             sp += 1
@@ -144,7 +202,30 @@ def _first_runnable(root, free, shift, nd, stack, n_v, v_eff, v_pmax):
         t = stack[sp]
         if nd[t, ND_BLOCKS] <= free + _below(nd[t, ND_BASE] + shift, n_v, v_eff, v_pmax):
             return t
+        _front_add(s, nd[t, ND_BLOCKS], nd[t, ND_BASE], fb, fx, fn)
         t = nd[t, ND_RIGHT]
+
+
+@njit(cache=True, _nrt=False)
+def _half_answer(q, wroot, cand, free, shift, nd, stack, n_v, v_eff, v_pmax, fb, fx, fn):
+    """Half q's first runnable row, walking it again only when a row before its cached answer may run."""
+    if wroot[q] < 0:
+        cand[q] = -1
+        fn[q] = 0
+    elif _front_may_run(q, free, shift, fb, fx, fn, n_v, v_eff, v_pmax):
+        cand[q] = _first_runnable(q, wroot[q], free, shift, nd, stack, n_v, v_eff, v_pmax, fb, fx, fn)
+    return cand[q]
+
+
+# Not cached on its own: it calls kernels of another file (see `stamp`); its callers' cache holds it.
+@njit(_nrt=False)
+def _wait_insert(q, r, wroot, cand, stack, gk, nd, blocks, fb, fx, fn):
+    """Row r joins half q's waiting treap; returns whether it lands before the cached answer."""
+    wroot[q] = treap_insert_nb(wroot[q], r, stack, gk, nd)
+    if fn[q] >= 0 and (cand[q] < 0 or key_less_nb(gk, r, cand[q])):
+        _front_add(q, blocks, nd[r, ND_BASE], fb, fx, fn)
+        return True
+    return False
 
 
 @njit(cache=True, _nrt=False)
@@ -160,7 +241,6 @@ def _set_aging_key(r, a, k, slot, gk, nd, phase, cache_hit, priority, total_len,
     gk[r, 5] = request_id
     nd[r, ND_BASE] = base
     nd[r, ND_MAXBASE] = base
-    nd[r, ND_MINBASE] = base
 
 
 # Residues are mapped to slots (only non-empty residues hold one: at most min(K, n) at a time) by an
@@ -178,8 +258,8 @@ def _slot_lookup(rho, hkey, hval, mask):
 
 
 @njit(cache=True, _nrt=False)
-def _slot_acquire(rho, steps, k, hkey, hval, mask, free_slots, n_free, s_rho, sh, wroot, aroot, cand, wfirst,
-                  afirst, stale, flat_limit):
+def _slot_acquire(rho, steps, k, hkey, hval, mask, free_slots, n_free, s_rho, sh, wroot, aroot, cand, afirst,
+                  fn):
     """The slot of residue rho, a fresh one (empty, shift (steps - rho) // K) if it has none; returns
     (slot, n_free)."""
     i = rho & mask
@@ -193,13 +273,12 @@ def _slot_acquire(rho, steps, k, hkey, hval, mask, free_slots, n_free, s_rho, sh
     hval[i] = s
     s_rho[s] = rho
     sh[s] = (steps - rho) // k
-    wroot[s] = -1
+    for q in range(2 * s, 2 * s + 2):
+        wroot[q] = -1
+        cand[q] = -1
+        fn[q] = 0
     aroot[s] = -1
-    cand[s] = -1
-    wfirst[s] = -1
     afirst[s] = -1
-    stale[s] = STALE_FULL
-    flat_limit[s] = -1
     return s, n_free
 
 
@@ -299,8 +378,7 @@ def _make_replay_aging(stamp):
         first_token_step = np.full(n, NEVER, np.int64)
         finish_step = np.full(n, NEVER, np.int64)
 
-        gk = np.zeros((n, 6), np.int64)
-        nd = treap_nodes_nb(required_blocks)
+        nd, gk = treap_nodes_nb(required_blocks, 6)
         stack = np.empty(n + 64, np.int64)
         # Per-slot structures: a slot is held by a non-empty residue (a live row sits in its residue's
         # slot), so at most min(K, n) are in use; sized by that, not by K.
@@ -316,16 +394,16 @@ def _make_replay_aging(stamp):
             free_slots[i] = m - 1 - i
         n_free = m
         s_rho = np.zeros(m, np.int64)
-        wroot = np.full(m, -1, np.int64)   # waiting, per slot
-        cand = np.full(m, -1, np.int64)    # first runnable waiting row per slot
-        wfirst = np.full(m, -1, np.int64)  # first waiting row per slot
-        # Why a slot's cand may be out of date: STALE_NONE, STALE_SHIFT (only its priorities rose by
-        # one) or STALE_FULL (membership, free blocks or the victim set changed).
-        stale = np.full(m, STALE_FULL, np.int64)
-        # The threshold its cand was found with when it was one number for the whole residue (the
-        # victims' staircase flat over the residue's priorities), else -1: a shift that leaves that
-        # number as it was cannot change the answer.
-        flat_limit = np.full(m, -1, np.int64)
+        # Waiting rows of slot s: prefill ones in half 2s, preempted (decode) ones in half 2s + 1, which
+        # sort after every prefill one; each half has its own treap, cached answer and front.
+        wroot = np.full(2 * m, -1, np.int64)
+        cand = np.full(2 * m, -1, np.int64)  # first runnable waiting row per half, when last walked
+        # A front per half bounding its waiting rows before cand (all of them when cand is -1), see
+        # `_front_add`: the half is walked again only when a point of it may run; fn[half] = -1 forces
+        # a walk.
+        fb = np.zeros((2 * m, FRONT + 1), np.int64)
+        fx = np.zeros((2 * m, FRONT + 1), np.int64)
+        fn = np.zeros(2 * m, np.int64)
         aroot = np.full(m, -1, np.int64)   # admitted, per slot
         afirst = np.full(m, -1, np.int64)  # first admitted row per slot
         sh = np.zeros(m, np.int64)  # sh[slot] = (steps - rho) // K: its residue's shift, kept per step
@@ -344,6 +422,9 @@ def _make_replay_aging(stamp):
         tb = np.full(2 * t_leaves, -1, np.int64)
         dirty = np.empty(m, np.int64)
         in_dirty = np.zeros(m, np.bool_)
+        # A dirty slot's path is recomputed when its leaf changes, or when its leaf's key or shift
+        # changed (retree); otherwise (free blocks or victims changed) the comparisons stand.
+        retree = np.zeros(m, np.bool_)
         n_d = 0
         # Victims, sorted by effective priority (insertion sort: the order barely moves per step).
         v_rows = np.empty(n + 1, np.int64)
@@ -373,16 +454,13 @@ def _make_replay_aging(stamp):
                 if required_blocks[r] > capacity:
                     continue  # can never be admitted
                 sl, n_free = _slot_acquire(steps % k, steps, k, hkey, hval, mask, free_slots, n_free, s_rho, sh,
-                                           wroot, aroot, cand, wfirst, afirst, stale, flat_limit)
+                                           wroot, aroot, cand, afirst, fn)
                 _set_aging_key(r, steps, k, sl, gk, nd, PHASE_PREFILL, cache_hit[r], priority[r], prompt_len[r],
                                request_id[r])
-                if wroot[sl] < 0:
+                if wpos[sl] < 0:
                     n_w = _list_add(wlist, wpos, n_w, sl)
-                wroot[sl] = treap_insert_nb(wroot[sl], r, stack, gk, nd)
-                if wfirst[sl] == NO_ROW or key_less_nb(gk, r, wfirst[sl]):
-                    wfirst[sl] = r
-                stale[sl] = STALE_FULL
-                n_d = _mark(sl, dirty, in_dirty, n_d)
+                if _wait_insert(2 * sl, r, wroot, cand, stack, gk, nd, required_blocks[r], fb, fx, fn):
+                    n_d = _mark(sl, dirty, in_dirty, n_d)
 
             # Victims sorted by effective priority (kept up to date at the end of each step); prefix
             # maxima of their blocks.
@@ -406,39 +484,17 @@ def _make_replay_aging(stamp):
             for i in range(n_d):
                 sl = dirty[i]
                 in_dirty[sl] = False
-                root = wroot[sl]
-                if root < 0:
-                    cand[sl] = NO_ROW
-                    stale[sl] = STALE_NONE
-                else:
-                    shift = sh[sl]
-                    c = cand[sl]
-                    # A cached answer that is the residue's first row stays right whatever changed
-                    # (nothing comes before it; if it no longer runs, the check at the top re-walks).
-                    walk = stale[sl] == STALE_FULL and (c == NO_ROW or c != wfirst[sl])
-                    if stale[sl] == STALE_SHIFT:
-                        # The residue's priorities rose with its victims', so only rows before a cand
-                        # that still runs (free blocks may have shrunk) could now come first.
-                        walk = c == NO_ROW or c != wfirst[sl] or required_blocks[c] > free + _below(
-                            nd[c, ND_BASE] + shift, n_v, v_eff, v_pmax)
-                        if walk and flat_limit[sl] >= 0:
-                            lo = _below(nd[root, ND_MINBASE] + shift, n_v, v_eff, v_pmax)
-                            if lo == _below(nd[root, ND_MAXBASE] + shift, n_v, v_eff, v_pmax) and free + lo == flat_limit[sl]:
-                                walk = False
-                    elif stale[sl] == STALE_NONE and c != NO_ROW:
-                        walk = required_blocks[c] > free + _below(nd[c, ND_BASE] + shift, n_v, v_eff, v_pmax)
-                    if walk:
-                        c = _first_runnable(root, free, shift, nd, stack, n_v, v_eff, v_pmax)
-                        cand[sl] = c
-                        lo = _below(nd[root, ND_MINBASE] + shift, n_v, v_eff, v_pmax)
-                        flat = lo == _below(nd[root, ND_MAXBASE] + shift, n_v, v_eff, v_pmax)
-                        flat_limit[sl] = free + lo if flat else -1
-                    stale[sl] = STALE_NONE
-                c = cand[sl]
+                # the decode half only matters when no prefill row runs
+                c = _half_answer(2 * sl, wroot, cand, free, sh[sl], nd, stack, n_v, v_eff, v_pmax, fb, fx, fn)
+                if c == NO_ROW:
+                    c = _half_answer(2 * sl + 1, wroot, cand, free, sh[sl], nd, stack, n_v, v_eff, v_pmax, fb, fx,
+                                     fn)
                 f = afirst[sl]
                 if c == NO_ROW or (f != NO_ROW and key_less_nb(gk, f, c)):
                     c = f
-                _tree_set(tb, t_leaves, sl, c, gk, sh)
+                if c != tb[t_leaves + sl] or retree[sl]:
+                    _tree_set(tb, t_leaves, sl, c, gk, sh)
+                    retree[sl] = False
             n_d = 0
             # The top of the tree, once it runs, is the step's request (see `tb`).
             while True:
@@ -449,12 +505,11 @@ def _make_replay_aging(stamp):
                 shift = sh[sl]
                 if required_blocks[chosen] <= free + _below(nd[chosen, ND_BASE] + shift, n_v, v_eff, v_pmax):
                     break
-                root = wroot[sl]
-                c = _first_runnable(root, free, shift, nd, stack, n_v, v_eff, v_pmax)
-                cand[sl] = c
-                lo = _below(nd[root, ND_MINBASE] + shift, n_v, v_eff, v_pmax)
-                flat = lo == _below(nd[root, ND_MAXBASE] + shift, n_v, v_eff, v_pmax)
-                flat_limit[sl] = free + lo if flat else -1
+                q = 2 * sl + gk[chosen, AK_PHASE]
+                c = _first_runnable(q, wroot[q], free, shift, nd, stack, n_v, v_eff, v_pmax, fb, fx, fn)
+                cand[q] = c
+                if c == NO_ROW and q % 2 == 0:
+                    c = _half_answer(q + 1, wroot, cand, free, shift, nd, stack, n_v, v_eff, v_pmax, fb, fx, fn)
                 f = afirst[sl]
                 if c == NO_ROW or (f != NO_ROW and key_less_nb(gk, f, c)):
                     c = f
@@ -502,11 +557,9 @@ def _make_replay_aging(stamp):
                     rv = gk[victim, 0]  # its slot keeps a row throughout: out of aroot, into wroot
                     aroot[rv] = treap_delete_nb(aroot[rv], victim, stack, gk, nd)
                     afirst[rv] = treap_first_nb(aroot[rv], nd)
-                    if wroot[rv] < 0:
+                    if wpos[rv] < 0:
                         n_w = _list_add(wlist, wpos, n_w, rv)
-                    wroot[rv] = treap_insert_nb(wroot[rv], victim, stack, gk, nd)
-                    if wfirst[rv] == NO_ROW or key_less_nb(gk, victim, wfirst[rv]):
-                        wfirst[rv] = victim
+                    _wait_insert(2 * rv + 1, victim, wroot, cand, stack, gk, nd, required_blocks[victim], fb, fx, fn)
                     n_d = _mark(rv, dirty, in_dirty, n_d)
                     for i in range(n_v):
                         if v_rows[i] == victim:
@@ -516,14 +569,13 @@ def _make_replay_aging(stamp):
                             n_v -= 1
                             break
                     for i in range(n_w):  # free blocks grew by the victim's blocks
-                        stale[wlist[i]] = STALE_FULL
                         n_d = _mark(wlist[i], dirty, in_dirty, n_d)
-                wroot[s_old] = treap_delete_nb(wroot[s_old], chosen, stack, gk, nd)
-                if wfirst[s_old] == chosen:
-                    wfirst[s_old] = treap_first_nb(wroot[s_old], nd)
-                if wroot[s_old] < 0:
+                # The chosen request was its residue's cached answer: the next one comes after it.
+                q = 2 * s_old + gk[chosen, AK_PHASE]
+                wroot[q] = treap_delete_nb(wroot[q], chosen, stack, gk, nd)
+                if wroot[2 * s_old] < 0 and wroot[2 * s_old + 1] < 0:
                     n_w = _list_remove(wlist, wpos, n_w, s_old)
-                stale[s_old] = STALE_FULL
+                fn[q] = -1
                 n_d = _mark(s_old, dirty, in_dirty, n_d)
                 free -= need
                 admitted[chosen] = True
@@ -532,7 +584,6 @@ def _make_replay_aging(stamp):
                     v_eff[n_v] = -gk[chosen, 3] + sh[s_old]
                     n_v += 1
                     for i in range(n_w):  # a new victim: more may run
-                        stale[wlist[i]] = STALE_FULL
                         n_d = _mark(wlist[i], dirty, in_dirty, n_d)
             status[chosen] = STATUS_RUNNING
             chosen_count[chosen] += 1
@@ -564,20 +615,20 @@ def _make_replay_aging(stamp):
                                 v_eff[j] = v_eff[j + 1]
                             n_v -= 1
                             break
-                for i in range(n_w):
-                    stale[wlist[i]] = STALE_FULL
+                for i in range(n_w):  # free blocks grew
                     n_d = _mark(wlist[i], dirty, in_dirty, n_d)
             else:
                 a = enqueue_steps[chosen] + chosen_count[chosen]
                 sl, n_free = _slot_acquire(a % k, steps, k, hkey, hval, mask, free_slots, n_free, s_rho, sh,
-                                           wroot, aroot, cand, wfirst, afirst, stale, flat_limit)
+                                           wroot, aroot, cand, afirst, fn)
                 _set_aging_key(chosen, a, k, sl, gk, nd, PHASE_DECODE, cache_hit[chosen], priority[chosen],
                                prompt_len[chosen] + generated[chosen], request_id[chosen])
                 aroot[sl] = treap_insert_nb(aroot[sl], chosen, stack, gk, nd)
                 if afirst[sl] == NO_ROW or key_less_nb(gk, chosen, afirst[sl]):
                     afirst[sl] = chosen
+                retree[sl] = True  # with K = 1 its leaf may be the same row, with a new key
                 n_d = _mark(sl, dirty, in_dirty, n_d)
-            if wroot[s_old] < 0 and aroot[s_old] < 0:
+            if wpos[s_old] < 0 and aroot[s_old] < 0:
                 n_free = _slot_release(s_old, s_rho, hkey, hval, mask, free_slots, n_free)
 
             missed = 0
@@ -605,8 +656,7 @@ def _make_replay_aging(stamp):
                     v = v_rows[i]
                     if gk[v, 0] == rs and v != chosen:
                         v_eff[i] += 1
-                if stale[rs] == STALE_NONE:
-                    stale[rs] = STALE_SHIFT
+                retree[rs] = True  # its leaf compares differently now
                 n_d = _mark(rs, dirty, in_dirty, n_d)
 
         write_lazy_state_nb(req_out, summary, steps, clock, free, stop, enqueued, phase, status, generated,

@@ -129,7 +129,8 @@ def _set_key(r, policy, gk, phase, generated, enqueue_clock, request_id, prompt_
     gk[r, 5] = request_id[r]
 
 
-@njit(cache=True, _nrt=False)
+# Not cached on its own: it calls kernels of another file (see `stamp`); its callers' cache holds it.
+@njit(_nrt=False)
 def _akey_less(a, b, gk, deadline_policy, has_deadline, clock):
     """The real sort key of a before that of b at `clock` (rows of any groups)."""
     if deadline_policy:
@@ -273,12 +274,11 @@ def _make_replay_static(stamp):
                 if has_deadline[r]:
                     group[r] = 1
 
-        gk = np.zeros((n, GK_NCOLS), np.int64)
         vk = np.empty((n, 2), np.int64)  # victim order: (-blocks, id)
         for r in range(n):
             vk[r, 0] = -required_blocks[r]
             vk[r, 1] = request_id[r]
-        nd = treap_nodes_nb(required_blocks)
+        nd, gk = treap_nodes_nb(required_blocks, GK_NCOLS)
         stack = np.empty(n + 64, np.int64)  # treap path scratch
         n_struct = n_groups * n_classes
         wroot = np.full(n_struct, -1, np.int64)

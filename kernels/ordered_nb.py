@@ -3,9 +3,10 @@ and their shared final write-out of per-request state (`write_lazy_state_nb`).
 
 Nodes are trace rows; a row is in at most one treap and at most one heap at a time, so all treaps
 share one node matrix ``nd`` (children, the aggregates ``minimum required_blocks`` and ``maximum
-and minimum base priority`` of the subtree, the row's blocks, base and heap priority: one cache line per row),
+base priority`` of the subtree, the row's blocks, base and heap priority: one cache line per row),
 and every treap is just a root index (-1 when empty).  Order is lexicographic on the rows
-of an int64 key matrix ``gk`` (one row per trace row); a structure only ever holds rows whose keys
+of an int64 key matrix ``gk`` (one row per trace row, in the cache line beside the row's node: see
+`treap_nodes_nb`); a structure only ever holds rows whose keys
 keep their relative order while they are in it (the fast kernel's groups guarantee this), so keys
 may drift as a whole.  Heap priorities are a hash of the row: no random state.
 
@@ -47,7 +48,7 @@ def key_less_nb(gk, a, b):
     return False
 
 
-# Columns of the node matrix ``nd`` (int64, shape (n, ND_NCOLS)): one cache line per node.
+# Columns of the node matrix ``nd`` (int64, shape (n, ND_NCOLS)).
 ND_LEFT = 0
 ND_RIGHT = 1
 ND_MINB = 2    # min blocks in the subtree
@@ -55,15 +56,25 @@ ND_BLOCKS = 3  # the row's own required_blocks
 ND_PRIO = 4    # the node's heap priority
 ND_BASE = 5    # a static part of the row's priority (aging), 0 elsewhere
 ND_MAXBASE = 6  # max ND_BASE in the subtree
-ND_MINBASE = 7  # min ND_BASE in the subtree
-ND_NCOLS = 8   # 64 bytes
+ND_NCOLS = 8   # 64 bytes, one spare
+KEY_NCOLS = 8  # at most this many key columns sit beside each node
+ROW_BYTES = 8 * (ND_NCOLS + KEY_NCOLS)
 
 
 @njit(cache=True)
-def treap_nodes_nb(blocks):
-    """A fresh node matrix: no children, deterministic pseudo-random priorities (splitmix64 of the row)."""
+def treap_nodes_nb(blocks, key_cols):
+    """A fresh node matrix and a zeroed key matrix of `key_cols` columns, row i of both in one aligned
+    128-byte block (a descent reads a node and compares its key: two adjacent cache lines, which the
+    hardware fetches together).  No children; deterministic pseudo-random heap priorities
+    (splitmix64 of the row)."""
     n = blocks.shape[0]
-    nd = np.empty((n, ND_NCOLS), np.int64)
+    width = ND_NCOLS + KEY_NCOLS
+    flat = np.zeros((n + 1) * width, np.int64)
+    addr = np.int64(flat.ctypes.data % ROW_BYTES)
+    skip = ((ROW_BYTES - addr) % ROW_BYTES) // 8  # int64s to the first 128-byte boundary
+    block = flat[skip:skip + n * width].reshape((n, width))
+    nd = block[:, :ND_NCOLS]
+    kk = block[:, ND_NCOLS:ND_NCOLS + key_cols]
     for i in range(n):
         z = np.uint64(i + 1) * np.uint64(0x9E3779B97F4A7C15)
         z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
@@ -76,34 +87,27 @@ def treap_nodes_nb(blocks):
         nd[i, ND_PRIO] = np.int64(z >> np.uint64(1))
         nd[i, ND_BASE] = 0
         nd[i, ND_MAXBASE] = 0
-        nd[i, ND_MINBASE] = 0
-    return nd
+    return nd, kk
 
 
 @njit(cache=True, _nrt=False)
 def _pull(t, nd):
     m = nd[t, ND_BLOCKS]
     b = nd[t, ND_BASE]
-    lb = b
     c = nd[t, ND_LEFT]
     if c >= 0:
         if nd[c, ND_MINB] < m:
             m = nd[c, ND_MINB]
         if nd[c, ND_MAXBASE] > b:
             b = nd[c, ND_MAXBASE]
-        if nd[c, ND_MINBASE] < lb:
-            lb = nd[c, ND_MINBASE]
     c = nd[t, ND_RIGHT]
     if c >= 0:
         if nd[c, ND_MINB] < m:
             m = nd[c, ND_MINB]
         if nd[c, ND_MAXBASE] > b:
             b = nd[c, ND_MAXBASE]
-        if nd[c, ND_MINBASE] < lb:
-            lb = nd[c, ND_MINBASE]
     nd[t, ND_MINB] = m
     nd[t, ND_MAXBASE] = b
-    nd[t, ND_MINBASE] = lb
 
 
 @njit(cache=True, _nrt=False)
@@ -212,7 +216,15 @@ def treap_insert_nb(t, x, stack, kk, nd):
     nd[x, ND_RIGHT] = b
     _pull(x, nd)
     root = _attach(parent, right_side, x, root, nd)
-    _pull_path(stack, 0, sp, nd)
+    # The subtrees on the path only gained x: widen their aggregates (no child to read).
+    blocks = nd[x, ND_BLOCKS]
+    base = nd[x, ND_BASE]
+    for i in range(sp):
+        t = stack[i]
+        if nd[t, ND_MINB] > blocks:
+            nd[t, ND_MINB] = blocks
+        if nd[t, ND_MAXBASE] < base:
+            nd[t, ND_MAXBASE] = base
     return root
 
 
@@ -233,7 +245,15 @@ def treap_delete_nb(t, x, stack, kk, nd):
     nd[x, ND_LEFT] = -1
     nd[x, ND_RIGHT] = -1
     root = _attach(parent, right_side, m, root, nd)
-    _pull_path(stack, 0, sp, nd)
+    # The subtrees on the path only lost x: recompute upwards until one keeps its aggregates (then
+    # so do all above it).
+    for i in range(sp - 1, -1, -1):
+        t = stack[i]
+        minb = nd[t, ND_MINB]
+        maxbase = nd[t, ND_MAXBASE]
+        _pull(t, nd)
+        if nd[t, ND_MINB] == minb and nd[t, ND_MAXBASE] == maxbase:
+            break
     return root
 
 

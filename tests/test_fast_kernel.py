@@ -17,7 +17,7 @@ from oracle import POLICIES, assert_matches_model, configs, traces
 
 from decodesched.engine import policy_code, simulate, trace_arrays
 from decodesched.kernels import enums as E
-from decodesched.kernels.aging_nb import replay_aging_nb
+from decodesched.kernels.aging_nb import FRONT, _front_add, replay_aging_nb
 from decodesched.kernels.fast_nb import replay_fast_nb
 from decodesched.kernels.ordered_nb import (
     heap_push_nb,
@@ -106,6 +106,39 @@ def test_aging_equals_scan_with_long_intervals(interval):
         assert req_out[:, E.RQ_PREEMPTIONS].sum() > 0
         fixed = run_kernel(replay_scan_nb, trace, "fixed_priority", capacity)[0]
         assert fixed.shape != events.shape or (fixed != events).any()  # aging did change the schedule
+
+
+@pytest.mark.parametrize("interval", [1, 3, 50])
+def test_aging_equals_scan_with_many_priorities_and_sizes(interval):
+    """Many priority values and block sizes: a residue's rows before its cached answer need more than
+    FRONT points to describe, so fronts merge points and must stay bounds (a walk too few would show)."""
+    for seed, capacity in [(31, 40), (32, 90)]:
+        trace = backlog_trace(1500, seed=seed, priorities=40, max_blocks=36, non_preemptible_fraction=0.15,
+                              cache_fraction=0.5)
+        _, req_out, _ = assert_same_as_scan(trace, "aging", capacity, interval=interval)
+        assert req_out[:, E.RQ_PREEMPTIONS].sum() > 0
+
+
+def test_front_bounds_every_point_it_was_given():
+    """`_front_add` keeps at most FRONT points, bases descending, and every point added is dominated
+    by one of them (fewer or equal blocks, higher or equal base): the bound the aging kernel relies on."""
+    rng = np.random.default_rng(5)
+    for trial in range(300):
+        fb = np.zeros((2, FRONT + 1), np.int64)
+        fx = np.zeros((2, FRONT + 1), np.int64)
+        fn = np.zeros(2, np.int64)
+        spread = int(rng.integers(1, 60))
+        points = [(int(rng.integers(1, spread + 1)), int(rng.integers(-spread, spread + 1)))
+                  for _ in range(int(rng.integers(1, 40)))]
+        for b, x in points:
+            _front_add(1, b, x, fb, fx, fn)
+        k = int(fn[1])
+        assert 1 <= k <= FRONT and fn[0] == 0
+        bases = fx[1, :k]
+        assert (np.diff(bases) < 0).all()
+        assert (np.diff(fb[1, :k]) < 0).all()  # no point dominates another
+        for b, x in points:
+            assert ((fb[1, :k] <= b) & (fx[1, :k] >= x)).any(), (trial, b, x)
 
 
 def run_aging_kernel(trace, capacity, interval, max_steps=-1):
@@ -203,11 +236,12 @@ def test_equals_scan_on_azure_prefix_at_load_1_5():
 def test_treap_against_sorted_list():
     rng = np.random.default_rng(3)
     n = 400
-    gk = np.zeros((n, 6), np.int64)
+    blocks = rng.integers(1, 30, n)
+    nd, gk = treap_nodes_nb(blocks, 6)
+    assert not gk.any() and gk.shape == (n, 6)
+    assert nd.ctypes.data % 128 == 0 and gk.ctypes.data == nd.ctypes.data + 64  # a node and its key: one block
     gk[:, 1] = rng.integers(0, 5, n)
     gk[:, 5] = rng.permutation(n)
-    blocks = rng.integers(1, 30, n)
-    nd = treap_nodes_nb(blocks)
     stack = np.empty(n + 64, np.int64)
     root = -1
     inside: set[int] = set()
