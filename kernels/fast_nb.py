@@ -16,7 +16,9 @@ Structures (all allocated inside the call; nothing global, safe to run per scena
   groups the real key at the current clock decides (`_akey_less`), which is where a slack of
   1_000_000_000 or more ties with or sorts after "no deadline".
 * **Waiting** (not admitted: prefill, or preempted) requests sit in one treap per (group, priority
-  class) with a min-``required_blocks`` aggregate.  With no aging a priority class has one threshold
+  class) with a min-``required_blocks`` aggregate; under fcfs, whose keys never change (the enqueue
+  clock is the arrival step), in two min-blocks segment trees per class over the requests' static
+  ranks by (arrival step, request_id), prefill then preempted (cache-friendlier than a treap).  With no aging a priority class has one threshold
   ``free + max victim blocks among lower classes``, so its first runnable request is one pruned
   left-first descent.  The best waiting request is cached and recomputed only when free blocks, the
   victim set or waiting membership change (admission, preemption, finish, arrival), plus, under
@@ -84,10 +86,14 @@ from .enums import (
     STOP_STUCK,
 )
 from .ordered_nb import (
+    ND_BLOCKS,
+    RANK_OUT,
     heap_push_nb,
     heap_remove_nb,
     heap_sift_down_nb,
     key_less_nb,
+    rank_tree_first_fit_nb,
+    rank_tree_set_nb,
     treap_delete_nb,
     treap_first_fit_nb,
     treap_first_nb,
@@ -143,6 +149,40 @@ def _akey_less(a, b, gk, deadline_policy, has_deadline, clock):
                 return gk[a, k] < gk[b, k]
         return False
     return key_less_nb(gk, a, b)
+
+
+# The waiting rows of structure s: a treap, or under fcfs (whose keys are static: the enqueue clock
+# is the arrival step) two rank trees per priority class over the rows' ranks by (arrival step,
+# request_id), the prefill rows' then the preempted ones' (which sort after every prefill row).
+# Not cached on their own: they call kernels of another file (see `stamp`); their callers' cache
+# holds them.
+
+@njit(_nrt=False)
+def _wait_add(fcfs, s, r, wroot, stack, gk, nd, rt, rt_base, rt_size, rank):
+    if fcfs:
+        rank_tree_set_nb(rt, rt_base[2 * s + gk[r, 1]], rt_size[s], rank[r], nd[r, ND_BLOCKS])
+    else:
+        wroot[s] = treap_insert_nb(wroot[s], r, stack, gk, nd)
+
+
+@njit(_nrt=False)
+def _wait_remove(fcfs, s, r, wroot, stack, gk, nd, rt, rt_base, rt_size, rank):
+    if fcfs:
+        rank_tree_set_nb(rt, rt_base[2 * s + gk[r, 1]], rt_size[s], rank[r], RANK_OUT)
+    else:
+        wroot[s] = treap_delete_nb(wroot[s], r, stack, gk, nd)
+
+
+@njit(_nrt=False)
+def _wait_first_fit(fcfs, s, limit, wroot, nd, rt, rt_base, rt_size, rt_start, rank_rows):
+    """The first waiting row of structure s with blocks <= limit, or -1."""
+    if fcfs:
+        for h in range(2):
+            i = rank_tree_first_fit_nb(rt, rt_base[2 * s + h], rt_size[s], limit)
+            if i >= 0:
+                return rank_rows[rt_start[s] + i]
+        return -1
+    return treap_first_fit_nb(wroot[s], limit, nd)
 
 
 # A max segment tree over priority classes: leaf i = largest blocks among class i's victims (0: none).
@@ -286,6 +326,30 @@ def _make_replay_static(stamp):
         cand_limit = np.zeros(n_struct, np.int64)
         cand_stale = np.ones(n_struct, np.bool_)  # its cand was taken: search again
         vroot = np.full(n_classes, -1, np.int64)
+        fcfs = policy == POLICY_FCFS
+        rt_start = np.zeros(n_classes + 1, np.int64)  # fcfs: class c's ranks map to rank_rows[rt_start[c]:]
+        rt_size = np.ones(n_classes, np.int64)
+        rt_base = np.zeros(2 * n_classes, np.int64)
+        rank = np.zeros(n if fcfs else 0, np.int64)
+        rank_rows = np.zeros(n if fcfs else 0, np.int64)
+        if fcfs:
+            by_id = np.argsort(request_id, kind="mergesort")
+            by_arrival = by_id[np.argsort(arrival_step[by_id], kind="mergesort")]
+            for r in range(n):
+                rt_start[pclass[r] + 1] += 1
+            for c in range(n_classes):
+                while rt_size[c] < rt_start[c + 1]:
+                    rt_size[c] *= 2
+                rt_start[c + 1] += rt_start[c]
+            fill = rt_start.copy()
+            for r in by_arrival:
+                c = pclass[r]
+                rank[r] = fill[c] - rt_start[c]
+                rank_rows[fill[c]] = r
+                fill[c] += 1
+            for q in range(1, 2 * n_classes):
+                rt_base[q] = rt_base[q - 1] + 2 * rt_size[(q - 1) // 2]
+        rt = np.full(rt_base[2 * n_classes - 1] + 2 * rt_size[n_classes - 1] if fcfs else 1, RANK_OUT, np.int64)
         heap = np.empty((n_groups, max(n, 1)), np.int64)
         hsize = np.zeros(n_groups, np.int64)
         hpos = np.full(n, -1, np.int64)
@@ -317,7 +381,7 @@ def _make_replay_static(stamp):
                 _set_key(r, policy, gk, phase, generated, enqueue_clock, request_id, prompt_len, max_new_tokens,
                          priority, cache_hit, deadline_step, has_deadline)
                 s = group[r] * n_classes + pclass[r]
-                wroot[s] = treap_insert_nb(wroot[s], r, stack, gk, nd)
+                _wait_add(fcfs, s, r, wroot, stack, gk, nd, rt, rt_base, rt_size, rank)
                 if required_blocks[r] <= cand_limit[s] and (cand[s] == NO_ROW or key_less_nb(gk, r, cand[s])):
                     cand[s] = r
                 wait_dirty = True
@@ -329,7 +393,8 @@ def _make_replay_static(stamp):
                     c = cand[s]
                     # A lower limit keeps a cand that still fits (nothing before it fitted at the higher one).
                     if cand_stale[s] or limit > cand_limit[s] or (c != NO_ROW and required_blocks[c] > limit):
-                        cand[s] = treap_first_fit_nb(wroot[s], limit, nd)
+                        cand[s] = _wait_first_fit(fcfs, s, limit, wroot, nd, rt, rt_base, rt_size, rt_start,
+                                                  rank_rows)
                         cand_stale[s] = False
                     cand_limit[s] = limit
             if wait_dirty or (deadline_policy and clock + NO_DEADLINE_SLACK <= max_deadline):
@@ -375,12 +440,12 @@ def _make_replay_static(stamp):
                     _seg_set(seg, seg_size, k, required_blocks[top] if top >= 0 else 0)
                     heap_remove_nb(heap, hsize, hpos, group[victim], victim, gk)
                     sv = group[victim] * n_classes + pclass[victim]
-                    wroot[sv] = treap_insert_nb(wroot[sv], victim, stack, gk, nd)
+                    _wait_add(fcfs, sv, victim, wroot, stack, gk, nd, rt, rt_base, rt_size, rank)
                     if required_blocks[victim] <= cand_limit[sv] and (cand[sv] == NO_ROW
                                                                       or key_less_nb(gk, victim, cand[sv])):
                         cand[sv] = victim
                 s = group[chosen] * n_classes + pclass[chosen]
-                wroot[s] = treap_delete_nb(wroot[s], chosen, stack, gk, nd)
+                _wait_remove(fcfs, s, chosen, wroot, stack, gk, nd, rt, rt_base, rt_size, rank)
                 cand_stale[s] = True
                 free -= need
                 admitted[chosen] = True

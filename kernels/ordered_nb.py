@@ -1,5 +1,5 @@
-"""Array-based ordered structures for the fast kernels (treaps with a min-blocks aggregate, binary heaps),
-and their shared final write-out of per-request state (`write_lazy_state_nb`).
+"""Array-based ordered structures for the fast kernels (treaps with a min-blocks aggregate, rank trees,
+binary heaps), and their shared final write-out of per-request state (`write_lazy_state_nb`).
 
 Nodes are trace rows; a row is in at most one treap and at most one heap at a time, so all treaps
 share one node matrix ``nd`` (children, the aggregates ``minimum required_blocks`` and ``maximum
@@ -280,6 +280,41 @@ def treap_first_nb(t, nd):
     while nd[t, ND_LEFT] >= 0:
         t = nd[t, ND_LEFT]
     return t
+
+
+# Rank trees: for rows whose order never changes (fcfs: by arrival step, then request_id), a min
+# segment tree over their static ranks, in heap layout at vals[base : base + 2 * size] (leaf i at
+# size + i, value = the row's blocks while it is in, RANK_OUT otherwise).  Its top levels stay in
+# cache and neighbouring ranks share cache lines, where a treap's nodes are scattered.
+
+RANK_OUT = 2**62
+
+
+@njit(cache=True, _nrt=False)
+def rank_tree_set_nb(vals, base, size, i, value):
+    """Set leaf i to value and update its ancestors (stopping where one keeps its value)."""
+    j = size + i
+    vals[base + j] = value
+    j >>= 1
+    while j >= 1:
+        a = vals[base + 2 * j]
+        b = vals[base + 2 * j + 1]
+        m = a if a < b else b
+        if vals[base + j] == m:
+            break
+        vals[base + j] = m
+        j >>= 1
+
+
+@njit(cache=True, _nrt=False)
+def rank_tree_first_fit_nb(vals, base, size, limit):
+    """The least rank whose value is <= limit, or -1."""
+    if vals[base + 1] > limit:
+        return -1
+    j = 1
+    while j < size:
+        j = 2 * j if vals[base + 2 * j] <= limit else 2 * j + 1
+    return j - size
 
 
 # Binary min-heaps over rows, one per slot of a 2-D array ``heap[h]`` with sizes ``hsize[h]`` and

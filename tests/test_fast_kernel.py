@@ -20,9 +20,12 @@ from decodesched.kernels import enums as E
 from decodesched.kernels.aging_nb import FRONT, _front_add, replay_aging_nb
 from decodesched.kernels.fast_nb import replay_fast_nb
 from decodesched.kernels.ordered_nb import (
+    RANK_OUT,
     heap_push_nb,
     heap_remove_nb,
     heap_sift_down_nb,
+    rank_tree_first_fit_nb,
+    rank_tree_set_nb,
     treap_delete_nb,
     treap_first_fit_nb,
     treap_insert_nb,
@@ -257,6 +260,30 @@ def test_treap_against_sorted_list():
         in_order = sorted(inside, key=lambda r: tuple(gk[r]))
         want = next((r for r in in_order if blocks[r] <= limit), -1)
         assert treap_first_fit_nb(root, limit, nd) == want
+
+
+def test_rank_tree_against_sorted_list():
+    """fcfs's waiting structure: min blocks over static ranks; first fit = least rank that fits."""
+    rng = np.random.default_rng(6)
+    for n, base in [(1, 0), (5, 3), (300, 17)]:
+        size = 1
+        while size < n:
+            size *= 2
+        vals = np.full(base + 2 * size + 5, RANK_OUT, np.int64)  # other trees may sit around it
+        blocks = rng.integers(1, 30, n)
+        inside: set[int] = set()
+        for _ in range(2000):
+            i = int(rng.integers(0, n))
+            if i in inside:
+                rank_tree_set_nb(vals, base, size, i, RANK_OUT)
+                inside.remove(i)
+            else:
+                rank_tree_set_nb(vals, base, size, i, blocks[i])
+                inside.add(i)
+            limit = int(rng.integers(0, 32))
+            want = min((i for i in inside if blocks[i] <= limit), default=-1)
+            assert rank_tree_first_fit_nb(vals, base, size, limit) == want
+        assert (vals[:base] == RANK_OUT).all() and (vals[base + 2 * size:] == RANK_OUT).all()
 
 
 def test_heap_against_sorted_list():
