@@ -92,6 +92,7 @@ SOURCE_STAMP = source_stamp("enums.py", "ordered_nb.py")
 
 # Points kept per residue to bound the rows before its cached answer (see `_front_add`).
 FRONT = 6
+BIG = 2**62
 
 # Columns of the aging key matrix: residue, phase, cache rank, -base, total_len, request_id.
 AK_RHO = 0
@@ -337,6 +338,34 @@ def _mark(s, dirty, in_dirty, n_d):
 
 
 @njit(cache=True, _nrt=False)
+def _front_low(q, fb, fn):
+    """The fewest blocks among half q's front points: -1 when a walk is forced, BIG when it has none."""
+    if fn[q] < 0:
+        return np.int64(-1)
+    if fn[q] == 0:
+        return np.int64(BIG)
+    return fb[q, fn[q] - 1]  # bases descending, so blocks descending too
+
+
+@njit(cache=True, _nrt=False)
+def _mark_may_run(free, n_v, v_rows, blocks, wlist, n_w, fb, fn, dirty, in_dirty, n_d):
+    """Free blocks grew or a victim joined: mark the slots with waiting rows where a front point may
+    run now.  A point with more blocks than free + the largest victim's blocks cannot (M never
+    exceeds that), which spares the residues whose waiting rows are all too big."""
+    top = free
+    largest = np.int64(0)
+    for i in range(n_v):
+        if blocks[v_rows[i]] > largest:
+            largest = blocks[v_rows[i]]
+    top += largest
+    for i in range(n_w):
+        sl = wlist[i]
+        if _front_low(2 * sl, fb, fn) <= top or _front_low(2 * sl + 1, fb, fn) <= top:
+            n_d = _mark(sl, dirty, in_dirty, n_d)
+    return n_d
+
+
+@njit(cache=True, _nrt=False)
 def _list_add(lst, lpos, cnt, s):
     lst[cnt] = s
     lpos[s] = cnt
@@ -568,8 +597,8 @@ def _make_replay_aging(stamp):
                                 v_eff[j] = v_eff[j + 1]
                             n_v -= 1
                             break
-                    for i in range(n_w):  # free blocks grew by the victim's blocks
-                        n_d = _mark(wlist[i], dirty, in_dirty, n_d)
+                    # free blocks grew by the victim's blocks
+                    n_d = _mark_may_run(free, n_v, v_rows, required_blocks, wlist, n_w, fb, fn, dirty, in_dirty, n_d)
                 # The chosen request was its residue's cached answer: the next one comes after it.
                 q = 2 * s_old + gk[chosen, AK_PHASE]
                 wroot[q] = treap_delete_nb(wroot[q], chosen, stack, gk, nd)
@@ -583,8 +612,8 @@ def _make_replay_aging(stamp):
                     v_rows[n_v] = chosen
                     v_eff[n_v] = -gk[chosen, 3] + sh[s_old]
                     n_v += 1
-                    for i in range(n_w):  # a new victim: more may run
-                        n_d = _mark(wlist[i], dirty, in_dirty, n_d)
+                    # a new victim: more may run
+                    n_d = _mark_may_run(free, n_v, v_rows, required_blocks, wlist, n_w, fb, fn, dirty, in_dirty, n_d)
             status[chosen] = STATUS_RUNNING
             chosen_count[chosen] += 1
 
@@ -615,8 +644,8 @@ def _make_replay_aging(stamp):
                                 v_eff[j] = v_eff[j + 1]
                             n_v -= 1
                             break
-                for i in range(n_w):  # free blocks grew
-                    n_d = _mark(wlist[i], dirty, in_dirty, n_d)
+                # free blocks grew
+                n_d = _mark_may_run(free, n_v, v_rows, required_blocks, wlist, n_w, fb, fn, dirty, in_dirty, n_d)
             else:
                 a = enqueue_steps[chosen] + chosen_count[chosen]
                 sl, n_free = _slot_acquire(a % k, steps, k, hkey, hval, mask, free_slots, n_free, s_rho, sh,
