@@ -118,7 +118,7 @@ def _real_less(gk, sh, a, b):
     return gk[a, 5] < gk[b, 5]
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, inline="always")
 def _below(e, n_v, v_eff, v_pmax):
     """Max blocks among victims with effective priority < e (0 if none)."""
     lo = 0
@@ -132,32 +132,39 @@ def _below(e, n_v, v_eff, v_pmax):
     return v_pmax[lo - 1] if lo > 0 else 0
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, inline="always")
 def _front_add(s, b, x, fb, fx, fn):
     """Add the point (blocks b, base x) to slot s's front: points (fb[s, i], fx[s, i]), i < fn[s],
     bases descending, such that every row before the slot's cached answer has blocks >= fb and base
     <= fx of some point.  A row with fewer blocks and a higher base runs whenever the row does (M
-    only grows with the priority, and the residue shares one shift), so dominated points are dropped;
-    past FRONT points the two with the closest bases merge into (fewer blocks, higher base)."""
+    only grows with the priority, and the residue shares one shift), so dominated points are dropped
+    (the blocks then descend with the bases); past FRONT points the two with the closest bases merge
+    into (fewer blocks, higher base)."""
     n = fn[s]
-    for i in range(n):
-        if fx[s, i] >= x and fb[s, i] <= b:
-            return
-    k = 0
-    for i in range(n):
-        if fx[s, i] <= x and fb[s, i] >= b:
-            continue
-        fx[s, k] = fx[s, i]
-        fb[s, k] = fb[s, i]
-        k += 1
-    i = k
-    while i > 0 and fx[s, i - 1] < x:
-        fx[s, i] = fx[s, i - 1]
-        fb[s, i] = fb[s, i - 1]
-        i -= 1
-    fx[s, i] = x
-    fb[s, i] = b
-    k += 1
+    # The points with base >= x are a prefix; the last of them has the fewest blocks.
+    j = n
+    while j > 0 and fx[s, j - 1] < x:
+        j -= 1
+    if j > 0 and fb[s, j - 1] <= b:
+        return  # dominated
+    # The points the new one dominates (base <= x, blocks >= b) are a run starting at lo.
+    lo = j - 1 if j > 0 and fx[s, j - 1] == x else j
+    hi = lo
+    while hi < n and fb[s, hi] >= b:
+        hi += 1
+    # Replace fx/fb[lo:hi] by the new point.
+    shift = 1 - (hi - lo)
+    if shift > 0:
+        for i in range(n - 1, hi - 1, -1):
+            fx[s, i + 1] = fx[s, i]
+            fb[s, i + 1] = fb[s, i]
+    elif shift < 0:
+        for i in range(hi, n):
+            fx[s, i + shift] = fx[s, i]
+            fb[s, i + shift] = fb[s, i]
+    fx[s, lo] = x
+    fb[s, lo] = b
+    k = n + shift
     if k > FRONT:
         j = 0
         for i in range(1, k - 1):
@@ -171,7 +178,7 @@ def _front_add(s, b, x, fb, fx, fn):
     fn[s] = k
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, inline="always")
 def _front_may_run(s, free, shift, fb, fx, fn, n_v, v_eff, v_pmax):
     """Whether a row before slot s's cached answer may run now (always, when fn[s] < 0)."""
     if fn[s] < 0:
