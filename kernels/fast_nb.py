@@ -18,9 +18,9 @@ Structures (all allocated inside the call; nothing global, safe to run per scena
 * **Waiting** (not admitted: prefill, or preempted) requests sit in one treap per (group, priority
   class) with a min-``required_blocks`` aggregate; under fcfs, whose keys never change (the enqueue
   clock is the arrival step), in two min-blocks segment trees per class over the requests' static
-  ranks by (arrival step, request_id), prefill then preempted (cache-friendlier than a treap).  With no aging a priority class has one threshold
-  ``free + max victim blocks among lower classes``, so its first runnable request is one pruned
-  left-first descent.  The best waiting request is cached and recomputed only when free blocks, the
+  ranks by (arrival step, request_id), prefill then preempted (cache-friendlier than a treap).
+  With no aging a priority class has one threshold ``free + max victim blocks among lower
+  classes``, so its first runnable request is one pruned left-first descent.  The best waiting request is cached and recomputed only when free blocks, the
   victim set or waiting membership change (admission, preemption, finish, arrival), plus, under
   deadline while some real slack may still reach the sentinel, a re-comparison of the cached
   per-structure answers.
@@ -185,6 +185,41 @@ def _wait_first_fit(fcfs, s, limit, wroot, nd, rt, rt_base, rt_size, rt_start, r
     return treap_first_fit_nb(wroot[s], limit, nd)
 
 
+# Not cached on its own: it uses a constant of another file (see `stamp`); its caller's cache holds it.
+@njit
+def _fcfs_rank_trees(arrival_step, request_id, pclass, n_classes, fcfs):
+    """fcfs's waiting structures, empty: each row's rank in its class by (arrival step, request_id),
+    the rows by class and rank (class c's from rank_rows[rt_start[c]]), each class's tree size (a
+    power of two), the offsets of the trees (class c: prefill at rt_base[2c], preempted at
+    rt_base[2c + 1]) and their values, all RANK_OUT.  Sized 0 / 1 when not `fcfs`."""
+    n = arrival_step.shape[0] if fcfs else 0
+    rt_start = np.zeros(n_classes + 1, np.int64)
+    rt_size = np.ones(n_classes, np.int64)
+    rt_base = np.zeros(2 * n_classes, np.int64)
+    rank = np.zeros(n, np.int64)
+    rank_rows = np.zeros(n, np.int64)
+    if not fcfs:
+        return rank, rank_rows, rt_start, rt_size, rt_base, np.full(1, RANK_OUT, np.int64)
+    by_id = np.argsort(request_id, kind="mergesort")
+    by_arrival = by_id[np.argsort(arrival_step[by_id], kind="mergesort")]
+    for r in range(n):
+        rt_start[pclass[r] + 1] += 1
+    for c in range(n_classes):
+        while rt_size[c] < rt_start[c + 1]:
+            rt_size[c] *= 2
+        rt_start[c + 1] += rt_start[c]
+    fill = rt_start.copy()
+    for r in by_arrival:
+        c = pclass[r]
+        rank[r] = fill[c] - rt_start[c]
+        rank_rows[fill[c]] = r
+        fill[c] += 1
+    for q in range(1, 2 * n_classes):
+        rt_base[q] = rt_base[q - 1] + 2 * rt_size[(q - 1) // 2]
+    rt = np.full(rt_base[2 * n_classes - 1] + 2 * rt_size[n_classes - 1], RANK_OUT, np.int64)
+    return rank, rank_rows, rt_start, rt_size, rt_base, rt
+
+
 # A max segment tree over priority classes: leaf i = largest blocks among class i's victims (0: none).
 
 @njit(cache=True, _nrt=False)
@@ -327,29 +362,8 @@ def _make_replay_static(stamp):
         cand_stale = np.ones(n_struct, np.bool_)  # its cand was taken: search again
         vroot = np.full(n_classes, -1, np.int64)
         fcfs = policy == POLICY_FCFS
-        rt_start = np.zeros(n_classes + 1, np.int64)  # fcfs: class c's ranks map to rank_rows[rt_start[c]:]
-        rt_size = np.ones(n_classes, np.int64)
-        rt_base = np.zeros(2 * n_classes, np.int64)
-        rank = np.zeros(n if fcfs else 0, np.int64)
-        rank_rows = np.zeros(n if fcfs else 0, np.int64)
-        if fcfs:
-            by_id = np.argsort(request_id, kind="mergesort")
-            by_arrival = by_id[np.argsort(arrival_step[by_id], kind="mergesort")]
-            for r in range(n):
-                rt_start[pclass[r] + 1] += 1
-            for c in range(n_classes):
-                while rt_size[c] < rt_start[c + 1]:
-                    rt_size[c] *= 2
-                rt_start[c + 1] += rt_start[c]
-            fill = rt_start.copy()
-            for r in by_arrival:
-                c = pclass[r]
-                rank[r] = fill[c] - rt_start[c]
-                rank_rows[fill[c]] = r
-                fill[c] += 1
-            for q in range(1, 2 * n_classes):
-                rt_base[q] = rt_base[q - 1] + 2 * rt_size[(q - 1) // 2]
-        rt = np.full(rt_base[2 * n_classes - 1] + 2 * rt_size[n_classes - 1] if fcfs else 1, RANK_OUT, np.int64)
+        rank, rank_rows, rt_start, rt_size, rt_base, rt = _fcfs_rank_trees(arrival_step, request_id, pclass,
+                                                                           n_classes, fcfs)
         heap = np.empty((n_groups, max(n, 1)), np.int64)
         hsize = np.zeros(n_groups, np.int64)
         hpos = np.full(n, -1, np.int64)
