@@ -36,14 +36,17 @@ and every waiting one when free blocks grow or a victim joins.  Elsewhere runnab
 is checked and, if it no longer runs, its half re-walked, until the top runs.  A dirty slot whose
 leaf is the same row, with the same key and shift, keeps its path in the tree.
 
-Cost per step: O(D (F log V + log R) + V) for D dirty slots (about 2 on a decode step; all R
-non-empty ones after a finish, preemption or a preemptible admission; R <= min(K, requests in the
-system)), F = FRONT and the victim array (V = admitted preemptible requests, bounded by the
-capacity, not the backlog); O(log n) expected treap work for the chosen request (and its victim);
-and the walks of halves whose front may run: O(log n) when the bound prunes well, but not bounded
-by it in the worst case (a subtree can pass the bound without a runnable row).  Every aging
-interval runs here (`fast_nb` replays an interval above the trace's total work steps as
-fixed_priority).
+Cost per step: O(D (F log V + log R) + V) for D dirty slots (about 2 on a decode step; after a
+finish, preemption or a preemptible admission also the non-empty ones whose front may run, found
+by a scan of all R of them, R <= min(K, requests in the system)), F = FRONT and the victim array
+(V = admitted preemptible requests, bounded by the capacity, not the backlog); O(log n) expected
+treap work for the chosen request (and its victim); and the walks of halves whose front may run:
+O(log n) when the bound prunes well, but not bounded by it in the worst case (a subtree can pass
+the bound without a runnable row).  With many non-empty residues at heavy load, one change of the
+victims can stop the cached answers of many residues from running, and each is walked again as it
+reaches the top of the tree (the Azure trace at load 1.5 with K = 100000: 3.6 walks per step,
+where K = 4 needs 0.02).  Every aging interval runs here (`fast_nb` replays an interval above the
+trace's total work steps as fixed_priority).
 """
 
 import numpy as np
