@@ -358,6 +358,18 @@ def _front_low(q, fb, fn):
 
 
 @njit(cache=True, _nrt=False)
+def _victims_drop(v_rows, v_eff, n_v, row):
+    """Remove `row` from the victim array (kept in order); returns the new count."""
+    for i in range(n_v):
+        if v_rows[i] == row:
+            for j in range(i, n_v - 1):
+                v_rows[j] = v_rows[j + 1]
+                v_eff[j] = v_eff[j + 1]
+            return n_v - 1
+    return n_v
+
+
+@njit(cache=True, _nrt=False)
 def _mark_may_run(free, n_v, v_rows, blocks, wlist, n_w, fb, fn, dirty, in_dirty, n_d):
     """Free blocks grew or a victim joined: mark the slots with waiting rows where a front point may
     run now.  A point with more blocks than free + the largest victim's blocks cannot (M never
@@ -600,13 +612,7 @@ def _make_replay_aging(stamp):
                         n_w = _list_add(wlist, wpos, n_w, rv)
                     _wait_insert(2 * rv + 1, victim, wroot, cand, stack, gk, nd, required_blocks[victim], fb, fx, fn)
                     n_d = _mark(rv, dirty, in_dirty, n_d)
-                    for i in range(n_v):
-                        if v_rows[i] == victim:
-                            for j in range(i, n_v - 1):
-                                v_rows[j] = v_rows[j + 1]
-                                v_eff[j] = v_eff[j + 1]
-                            n_v -= 1
-                            break
+                    n_v = _victims_drop(v_rows, v_eff, n_v, victim)
                     # free blocks grew by the victim's blocks
                     n_d = _mark_may_run(free, n_v, v_rows, required_blocks, wlist, n_w, fb, fn, dirty, in_dirty, n_d)
                 # The chosen request was its residue's cached answer: the next one comes after it.
@@ -647,13 +653,7 @@ def _make_replay_aging(stamp):
                 unfinished -= 1
                 wait_final[chosen] = steps + 1 - enqueue_steps[chosen] - chosen_count[chosen]
                 if preemptible[chosen]:
-                    for i in range(n_v):
-                        if v_rows[i] == chosen:
-                            for j in range(i, n_v - 1):
-                                v_rows[j] = v_rows[j + 1]
-                                v_eff[j] = v_eff[j + 1]
-                            n_v -= 1
-                            break
+                    n_v = _victims_drop(v_rows, v_eff, n_v, chosen)
                 # free blocks grew
                 n_d = _mark_may_run(free, n_v, v_rows, required_blocks, wlist, n_w, fb, fn, dirty, in_dirty, n_d)
             else:
