@@ -83,6 +83,7 @@ from .ordered_nb import (
     ND_MINB,
     ND_RIGHT,
     key_less_nb,
+    prefetch_nb,
     treap_delete_nb,
     treap_first_nb,
     treap_insert_nb,
@@ -550,7 +551,26 @@ def _make_replay_aging(stamp):
             # The top of the tree, once it runs, is the step's request (see `tb`).
             while True:
                 chosen = tb[1]
-                if chosen == NO_ROW or admitted[chosen]:
+                if chosen == NO_ROW:
+                    break
+                # With a large backlog the chosen row is often cold (a preempted request back after a
+                # long wait): start the misses in its per-request arrays together.
+                prefetch_nb(admitted, chosen)
+                prefetch_nb(status, chosen)
+                prefetch_nb(chosen_count, chosen)
+                prefetch_nb(phase, chosen)
+                prefetch_nb(generated, chosen)
+                prefetch_nb(max_new_tokens, chosen)
+                prefetch_nb(preemptible, chosen)
+                prefetch_nb(enqueue_steps, chosen)
+                prefetch_nb(cache_hit, chosen)
+                prefetch_nb(priority, chosen)
+                prefetch_nb(prompt_len, chosen)
+                prefetch_nb(request_id, chosen)
+                prefetch_nb(has_deadline, chosen)
+                prefetch_nb(deadline_step, chosen)
+                prefetch_nb(required_blocks, chosen)
+                if admitted[chosen]:
                     break
                 sl = gk[chosen, 0]
                 shift = sh[sl]

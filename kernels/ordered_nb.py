@@ -15,7 +15,10 @@ the path, of length n + 64 (a treap's depth is O(log n) with overwhelming probab
 """
 
 import numpy as np
-from numba import njit
+from llvmlite import ir
+from numba import njit, types
+from numba.core import cgutils
+from numba.extending import intrinsic
 
 from .enums import (
     RQ_ADMITTED,
@@ -45,6 +48,29 @@ def key_less_nb(gk, a, b):
         if x != y:
             return x < y
     return False
+
+
+@intrinsic
+def prefetch_nb(typingctx, arr, i):
+    """Ask the CPU to start loading arr[i] into its caches (``llvm.prefetch``, for reading, high
+    locality); no effect on results.  A kernel about to touch one cold row in many per-request arrays
+    prefetches them all first, so their cache misses overlap instead of following one another."""
+    if not isinstance(arr, types.Array) or arr.ndim != 1 or not isinstance(i, types.Integer):
+        return None
+
+    def codegen(context, builder, signature, args):
+        aryty, ity = signature.args
+        ary = context.make_array(aryty)(context, builder, args[0])
+        ind = context.cast(builder, args[1], ity, types.intp)
+        ptr = cgutils.get_item_pointer(context, builder, aryty, ary, [ind], wraparound=False)
+        i32 = ir.IntType(32)
+        byte_ptr = ir.IntType(8).as_pointer()
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [byte_ptr, i32, i32, i32]),
+                                            "llvm.prefetch.p0")
+        builder.call(fn, [builder.bitcast(ptr, byte_ptr), i32(0), i32(3), i32(1)])
+        return context.get_dummy_value()
+
+    return types.void(arr, i), codegen
 
 
 # Columns of the node matrix ``nd`` (int64, shape (n, ND_NCOLS)).

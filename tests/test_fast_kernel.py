@@ -24,6 +24,7 @@ from decodesched.kernels.ordered_nb import (
     heap_push_nb,
     heap_remove_nb,
     heap_sift_down_nb,
+    prefetch_nb,
     rank_tree_first_fit_nb,
     rank_tree_set_nb,
     treap_delete_nb,
@@ -284,6 +285,31 @@ def test_rank_tree_against_sorted_list():
             want = min((i for i in inside if blocks[i] <= limit), default=-1)
             assert rank_tree_first_fit_nb(vals, base, size, limit) == want
         assert (vals[:base] == RANK_OUT).all() and (vals[base + 2 * size:] == RANK_OUT).all()
+
+
+def test_prefetch_is_only_a_hint():
+    """`prefetch_nb` compiles for the per-request arrays' dtypes, changes nothing and refuses what it
+    cannot address."""
+    from numba import njit
+    from numba.core.errors import TypingError
+
+    @njit
+    def touch(flags, counts, i):
+        prefetch_nb(flags, i)
+        prefetch_nb(counts, np.int32(i))
+        return counts[i] + (1 if flags[i] else 0)
+
+    flags = np.array([True, False, True])
+    counts = np.array([5, 6, 7], np.int64)
+    assert [touch(flags, counts, i) for i in range(3)] == [6, 6, 8]
+    assert flags.tolist() == [True, False, True] and counts.tolist() == [5, 6, 7]
+
+    @njit
+    def touch_matrix(m):
+        prefetch_nb(m, 0)
+
+    with pytest.raises(TypingError):
+        touch_matrix(np.zeros((2, 2)))
 
 
 def test_heap_against_sorted_list():
