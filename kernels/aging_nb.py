@@ -574,7 +574,8 @@ def _make_replay_aging(stamp):
                     break
                 sl = gk[chosen, 0]
                 shift = sh[sl]
-                if required_blocks[chosen] <= free + _below(nd[chosen, ND_BASE] + shift, n_v, v_eff, v_pmax):
+                # (its blocks read from its node, in cache: required_blocks[chosen] may still be on the way)
+                if nd[chosen, ND_BLOCKS] <= free + _below(nd[chosen, ND_BASE] + shift, n_v, v_eff, v_pmax):
                     break
                 q = 2 * sl + gk[chosen, AK_PHASE]
                 c = _first_runnable(q, wroot[q], free, shift, nd, stack, n_v, v_eff, v_pmax, fb, fx, fn)
@@ -601,7 +602,7 @@ def _make_replay_aging(stamp):
                 afirst[s_old] = treap_first_nb(aroot[s_old], nd)
                 n_d = _mark(s_old, dirty, in_dirty, n_d)
             else:
-                need = required_blocks[chosen]
+                need = nd[chosen, ND_BLOCKS]
                 if need > free:
                     e_c = -gk[chosen, 3] + sh[s_old]
                     best_e = np.int64(0)
@@ -621,9 +622,9 @@ def _make_replay_aging(stamp):
                             victim = v
                     if victim == NO_ROW:
                         raise AssertionError("aging kernel: the chosen request has no victim")
+                    prefetch_nb(preemptions, victim)  # counted at the end of the step, when it has arrived
                     admitted[victim] = False
                     status[victim] = STATUS_PREEMPTED
-                    preemptions[victim] += 1
                     free += required_blocks[victim]
                     rv = gk[victim, 0]  # its slot keeps a row throughout: out of aroot, into wroot
                     aroot[rv] = treap_delete_nb(aroot[rv], victim, stack, gk, nd)
@@ -690,6 +691,8 @@ def _make_replay_aging(stamp):
             if wpos[s_old] < 0 and aroot[s_old] < 0:
                 n_free = _slot_release(s_old, s_rho, hkey, hval, mask, free_slots, n_free)
 
+            if victim != NO_ROW:
+                preemptions[victim] += 1
             missed = 0
             if has_deadline[chosen]:
                 remaining = max_new_tokens[chosen] - generated[chosen]
