@@ -92,6 +92,7 @@ from .ordered_nb import (
     heap_remove_nb,
     heap_sift_down_nb,
     key_less_nb,
+    prefetch_nb,
     rank_tree_first_fit_nb,
     rank_tree_set_nb,
     treap_delete_nb,
@@ -434,10 +435,22 @@ def _make_replay_static(stamp):
                 stop = STOP_DRAINED if unfinished == 0 else STOP_STUCK
                 break
 
+            # A waiting chosen row is often cold with a large backlog: start the misses in its
+            # per-request arrays together (see `replay_aging_nb`).
+            if chosen == best_wait:
+                prefetch_nb(status, chosen)
+                prefetch_nb(chosen_count, chosen)
+                prefetch_nb(phase, chosen)
+                prefetch_nb(generated, chosen)
+                prefetch_nb(max_new_tokens, chosen)
+                prefetch_nb(enqueue_steps, chosen)
+                prefetch_nb(has_deadline, chosen)
+                prefetch_nb(deadline_step, chosen)
+                prefetch_nb(preemptible, chosen)
             victim = NO_ROW
             was_admitted = admitted[chosen]
             if not was_admitted:
-                need = required_blocks[chosen]
+                need = nd[chosen, ND_BLOCKS]
                 if need > free:
                     c_class = pclass[chosen]
                     k = _seg_first_ge(seg, seg_size, need - free)
