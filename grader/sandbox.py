@@ -47,7 +47,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import pwd
 import signal
 import subprocess
 import sys

@@ -353,7 +353,7 @@ def _from_columns(cols: dict, where: str, steps_per_second: float | None, label:
         ints["arrival_step"], ints["prompt_len"], ints["max_new_tokens"], ints["required_blocks"], ints["priority"]
     )
     _first_bad(arrival < 0, loc, "arrival_step", "must be >= 0", arrival)
-    _first_bad(arrival > MAX_STEP, loc, "arrival_step", f"must be <= 2**53", arrival)
+    _first_bad(arrival > MAX_STEP, loc, "arrival_step", "must be <= 2**53", arrival)
     for c, a in (("prompt_len", prompt), ("max_new_tokens", new), ("required_blocks", blocks)):
         _first_bad(a <= 0, loc, c, "must be positive", a)
         _first_bad(a > MAX_LENGTH, loc, c, "must be <= 2**40", a)

@@ -6,7 +6,6 @@ See `decodesched.grader.pipeline` for what is run, the statuses and how scores a
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 from ..errors import UserError
