@@ -569,12 +569,11 @@ def _make_replay_aging(stamp):
                 prefetch_nb(request_id, chosen)
                 prefetch_nb(has_deadline, chosen)
                 prefetch_nb(deadline_step, chosen)
-                prefetch_nb(required_blocks, chosen)
                 if admitted[chosen]:
                     break
                 sl = gk[chosen, 0]
                 shift = sh[sl]
-                # (its blocks read from its node, in cache: required_blocks[chosen] may still be on the way)
+                # (its blocks read from its node, which the walk has just touched: already in cache)
                 if nd[chosen, ND_BLOCKS] <= free + _below(nd[chosen, ND_BASE] + shift, n_v, v_eff, v_pmax):
                     break
                 q = 2 * sl + gk[chosen, AK_PHASE]
@@ -667,7 +666,7 @@ def _make_replay_aging(stamp):
                     action = ACTION_FINISH
 
             if action == ACTION_FINISH:
-                free += required_blocks[chosen]
+                free += nd[chosen, ND_BLOCKS]
                 admitted[chosen] = False
                 status[chosen] = STATUS_FINISHED
                 finish_step[chosen] = clock

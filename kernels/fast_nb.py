@@ -12,7 +12,7 @@ Structures (all allocated inside the call; nothing global, safe to run per scena
   changes while a request is not chosen: fixed_priority and fcfs have one group; deadline has two
   (with a deadline, keyed by ``deadline - remaining`` so that the shared ``- clock`` drops out;
   without one); aging has one group per residue ``(enqueue step + times chosen) mod aging_interval``
-  (within a residue every effective priority rises at the same steps, see `_aging_*`).  Across
+  (within a residue every effective priority rises at the same steps, see `aging_nb`).  Across
   groups the real key at the current clock decides (`_akey_less`), which is where a slack of
   1_000_000_000 or more ties with or sorts after "no deadline".
 * **Waiting** (not admitted: prefill, or preempted) requests sit in one treap per (group, priority
@@ -20,10 +20,10 @@ Structures (all allocated inside the call; nothing global, safe to run per scena
   clock is the arrival step), in two min-blocks segment trees per class over the requests' static
   ranks by (arrival step, request_id), prefill then preempted (cache-friendlier than a treap).
   With no aging a priority class has one threshold ``free + max victim blocks among lower
-  classes``, so its first runnable request is one pruned left-first descent.  The best waiting request is cached and recomputed only when free blocks, the
-  victim set or waiting membership change (admission, preemption, finish, arrival), plus, under
-  deadline while some real slack may still reach the sentinel, a re-comparison of the cached
-  per-structure answers.
+  classes``, so its first runnable request is one pruned left-first descent.  The best waiting
+  request is cached and recomputed only when free blocks, the victim set or waiting membership
+  change (admission, preemption, finish, arrival), plus, under deadline while some real slack may
+  still reach the sentinel, a re-comparison of the cached per-structure answers.
 * **Admitted** requests (all in decode phase) sit in one binary heap per group: a decode step of an
   admitted request is a sift-down.
 * **Victims** (admitted, preemptible) sit in one treap per priority class ordered by

@@ -7,7 +7,8 @@ base priority`` of the subtree, the row's blocks, base and heap priority: one ca
 and every treap is just a root index (-1 when empty).  Order is lexicographic on the rows of an
 int64 key matrix ``gk`` (one row per trace row, in the cache line beside the row's node: see
 `treap_nodes_nb`); a structure only ever holds rows whose keys keep their relative order while
-they are in it (the fast kernel's groups guarantee this), so keys may drift as a whole.  Heap priorities are a hash of the row: no random state.
+they are in it (the fast kernel's groups guarantee this), so keys may drift as a whole.  Heap
+priorities are a hash of the row: no random state.
 
 Expected cost: O(log n) per insert, delete and first-fit query.  Everything is iterative (recursive
 Numba calls pass every array again and cost microseconds); ``stack`` is caller-owned scratch for
