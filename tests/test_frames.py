@@ -113,3 +113,25 @@ def test_nan_latency_stays_nan(result):
     df = frames.requests_frame(result)
     unservable = df["status"] == "unservable"
     assert all(math.isnan(v) for v in df.loc[unservable, "e2e"])
+
+
+def test_parquet_keeps_the_time_scale(tmp_path):
+    trace = decodesched.load_trace(TRACE, steps_per_second=12.5, name="scaled")
+    frames.to_parquet(trace, tmp_path / "t.parquet")
+    back = decodesched.load_trace(tmp_path / "t.parquet")
+    assert back.steps_per_second == 12.5 and np.array_equal(back.arrival_step, trace.arrival_step)
+    assert decodesched.load_trace(tmp_path / "t.parquet", steps_per_second=3.0).steps_per_second == 3.0
+    frames.to_parquet(decodesched.load_trace(TRACE), tmp_path / "plain.parquet")  # no time scale: none stored
+    assert decodesched.load_trace(tmp_path / "plain.parquet").steps_per_second is None
+    # a requests table keeps its trace's scale as well
+    r = decodesched.simulate(trace, free_kv_blocks=4)
+    assert pq.read_table(tmp_path / "t.parquet").schema.metadata[frames.STEPS_PER_SECOND_KEY] == b"12.5"
+    frames.to_parquet(r, tmp_path / "r.parquet")
+    assert pq.read_table(tmp_path / "r.parquet").schema.metadata[frames.STEPS_PER_SECOND_KEY] == b"12.5"
+
+
+def test_parquet_with_a_bad_time_scale_is_a_trace_error(tmp_path):
+    table = frames.to_arrow(decodesched.load_trace(TRACE))
+    pq.write_table(table.replace_schema_metadata({frames.STEPS_PER_SECOND_KEY: b"-1"}), tmp_path / "bad.parquet")
+    with pytest.raises(decodesched.TraceError, match="steps_per_second"):
+        decodesched.load_trace(tmp_path / "bad.parquet")

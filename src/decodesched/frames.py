@@ -9,7 +9,7 @@ pandas and pyarrow are not needed by the simulator itself; install them with
 - `events_frame(result)`: the event log (SPEC section 4 columns); ``preempted_request_id`` is ``<NA>``
   when the step preempted no one.
 - `trace_frame(trace)`: a trace's canonical columns (write it with `to_parquet` and
-  `decodesched.load_trace` reads it back).
+  `decodesched.load_trace` reads it back, with its ``steps_per_second`` from the Parquet metadata).
 - `metrics_frame(rows_or_batch)`: a sweep's per-scenario rows (``BatchResult.rows()`` or a list of
   dicts) as one frame.
 - `to_arrow(obj)` / `to_parquet(obj, path)`: any of the above (a `SimulationResult` gives its requests
@@ -129,17 +129,27 @@ def to_frame(obj, table: str | None = None) -> "Any":
     return metrics_frame(obj)
 
 
+# Schema metadata key of a trace's time scale, read back by `decodesched.load_trace`.
+STEPS_PER_SECOND_KEY = b"decodesched.steps_per_second"
+
+
 def to_arrow(obj, table: str | None = None) -> "Any":
-    """`to_frame(obj, table)` as a ``pyarrow.Table``."""
+    """`to_frame(obj, table)` as a ``pyarrow.Table``.  A trace's (or a result's trace's) time scale,
+    when it has one, travels in the schema metadata under ``decodesched.steps_per_second``."""
     pa, _ = _pyarrow()
-    return pa.Table.from_pandas(to_frame(obj, table), preserve_index=False)
+    arrow = pa.Table.from_pandas(to_frame(obj, table), preserve_index=False)
+    trace = getattr(obj, "trace", obj)
+    sps = getattr(trace, "steps_per_second", None)
+    if sps:
+        arrow = arrow.replace_schema_metadata({**(arrow.schema.metadata or {}), STEPS_PER_SECOND_KEY: repr(float(sps))})
+    return arrow
 
 
 def to_parquet(obj, path: str | os.PathLike, table: str | None = None) -> None:
     """Write `to_frame(obj, table)` as Parquet; the file appears whole or not at all.
 
     A `Trace` written this way (``to_parquet(trace, "t.parquet")``) is read back by
-    `decodesched.load_trace`.
+    `decodesched.load_trace`, time scale included.
     """
     _, pq = _pyarrow()
     arrow = to_arrow(obj, table)

@@ -189,7 +189,8 @@ def load_trace(source: Any, *, steps_per_second: float | None = None, name: str 
         if steps_per_second is None:
             steps_per_second = _sidecar_time_scale(path)
         if path.suffix.lower() in (".parquet", ".pq"):
-            return _from_columns(_read_parquet(path), str(path), steps_per_second, label)
+            cols, stored = _read_parquet(path)
+            return _from_columns(cols, str(path), steps_per_second or stored, label)
         return _from_csv(path, steps_per_second, label)
     if isinstance(source, list):
         if not source:
@@ -224,7 +225,8 @@ def _sidecar_time_scale(path: Path) -> float | None:
     return value
 
 
-def _read_parquet(path: Path) -> dict[str, list]:
+def _read_parquet(path: Path) -> tuple[dict[str, list], float | None]:
+    """The columns, and the time scale `decodesched.frames.to_parquet` stores in the schema metadata."""
     try:
         import pyarrow.parquet as pq
     except ImportError as exc:  # pragma: no cover - depends on the environment
@@ -233,7 +235,17 @@ def _read_parquet(path: Path) -> dict[str, list]:
         table = pq.read_table(path)
     except Exception as exc:
         raise TraceError(f"{path}: not a readable Parquet file ({exc})") from exc
-    return {name: table.column(name).to_pylist() for name in table.column_names}
+    stored = (table.schema.metadata or {}).get(b"decodesched.steps_per_second")
+    sps = None
+    if stored is not None:
+        try:
+            sps = float(stored)
+        except ValueError:
+            sps = math.nan
+        if not (sps > 0 and math.isfinite(sps)):
+            raise TraceError(f"{path}: steps_per_second in the Parquet metadata must be a positive number, "
+                             f"got {stored.decode(errors='replace')!r}")
+    return {name: table.column(name).to_pylist() for name in table.column_names}, sps
 
 
 def _from_csv(path: Path, steps_per_second: float | None, label: str) -> Trace:
