@@ -133,10 +133,20 @@ def _rows_equal_nan(a, b) -> bool:
 
 def test_grid_order_and_validation():
     sc = B.grid(2, ["aging", "fcfs"], [1, 2], [3, 4])
-    assert len(sc) == 16
+    assert len(sc) == 2 * 2 * (2 + 1)  # fcfs does not depend on the interval: it runs once
     assert [(s.trace, s.policy, s.free_kv_blocks, s.aging_interval) for s in sc[:3]] == [
         (0, "aging", 1, 3), (0, "aging", 1, 4), (0, "aging", 2, 3)]
-    assert sc[-1] == B.Scenario(1, "fcfs", 2, 4)
+    assert sc[-1] == B.Scenario(1, "fcfs", 2, 3)
+    # the sweep of the issue: 2 traces x 3 policies (one of them aging) x 2 capacities x 3 intervals
+    assert len(B.grid(2, ["fcfs", "aging", "deadline"], [8, 16], [1, 2, 4])) == 20
+    for policies in (["aging"], ["fcfs", "aging"], ["deadline", "fixed_priority", "fcfs"]):
+        got = B.grid(1, policies, [8], [1, 2, 4])
+        assert len(got) == sum(3 if p == "aging" else 1 for p in policies)
+        assert [s.policy for s in got] == [p for p in policies for _ in range(3 if p == "aging" else 1)]
+    reps = B.grid(2, ["fcfs"], [8], [4], replicates=3)
+    assert [(s.trace, s.replicate) for s in reps] == [(0, 0), (1, 1), (2, 2), (3, 0), (4, 1), (5, 2)]
+    with pytest.raises(UserError, match="replicates"):
+        B.grid(1, ["fcfs"], [8], [4], replicates=0)
     rows = [{"request_id": 1, "arrival_step": 0, "prompt_len": 1, "max_new_tokens": 1, "priority": 0,
              "cache_hit": False, "required_blocks": 1, "deadline_step": None, "preemptible": True}]
     with pytest.raises(UserError, match="scenario 1: unknown policy"):
@@ -182,17 +192,20 @@ def test_metrics_csv_rows_and_columns(workload, tmp_path):
     loaded, scenarios = workload
     result = B.simulate_batch(loaded, scenarios)
     rows = result.rows()
-    assert list(rows[0]) == list(B.ROW_KEYS)
+    assert list(rows[0])[:len(B.ROW_KEYS)] == list(B.ROW_KEYS)
     path = tmp_path / "m.csv"
     B.write_metrics_csv(rows, path)
     with open(path, newline="") as fh:
         table = list(csv.DictReader(fh))
-    assert list(table[0]) == list(B.ROW_KEYS)
+    assert list(table[0]) == B.row_columns(rows)
+    # per-class columns of every class of both traces (classes -1..2), after the overall ones
+    assert [c for c in table[0] if c.startswith("ttft_p99_class")] == [f"ttft_p99_class{p}" for p in (-1, 0, 1, 2)]
     assert len(table) == len(scenarios)
     for got, sc, row in zip(table, scenarios, rows):
         assert got["trace"] == loaded[sc.trace].name
-        assert (got["policy"], int(got["kv_blocks"]), int(got["aging_interval"])) == (
-            sc.policy, sc.free_kv_blocks, sc.aging_interval)
+        interval = str(sc.aging_interval) if sc.policy == "aging" else ""  # blank where it does not matter
+        assert (got["policy"], int(got["kv_blocks"]), got["aging_interval"]) == (sc.policy, sc.free_kv_blocks,
+                                                                                interval)
         assert int(got["finished"]) == row["finished"] == int((result.result(scenarios.index(sc)).requests["status"]
                                                                 == "finished").sum())
         for key in ("ttft_p95", "slo_attainment"):
@@ -216,11 +229,11 @@ def test_cli_sweep_writes_one_row_per_scenario(trace_csv, tmp_path, capsys):
     assert code == 0
     with open(out, newline="") as fh:
         table = list(csv.DictReader(fh))
-    assert len(table) == 2 * 2 * 2 * 2
+    assert len(table) == 2 * 2 * (2 + 1)  # fcfs runs once, not once per aging interval
     assert {r["trace"] for r in table} == {"t#0", "t#1"}  # the same file twice: names made unique
     printed = capsys.readouterr().out
-    assert "16 scenarios over 2 traces" in printed
-    assert len([line for line in printed.splitlines() if line.startswith("t#")]) == 16
+    assert "12 scenarios over 2 traces" in printed
+    assert len([line for line in printed.splitlines() if line.startswith("t#")]) == 12
 
 
 def exit_code(argv) -> int:

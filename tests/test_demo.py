@@ -60,7 +60,7 @@ def test_demo_reports_unservable_requests_without_failing(tmp_path, capsys):
     assert cli(["demo", "--requests", "20", "--kv-blocks", "0", "--out", str(out)]) == 0
     rows = read_summary(out / "summary.csv")
     assert all(int(r["unservable"]) == 20 and int(r["finished"]) == 0 for r in rows)
-    assert all(r["ttft_p50"] == "" for r in rows)  # no value rather than a made-up number
+    assert all(r["ttft_p50"] == "inf" for r in rows)  # censored: no request got a first token (SPEC 9)
     assert (out / "ttft_cdf.png").read_bytes().startswith(PNG_MAGIC)
 
 

@@ -34,8 +34,8 @@ def traces():
 
 @pytest.fixture(scope="module")
 def scenarios(traces):
-    # 2 traces x 4 policies x 16 capacities x 4 aging intervals = 512 scenarios
-    sc = grid(traces, POLICIES, list(range(30, 350, 20)), [1, 2, 4, 8])
+    # 2 traces x 36 capacities x (4 aging intervals + 3 policies that ignore the interval) = 504 scenarios
+    sc = grid(traces, POLICIES, list(range(30, 390, 10)), [1, 2, 4, 8])
     assert len(sc) >= 500
     return sc
 

@@ -13,7 +13,7 @@ pq = pytest.importorskip("pyarrow.parquet")
 
 import decodesched  # noqa: E402
 from decodesched import frames  # noqa: E402
-from decodesched.batch import ROW_KEYS, grid, simulate_batch  # noqa: E402
+from decodesched.batch import ROW_KEYS, grid, row_columns, simulate_batch  # noqa: E402
 from decodesched.errors import UserError  # noqa: E402
 
 TRACE = {  # a low-priority request that gets preempted, one that can never fit, one with a deadline
@@ -70,7 +70,7 @@ def test_events_frame_matches_the_timeline(result):
 def test_metrics_frame_of_a_batch():
     batch = simulate_batch([TRACE], grid(1, ["fcfs", "aging"], [4, 20], [2]))
     df = frames.metrics_frame(batch)
-    assert list(df.columns) == list(ROW_KEYS)
+    assert list(df.columns) == row_columns(batch.rows()) and list(df.columns)[:len(ROW_KEYS)] == list(ROW_KEYS)
     assert len(df) == 4
     assert df["policy"].tolist() == ["fcfs", "fcfs", "aging", "aging"]
     assert frames.to_frame(batch).equals(df)
@@ -93,7 +93,8 @@ def test_parquet_round_trips(result, tmp_path):
     assert again.timeline() == result.timeline()
 
     table = frames.to_arrow(simulate_batch([TRACE], grid(1, ["deadline"], [6], [4])))
-    assert table.column_names == list(ROW_KEYS) and table.num_rows == 1
+    assert table.column_names[:len(ROW_KEYS)] == list(ROW_KEYS) and table.num_rows == 1
+    assert "ttft_p99_class5" in table.column_names  # per-class columns of the trace's classes
 
 
 def test_errors(result, tmp_path, monkeypatch):

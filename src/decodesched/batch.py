@@ -15,10 +15,11 @@ it alone, for any thread count and either backend.
 [2, 2, 2, 2]
 
 Stable surface (other modules, e.g. `decodesched.distributed`, build on it): ``Scenario(trace,
-policy, free_kv_blocks, aging_interval, max_steps=None)``, ``grid(traces, policies, kv_blocks,
-aging_intervals, max_steps=None)``, ``simulate_batch(traces, scenarios, *, record_events=False,
+policy, free_kv_blocks, aging_interval, max_steps=None, replicate=0)``, ``grid(traces, policies,
+kv_blocks, aging_intervals, max_steps=None, replicates=1)``, ``replicate_traces(traces, n, rules)``, ``simulate_batch(traces, scenarios, *, record_events=False,
 threads=None, backend="cpu", engine="fast", progress=False)``, ``BatchResult.result(i)``,
-``BatchResult.rows()``, ``ROW_KEYS`` and ``write_metrics_csv(rows, path)``.
+``BatchResult.rows()``, ``ROW_KEYS``, ``row_columns(rows)`` and ``write_metrics_csv(rows, path)``.
+A scenario's policy is a built-in name or a `decodesched.Policy` (`policy_name`, `uses_aging_interval`).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import csv
 import itertools
 import math
 import os
+import re
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -41,37 +43,122 @@ from .kernels import enums as E
 from .trace import Trace, load_trace
 
 BACKENDS = ("cpu", "cuda")
-# The scenario columns of a metrics row, then `metrics.FLAT_COLUMNS`.
-SCENARIO_KEYS = ("trace", "policy", "kv_blocks", "aging_interval")
-ROW_KEYS = SCENARIO_KEYS + _metrics.FLAT_COLUMNS
+# The scenario columns of a metrics row, then its trace's load and time scale, then `metrics.FLAT_COLUMNS`
+# (with seconds twins and per-class columns after them, see `metrics.flat_metrics` and `row_columns`).
+SCENARIO_KEYS = ("trace", "replicate", "policy", "kv_blocks", "aging_interval")
+TRACE_KEYS = ("offered_load", "steps_per_second")
+ROW_KEYS = SCENARIO_KEYS + TRACE_KEYS + _metrics.FLAT_COLUMNS
+# The seeded rules of `decodesched.convert.to_trace` that a replicate redraws.
+SEEDED_OPTIONS = ("priority_classes", "priority_weights", "deadline_fraction", "slo_factor", "protected_classes")
+
+
+def policy_name(policy) -> str:
+    """A built-in policy's name, or a `decodesched.Policy`'s ``name``."""
+    return policy if isinstance(policy, str) else policy.name
+
+
+def uses_aging_interval(policy) -> bool:
+    """Whether a replay's result depends on the aging interval: the built-in "aging" does, the other
+    built-ins do not, a `decodesched.Policy` says so in ``uses_aging_interval``."""
+    return policy == "aging" if isinstance(policy, str) else bool(getattr(policy, "uses_aging_interval", False))
 
 
 @dataclass(frozen=True)
 class Scenario:
     """One replay configuration: which trace (an index into the batch's traces) and the scheduler.
 
-    ``max_steps`` None means no limit.
+    ``max_steps`` None means no limit.  ``replicate`` only labels the row: which redraw of the
+    trace's seeded classes and deadlines `Scenario.trace` points at (see `replicate_traces`).
     """
 
     trace: int
-    policy: str
+    policy: object  # a built-in policy name (str) or a decodesched.Policy
     free_kv_blocks: int
     aging_interval: int = 4
     max_steps: int | None = None
+    replicate: int = 0
 
 
-def grid(traces, policies: Sequence[str], kv_blocks: Sequence[int], aging_intervals: Sequence[int],
-         max_steps: int | None = None) -> list[Scenario]:
-    """Every combination, in the order trace, policy, capacity, aging interval (the last varies fastest).
+def grid(traces, policies: Sequence, kv_blocks: Sequence[int], aging_intervals: Sequence[int],
+         max_steps: int | None = None, replicates: int = 1) -> list[Scenario]:
+    """Every combination, in the order trace, replicate, policy, capacity, aging interval (the last
+    varies fastest); the aging interval varies only for policies whose result depends on it
+    (`uses_aging_interval`), the others run once, at the first interval.
 
-    `traces` is the number of traces or the traces themselves (only their count is used).
+    `traces` is the number of traces or the traces themselves (only their count is used).  With
+    `replicates` N > 1, give `simulate_batch` the traces of ``replicate_traces(traces, N)``: scenario
+    trace indices count N per trace.
 
     >>> [(s.trace, s.policy, s.free_kv_blocks, s.aging_interval) for s in grid(1, ["aging"], [8, 16], [2])]
     [(0, 'aging', 8, 2), (0, 'aging', 16, 2)]
+    >>> len(grid(2, ["aging", "fcfs", "deadline"], [8, 16], [1, 2, 4]))  # 2 x 2 x (3 + 1 + 1)
+    20
     """
     n_traces = traces if isinstance(traces, (int, np.integer)) and not isinstance(traces, bool) else len(_as_list(traces))
-    return [Scenario(int(t), p, c, k, max_steps)
-            for t, p, c, k in itertools.product(range(n_traces), policies, kv_blocks, aging_intervals)]
+    if isinstance(replicates, bool) or not isinstance(replicates, (int, np.integer)) or replicates < 1:
+        raise UserError(f"replicates must be a positive integer, got {replicates!r}")
+    intervals = list(aging_intervals)
+    if not intervals:
+        raise UserError("grid needs at least one aging interval")
+    out = []
+    for t, r, p, c in itertools.product(range(n_traces), range(replicates), policies, kv_blocks):
+        for k in (intervals if uses_aging_interval(p) else intervals[:1]):
+            out.append(Scenario(int(t) * replicates + r, p, c, k, max_steps, r))
+    return out
+
+
+def replicate_traces(traces, replicates: int, rules: Sequence[dict | None] | None = None) -> list[Trace]:
+    """Each trace `replicates` times, in order (trace 0's replicates first): replicate 0 is the trace
+    itself, replicate r > 0 redraws its priority classes, deadlines and preemptibility by the seeded
+    rules of `decodesched.convert.to_trace` with seed ``seed + r``; arrivals, lengths, blocks, cache
+    hits, ids and time scale are kept.
+
+    `rules`, one per trace (or None): ``seed`` and the `SEEDED_OPTIONS` it was converted with (a
+    converted trace's ``.meta.json`` holds them; `convert_rules` reads them); missing keys take
+    `to_trace`'s defaults (seed 0).
+
+    >>> t = load_trace({"request_id": [1, 2, 3], "arrival_step": [0, 1, 2], "prompt_len": [4, 2, 2],
+    ...     "max_new_tokens": [3, 1, 2], "priority": [0, 0, 0], "cache_hit": [False, True, False],
+    ...     "required_blocks": [2, 2, 1], "deadline_step": [None, 9, None], "preemptible": [True, True, True]})
+    >>> a, b = replicate_traces([t], 2)
+    >>> a is t, b.arrival_step.tolist() == t.arrival_step.tolist(), set(b.priority.tolist()) <= {0, 1, 2}
+    (True, True, True)
+    """
+    from .convert import RawTrace, to_trace
+
+    traces = [load_trace(t) for t in _as_list(traces)]
+    if isinstance(replicates, bool) or not isinstance(replicates, (int, np.integer)) or replicates < 1:
+        raise UserError(f"replicates must be a positive integer, got {replicates!r}")
+    rules = list(rules) if rules is not None else [None] * len(traces)
+    if len(rules) != len(traces):
+        raise UserError(f"replicate_traces needs one rules entry per trace ({len(traces)}), got {len(rules)}")
+    out = []
+    for trace, rule in zip(traces, rules):
+        rule = dict(rule or {})
+        options = {k: rule[k] for k in SEEDED_OPTIONS if k in rule}
+        seed = int(rule.get("seed") or 0)
+        out.append(trace)
+        # whole steps as seconds at 1 step per second: to_trace's floor gives the same arrival steps
+        raw = RawTrace(trace.arrival_step.astype(np.float64), trace.prompt_len, trace.max_new_tokens, trace.cache_hit)
+        for r in range(1, replicates):
+            drawn = to_trace(raw, steps_per_second=1.0, seed=seed + r, **options)
+            deadline = drawn.deadline_step.astype(object)
+            deadline[~drawn.has_deadline] = None
+            cols = dict(trace.columns())
+            cols.update(priority=drawn.priority, deadline_step=deadline, preemptible=drawn.preemptible)
+            out.append(load_trace(cols, steps_per_second=trace.steps_per_second, name=trace.name))
+    return out
+
+
+def convert_rules(meta: dict | None) -> dict | None:
+    """The seed and seeded options a converted trace's sidecar (`decodesched.convert.read_meta`)
+    records, as `replicate_traces` rules (None without a sidecar)."""
+    if not meta:
+        return None
+    options = meta.get("options") if isinstance(meta.get("options"), dict) else {}
+    rule = {k: options[k] for k in SEEDED_OPTIONS if k in options}
+    rule["seed"] = meta.get("seed", options.get("seed", 0))
+    return rule
 
 
 def _as_list(traces) -> list:
@@ -127,17 +214,23 @@ class BatchResult:
         return self._metrics[i]
 
     def trace_labels(self) -> list[str]:
-        """A name per trace, made unique with ``#index`` where names repeat."""
-        names = [t.name for t in self.traces]
-        return [f"{n}#{i}" if names.count(n) > 1 else n for i, n in enumerate(names)]
+        """A name per trace (see the module function `trace_labels`)."""
+        return trace_labels(self.traces, self.scenarios)
 
     def rows(self) -> list[dict]:
-        """One dict per scenario: ``trace, policy, kv_blocks, aging_interval``, then `metrics.flat_metrics`."""
+        """One dict per scenario: `SCENARIO_KEYS` (``aging_interval`` NaN for a policy that does not
+        use it), `TRACE_KEYS` (``steps_per_second`` NaN without a time scale), then
+        `metrics.flat_metrics` (per-class and seconds columns included)."""
         labels = self.trace_labels()
+        loads = [_metrics.offered_load(t) for t in self.traces]
         out = []
         for i, sc in enumerate(self.scenarios):
-            row = {"trace": labels[sc.trace], "policy": sc.policy, "kv_blocks": int(sc.free_kv_blocks),
-                   "aging_interval": int(sc.aging_interval)}
+            trace = self.traces[sc.trace]
+            row = {"trace": labels[sc.trace], "replicate": int(sc.replicate), "policy": policy_name(sc.policy),
+                   "kv_blocks": int(sc.free_kv_blocks),
+                   "aging_interval": int(sc.aging_interval) if uses_aging_interval(sc.policy) else math.nan,
+                   "offered_load": loads[sc.trace],
+                   "steps_per_second": float(trace.steps_per_second) if trace.steps_per_second else math.nan}
             row.update(_metrics.flat_metrics(self.metrics(i)))
             out.append(row)
         return out
@@ -147,6 +240,21 @@ class BatchResult:
         from .frames import metrics_frame
 
         return metrics_frame(self)
+
+
+def trace_labels(traces: Sequence[Trace], scenarios: Sequence[Scenario]) -> list[str]:
+    """A name per trace, made unique with ``#index`` where names repeat among the traces of one
+    replicate (the replicates of a trace share its name; a trace's replicate is that of the first
+    scenario that uses it)."""
+    rep = {}
+    for sc in scenarios:
+        rep.setdefault(sc.trace, sc.replicate)
+    keys = [(t.name, rep.get(i, 0)) for i, t in enumerate(traces)]
+    labels = []
+    for i, key in enumerate(keys):
+        same = [j for j, k in enumerate(keys) if k == key]
+        labels.append(f"{key[0]}#{same.index(i)}" if len(same) > 1 else key[0])
+    return labels
 
 
 def _check_threads(threads) -> int | None:
@@ -268,17 +376,15 @@ def _cpu_kernel(engine: str):
 
 
 def _run_cpu(kernel, call, threads: int, counters: np.ndarray, bar: Progress) -> None:
-    """Run the batch kernel; with a visible bar, in a helper thread while this one redraws the bar
-    from the kernel's count of finished scenarios (the kernel releases the GIL)."""
-    from .kernels.batch_nb import DONE
-
-    if not bar.enabled:
-        kernel(*call)
-        bar.advance(int(counters[DONE]))
-        return
+    """Run the batch kernel in a helper thread while this one waits in short slices (redrawing the bar
+    from the kernel's count of finished scenarios; the kernel releases the GIL), so Ctrl-C acts at
+    once: the kernel's workers then take no new scenario, those already running finish in the
+    background, and KeyboardInterrupt reaches the caller."""
     import threading
 
     import numba
+
+    from .kernels.batch_nb import DONE, NEXT
 
     failure = []
 
@@ -291,12 +397,29 @@ def _run_cpu(kernel, call, threads: int, counters: np.ndarray, bar: Progress) ->
 
     worker = threading.Thread(target=work, name="decodesched-batch", daemon=True)
     worker.start()
-    while worker.is_alive():
-        worker.join(0.1)
-        bar.advance(int(counters[DONE]) - bar.done)
+    try:
+        while worker.is_alive():
+            worker.join(0.1)
+            bar.advance(int(counters[DONE]) - bar.done)
+    except BaseException:
+        counters[NEXT] = 1 << 62  # past every queue position: no worker starts another scenario
+        raise
     bar.advance(int(counters[DONE]) - bar.done)
     if failure:
         raise failure[0]
+
+
+def estimated_cost(traces: Sequence[Trace], scenarios: Sequence[Scenario]) -> np.ndarray:
+    """Each scenario's estimated run time, in arbitrary units: steps times requests of its trace."""
+    sc_trace = np.array([s.trace for s in scenarios], np.int64)
+    sc_max_steps = np.array([-1 if s.max_steps is None else s.max_steps for s in scenarios], np.int64)
+    return _cost(traces, sc_trace, sc_max_steps)
+
+
+def _cost(traces, sc_trace, sc_max_steps) -> np.ndarray:
+    lengths = np.array([len(t) for t in traces], np.float64)[sc_trace]
+    work = np.array([t.work_steps for t in traces], np.float64)[sc_trace]
+    return np.where(sc_max_steps >= 0, np.minimum(work, sc_max_steps), work) * lengths
 
 
 def _run_order(traces, sc_trace, sc_policy, sc_interval, sc_max_steps) -> np.ndarray:
@@ -307,11 +430,9 @@ def _run_order(traces, sc_trace, sc_policy, sc_interval, sc_max_steps) -> np.nda
     policies and longer aging intervals first (the fast aging kernel keeps one structure per
     residue class of the interval), then input order.
     """
-    lengths = np.array([len(t) for t in traces], np.float64)[sc_trace]
-    work = np.array([t.work_steps for t in traces], np.float64)[sc_trace]
-    steps = np.where(sc_max_steps >= 0, np.minimum(work, sc_max_steps), work)
     aging_rank = np.where(sc_policy == E.POLICY_AGING, sc_interval, 0)
-    return np.lexsort((np.arange(len(sc_trace)), -aging_rank, -(steps * lengths))).astype(np.int64)
+    cost = _cost(traces, sc_trace, sc_max_steps)
+    return np.lexsort((np.arange(len(sc_trace)), -aging_rank, -cost)).astype(np.int64)
 
 
 def _csv_value(v):
@@ -320,14 +441,32 @@ def _csv_value(v):
     if isinstance(v, float):
         if math.isnan(v):
             return ""
+        if math.isinf(v):
+            return "inf" if v > 0 else "-inf"
         return int(v) if v.is_integer() else round(v, 6)
     return v
 
 
+def row_columns(rows: Sequence[dict]) -> list[str]:
+    """The columns of metrics rows, in order: `ROW_KEYS`, each time column followed by its seconds
+    twin where any row has one, then per priority class (ascending) its `metrics.CLASS_COLUMNS`,
+    then any other keys in first-seen order."""
+    keys = dict.fromkeys(k for r in rows for k in r)
+    cols = list(SCENARIO_KEYS + TRACE_KEYS)
+    cols += [k for name in _metrics.FLAT_COLUMNS for k in (name, f"{name}_s") if k == name or k in keys]
+    classes = sorted({int(m.group(1)) for k in keys if (m := re.search(r"_class(-?\d+)$", k))})
+    cols += [k for p in classes for name in _metrics.CLASS_COLUMNS
+             for k in (f"{name}_class{p}", f"{name}_s_class{p}") if k in keys]
+    known = set(cols)
+    return cols + [k for k in keys if k not in known]
+
+
 def write_metrics_csv(rows: Sequence[dict], path) -> None:
-    """Write metrics rows (`BatchResult.rows`) as CSV atomically: `ROW_KEYS` columns, empty for NaN."""
+    """Write metrics rows (`BatchResult.rows`) as CSV atomically: the `row_columns`, empty for NaN and
+    missing values, ``inf`` for a censored statistic."""
+    columns = row_columns(rows)
     with atomic_writer(path) as fh:
         w = csv.writer(fh, lineterminator="\n")
-        w.writerow(ROW_KEYS)
+        w.writerow(columns)
         for row in rows:
-            w.writerow([_csv_value(row.get(k)) for k in ROW_KEYS])
+            w.writerow([_csv_value(row.get(k)) for k in columns])

@@ -10,10 +10,10 @@
 3. chunks are gathered as they complete.  A worker that dies mid-sweep costs only the chunks it was
    running: the scheduler reschedules them on the remaining (or restarted) workers, and a chunk that
    raises is retried ``retries`` times;
-4. with a ``checkpoint_path``, each finished chunk's rows are appended to a JSON-lines file.  Its first
-   line holds a hash of the traces and the scenarios, so a rerun of the *same* sweep (after Ctrl-C, a
-   lost scheduler, a crash) computes only the scenarios not yet saved, while a different sweep
-   starts afresh.  The file is removed once the sweep completes.
+4. with a ``checkpoint_path``, each finished chunk's rows are appended to a JSON-lines checkpoint
+   (`decodesched.checkpoint`, the same file a local sweep writes): a rerun of the *same* sweep (after
+   Ctrl-C, a lost scheduler, a crash) computes only the scenarios not yet saved, while a different
+   sweep starts afresh.  The file is removed once the sweep completes.
 
 The rows come back in scenario order, identical to ``simulate_batch(traces, scenarios).rows()``.
 Dask is optional: ``pip install 'decodesched[dask]'``.
@@ -22,21 +22,17 @@ Dask is optional: ``pip install 'decodesched[dask]'``.
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import json
-import math
 import os
-from pathlib import Path
 from typing import Callable, Sequence
 
 import numpy as np
 
 from ._io import Progress
+from .checkpoint import Checkpoint, finish, read_checkpoint, sweep_key
 from .errors import UserError
 
 INSTALL_HINT = "pip install 'decodesched[dask]'"
 DEFAULT_CHUNK_SIZE = 64
-CHECKPOINT_FORMAT = "decodesched-sweep-checkpoint/1"
 
 
 def _import_dask():
@@ -45,19 +41,6 @@ def _import_dask():
     except ImportError:
         raise UserError(f"--dask needs Dask's distributed scheduler, which is not installed; {INSTALL_HINT}") from None
     return distributed
-
-
-def sweep_key(traces, scenarios) -> str:
-    """A hash of the traces (every column, name and time scale) and the scenarios, in order."""
-    h = hashlib.sha256()
-    for t in traces:
-        h.update(repr((t.name, t.steps_per_second, len(t))).encode())
-        for name in ("request_id", "arrival_step", "prompt_len", "max_new_tokens", "priority", "cache_hit",
-                     "required_blocks", "deadline_step", "has_deadline", "preemptible"):
-            h.update(np.ascontiguousarray(getattr(t, name)).tobytes())
-    for s in scenarios:
-        h.update(repr((int(s.trace), s.policy, int(s.free_kv_blocks), int(s.aging_interval), s.max_steps)).encode())
-    return h.hexdigest()
 
 
 def _run_chunk(traces, scenarios, first, threads):
@@ -70,67 +53,6 @@ def _run_chunk(traces, scenarios, first, threads):
         threads = max(1, min(int(threads), numba.config.NUMBA_NUM_THREADS))
     rows = simulate_batch(traces, scenarios, record_events=False, threads=threads).rows()
     return first, rows
-
-
-def _json_safe(rows: list[dict]) -> list[dict]:
-    return [{k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in r.items()} for r in rows]
-
-
-def _from_json(rows: list[dict]) -> list[dict]:
-    return [{k: (math.nan if v is None else v) for k, v in r.items()} for r in rows]
-
-
-def read_checkpoint(path, key: str, n_scenarios: int) -> dict[int, dict]:
-    """Rows saved by an earlier run of the same sweep: ``{scenario index: row}`` (empty if none).
-
-    A file of another sweep, or one that cannot be read, yields nothing; a torn last line (the run
-    died while writing it) is ignored.
-    """
-    path = Path(path)
-    if not path.is_file():
-        return {}
-    done: dict[int, dict] = {}
-    try:
-        with open(path, encoding="utf-8") as fh:
-            header = json.loads(fh.readline() or "null")
-            if not isinstance(header, dict) or header.get("format") != CHECKPOINT_FORMAT or header.get("sweep") != key:
-                return {}
-            for line in fh:
-                try:
-                    rec = json.loads(line)
-                    first, rows = int(rec["first"]), _from_json(rec["rows"])
-                except (ValueError, KeyError, TypeError):
-                    break  # a torn last line
-                for i, row in enumerate(rows):
-                    if 0 <= first + i < n_scenarios:
-                        done[first + i] = row
-    except (OSError, ValueError):
-        return {}
-    return done
-
-
-class _Checkpoint:
-    """Append-only JSON lines: a header, then one line per finished chunk, flushed and synced."""
-
-    def __init__(self, path, key: str, n_scenarios: int, resumed: dict[int, dict]):
-        self.path = Path(path)
-        if resumed:
-            self.fh = open(self.path, "a", encoding="utf-8")
-        else:
-            self.fh = open(self.path, "w", encoding="utf-8")
-            self._write({"format": CHECKPOINT_FORMAT, "sweep": key, "scenarios": n_scenarios})
-
-    def _write(self, record: dict) -> None:
-        self.fh.write(json.dumps(record, allow_nan=False) + "\n")
-        self.fh.flush()
-        with contextlib.suppress(OSError):
-            os.fsync(self.fh.fileno())
-
-    def add(self, first: int, rows: list[dict]) -> None:
-        self._write({"first": int(first), "rows": _json_safe(rows)})
-
-    def close(self) -> None:
-        self.fh.close()
 
 
 @contextlib.contextmanager
@@ -178,7 +100,7 @@ def run_sweep(traces, scenarios: Sequence, address, *, chunk_size: int = DEFAULT
     A chunk that still fails after `retries` raises `UserError` (finished chunks stay in the
     checkpoint).
     """
-    from .batch import _as_list, check_scenarios
+    from .batch import _as_list, check_scenarios, trace_labels
     from .trace import load_trace
 
     _import_dask()
@@ -205,21 +127,21 @@ def run_sweep(traces, scenarios: Sequence, address, *, chunk_size: int = DEFAULT
         chunks += [(a, scenarios[a:min(a + chunk_size, hi)]) for a in range(lo, hi, chunk_size)]
         run_start = run_end + 1
 
-    checkpoint = _Checkpoint(checkpoint_path, key, n, done) if checkpoint_path else None
+    checkpoint = Checkpoint(checkpoint_path, key, n, done) if checkpoint_path else None
+    labels = trace_labels(traces, scenarios)  # of the whole sweep: a chunk alone may label its traces otherwise
     try:
         if chunks:
             _compute(traces, chunks, address, done, checkpoint, progress, threads, retries, on_chunk, n,
-                     chunk_function or _run_chunk)
+                     chunk_function or _run_chunk, [labels[s.trace] for s in scenarios])
     finally:
         if checkpoint is not None:
             checkpoint.close()
-    if checkpoint_path:
-        with contextlib.suppress(OSError):
-            os.unlink(checkpoint_path)
+    finish(checkpoint_path)
     return [done[i] for i in range(n)]
 
 
-def _compute(traces, chunks, address, done, checkpoint, progress, threads, retries, on_chunk, n, task) -> None:
+def _compute(traces, chunks, address, done, checkpoint, progress, threads, retries, on_chunk, n, task,
+             labels) -> None:
     distributed = _import_dask()
     if isinstance(address, distributed.Client):
         ctx = contextlib.nullcontext(address)
@@ -243,9 +165,10 @@ def _compute(traces, chunks, address, done, checkpoint, progress, threads, retri
                         raise UserError(f"a chunk of the sweep failed on the cluster: {type(exc).__name__}: "
                                         f"{str(exc).splitlines()[0] if str(exc) else ''}{saved}") from exc
                     for i, row in enumerate(rows):
+                        row["trace"] = labels[first + i]
                         done[first + i] = row
                     if checkpoint is not None:
-                        checkpoint.add(first, rows)
+                        checkpoint.add(range(first, first + len(rows)), rows)
                     completed += 1
                     bar.advance(len(rows))
                     if on_chunk is not None:

@@ -11,7 +11,8 @@ pandas and pyarrow are not needed by the simulator itself; install them with
 - `trace_frame(trace)`: a trace's canonical columns (write it with `to_parquet` and
   `decodesched.load_trace` reads it back, with its ``steps_per_second`` from the Parquet metadata).
 - `metrics_frame(rows_or_batch)`: a sweep's per-scenario rows (``BatchResult.rows()`` or a list of
-  dicts) as one frame.
+  dicts) as one frame, columns in `decodesched.batch.row_columns` order (per-class ``<metric>_class<P>``,
+  seconds ``<metric>_s``, ``offered_load``, ``steps_per_second``; a censored statistic is ``inf``).
 - `to_arrow(obj)` / `to_parquet(obj, path)`: any of the above (a `SimulationResult` gives its requests
   table unless ``table="events"``) as a ``pyarrow.Table`` / a Parquet file written atomically.
 
@@ -101,9 +102,12 @@ def trace_frame(trace) -> "Any":
 def metrics_frame(rows) -> "Any":
     """Per-scenario sweep rows (a `BatchResult`, anything with ``.rows()``, or a list of dicts)."""
     pd = _pandas()
+    from .batch import row_columns
+
     if hasattr(rows, "rows") and callable(rows.rows):
         rows = rows.rows()
-    return pd.DataFrame(list(rows))
+    rows = list(rows)
+    return pd.DataFrame(rows, columns=row_columns(rows) if rows else None)
 
 
 def to_frame(obj, table: str | None = None) -> "Any":

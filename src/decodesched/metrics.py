@@ -1,7 +1,10 @@
 """Per-request results and aggregate metrics (SPEC section 6), and their tables and files.
 
 All latencies are in steps; when the trace has a time scale (``steps_per_second``) the summary
-table also shows seconds.
+table and the flat rows also give seconds.  No aggregate improves by dropping requests (SPEC
+section 9): a latency statistic counts every request that never reached the event (it did not
+finish) at +inf, so a P99 is ``inf`` when more than 1% of the requests are censored; starvation is
+the longest wait of a request that ran; unservable and unfinished counts stand beside them.
 """
 
 from __future__ import annotations
@@ -60,19 +63,51 @@ def request_table(trace: Trace, state: np.ndarray, stop_reason: str) -> dict[str
     return out
 
 
-def _stats(values: np.ndarray) -> dict[str, float]:
-    v = values[~np.isnan(values)] if values.dtype.kind == "f" else values
+def percentiles_censored(values: np.ndarray, censored: int, qs=PERCENTILES) -> list[float]:
+    """Linear-interpolation percentiles of ``values`` (finite) plus `censored` values at +inf.
+
+    A percentile whose interpolation reaches a censored value is +inf: it is not known, only that
+    it is at least the largest finished value.  With nothing censored this is `numpy.percentile`.
+    """
+    v = np.asarray(values, dtype=np.float64)
+    n = v.size + int(censored)
+    if n == 0:
+        return [math.nan] * len(qs)
     if v.size == 0:
-        return {"count": 0, "mean": math.nan, "p50": math.nan, "p95": math.nan, "p99": math.nan, "max": math.nan}
-    pct = np.percentile(v, PERCENTILES)
+        return [math.inf] * len(qs)
+    # at q, linear interpolation reads the sorted values at floor/ceil of (n-1)*q/100: it touches a
+    # censored one exactly when (n-1)*q > (finished-1)*100 (integers, so no rounding at the edge)
+    padded = np.concatenate([v, np.full(int(censored), v.max())])
+    pct = np.percentile(padded, qs)
+    return [math.inf if (n - 1) * q > (v.size - 1) * 100 else float(x) for q, x in zip(qs, pct)]
+
+
+def _stats(values: np.ndarray, pending: np.ndarray) -> dict[str, float]:
+    """Mean, percentiles and max of `values` where known (not NaN), plus the `pending` requests (those
+    that never reached the event before the replay ended) counted at +inf (censored), so no statistic
+    improves by dropping requests.  ``count``: the known values; ``censored``: the pending ones."""
+    known = ~np.isnan(values)
+    censored = int((pending & ~known).sum())
+    v = values[known]
+    if v.size + censored == 0:
+        return {"count": 0, "censored": 0, "mean": math.nan, "p50": math.nan, "p95": math.nan, "p99": math.nan,
+                "max": math.nan}
+    pct = percentiles_censored(v, censored)
     return {
         "count": int(v.size),
-        "mean": float(v.mean()),
-        "p50": float(pct[0]),
-        "p95": float(pct[1]),
-        "p99": float(pct[2]),
-        "max": float(v.max()),
+        "censored": censored,
+        "mean": math.inf if censored else float(v.mean()),
+        "p50": pct[0],
+        "p95": pct[1],
+        "p99": pct[2],
+        "max": math.inf if censored else float(v.max()),
     }
+
+
+def offered_load(trace: Trace) -> float:
+    """Work steps (one prefill plus one per token, summed) per step of the arrival span."""
+    span = int(trace.arrival_step.max() - trace.arrival_step.min())
+    return float(trace.work_steps / max(span, 1))
 
 
 def jain_index(x: np.ndarray) -> float:
@@ -92,19 +127,24 @@ def _group(req: dict, mask: np.ndarray) -> dict:
     work = (req["max_new_tokens"][mask] + 1).astype(np.float64)
     e2e = req["e2e"][mask]
     with np.errstate(invalid="ignore", divide="ignore"):
-        service_share = np.where(finished, work / e2e, np.nan)
-    out = {name: _stats(req[name][mask]) for name in LATENCIES}
+        service_share = np.where(finished, work / e2e, 0.0)  # an unfinished request got no finished service
+    unfinished = ~finished
+    applies_tpot = req["max_new_tokens"][mask] > 1  # TPOT exists only for requests of 2+ tokens
+    out = {name: _stats(req[name][mask], unfinished & applies_tpot if name == "tpot" else unfinished)
+           for name in LATENCIES}
+    ran = req["first_step"][mask] >= 0
     out.update(
         {
             "requests": int(mask.sum()),
             "finished": int(finished.sum()),
-            "starvation": int(req["wait_steps"][mask].max()) if mask.any() else 0,
+            "unfinished": int(unfinished.sum()),
+            "starvation": int(req["wait_steps"][mask][ran].max()) if ran.any() else math.nan,
             "preemptions": int(req["preemptions"][mask].sum()),
             "with_deadline": n_deadline,
             "deadline_misses": int(n_deadline - met.sum()),
             "deadline_miss_rate": float((n_deadline - met.sum()) / n_deadline) if n_deadline else math.nan,
             "slo_attainment": float(met.sum() / n_deadline) if n_deadline else math.nan,
-            "mean_service_share": float(np.nanmean(service_share)) if finished.any() else math.nan,
+            "mean_service_share": float(service_share.mean()) if mask.any() else math.nan,
         }
     )
     return out
@@ -114,8 +154,10 @@ def aggregate(trace: Trace, req: dict, n_events: int, clock: int) -> dict:
     """SPEC section 6 aggregates, overall and per priority class.
 
     ``fairness_jain`` is Jain's index across priority classes of each class's mean service share
-    (a finished request's work steps, 1 + max_new_tokens, divided by its e2e): 1.0 when every class
-    is served alike.
+    (a finished request's work steps, 1 + max_new_tokens, divided by its e2e; 0 for a request that
+    did not finish): 1.0 when every class is served alike.  Latency statistics count a request that
+    never reached the event at +inf (`_stats`); ``starvation`` is the longest wait of a request that
+    ran at least one step.
     """
     everyone = np.ones(len(trace), dtype=bool)
     out = _group(req, everyone)
@@ -128,7 +170,6 @@ def aggregate(trace: Trace, req: dict, n_events: int, clock: int) -> dict:
             "events": int(n_events),
             "clock": int(clock),
             "unservable": int(req["unservable"].sum()),
-            "unfinished": int((req["status"] != "finished").sum()),
             "tokens": int(req["generated_len"].sum()),
             "throughput_tokens_per_step": float(req["generated_len"].sum() / span),
             "fairness_jain": jain_index(np.array([c["mean_service_share"] for c in classes.values()])),
@@ -242,15 +283,35 @@ FLAT_COLUMNS = (
      "deadline_miss_rate", "slo_attainment", "fairness_jain")
     + tuple(f"{name}_{stat}" for name in LATENCIES for stat in ("mean", "p50", "p95", "p99", "max"))
 )
+# Columns in steps: each gets a twin in seconds, ``<name>_s``, when the trace has a time scale.
+TIME_COLUMNS = frozenset(("starvation",) + tuple(c for c in FLAT_COLUMNS if c.rpartition("_")[0] in LATENCIES))
+# Per priority class P, column ``<name>_class<P>`` (and ``<name>_s_class<P>`` for time columns).
+CLASS_COLUMNS = ("requests", "finished", "unfinished", "queue_wait_p50", "queue_wait_p95", "queue_wait_p99",
+                 "ttft_p50", "ttft_p95", "ttft_p99", "e2e_p50", "e2e_p95", "e2e_p99", "starvation", "preemptions",
+                 "with_deadline", "slo_attainment")
+
+
+def _value(metrics: dict, name: str):
+    base, _, stat = name.rpartition("_")
+    return metrics[base][stat] if base in LATENCIES else metrics[name]
+
+
+def _with_seconds(names, metrics: dict, sps: float | None, suffix: str = "") -> dict:
+    row = {}
+    for name in names:
+        v = _value(metrics, name)
+        row[f"{name}{suffix}"] = v
+        if sps and name in TIME_COLUMNS:
+            row[f"{name}_s{suffix}"] = v / sps
+    return row
 
 
 def flat_metrics(metrics: dict) -> dict:
-    """One flat row of scalars (the columns of `FLAT_COLUMNS`), e.g. for a sweep's metrics CSV."""
-    row = {}
-    for name in FLAT_COLUMNS:
-        base, _, stat = name.rpartition("_")
-        if base in LATENCIES:
-            row[name] = metrics[base][stat]
-        else:
-            row[name] = metrics[name]
+    """One flat row of scalars, e.g. for a sweep's metrics CSV: the `FLAT_COLUMNS` (each time column
+    followed by its seconds twin ``<name>_s`` when ``metrics["steps_per_second"]`` is set), then per
+    priority class P (ascending) the `CLASS_COLUMNS` as ``<name>_class<P>`` (``<name>_s_class<P>``)."""
+    sps = metrics.get("steps_per_second")
+    row = _with_seconds(FLAT_COLUMNS, metrics, sps)
+    for p in sorted(metrics["per_class"]):
+        row.update(_with_seconds(CLASS_COLUMNS, metrics["per_class"][p], sps, f"_class{p}"))
     return row

@@ -35,6 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import UserError
+from .metrics import offered_load
 
 POLICY_ORDER = ("fixed_priority", "aging", "deadline", "fcfs")
 _COLORS = {"fixed_priority": "#1f77b4", "aging": "#ff7f0e", "deadline": "#2ca02c", "fcfs": "#d62728"}
@@ -150,12 +151,6 @@ def _meta_load(meta: dict) -> float | None:
         if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0:
             return float(value)
     return None
-
-
-def offered_load(trace) -> float:
-    """Work steps (one prefill plus one per token, summed) per step of the arrival span."""
-    span = int(trace.arrival_step.max() - trace.arrival_step.min())
-    return float(trace.work_steps / max(span, 1))
 
 
 def trace_info(rows: list[dict], results_path=None, *, loads: dict | None = None, trace_dirs=()) -> dict[str, TraceInfo]:

@@ -1,15 +1,22 @@
-"""`decodesched sweep TRACE... --policy a,b --kv-blocks x,y --aging-interval i,j [--max-steps N]
-[--threads N] [--backend cpu|cuda] [--engine fast|scan] [--dask ADDRESS] --out metrics.csv`.
+"""`decodesched sweep TRACE... --policy a,b --kv-blocks x,y --aging-interval i,j [--replicates N]
+[--max-steps N] [--threads N] [--backend cpu|cuda] [--engine fast|scan] [--dask ADDRESS] --out metrics.csv`.
 
-The grid is the product of the lists (trace, policy, capacity, aging interval; the last varies
-fastest); every scenario runs in one batch (`decodesched.batch.simulate_batch`), a progress bar
-runs on stderr, a table with one row per scenario prints, and the CSV gets one row per scenario
-(`batch.ROW_KEYS`: its trace, policy, capacity and aging interval, then the metrics of SPEC
-section 6).  Bad input exits 2 with one line before anything runs, and no CSV is left behind.
+The grid (`decodesched.batch.grid`) is trace x replicate x policy x capacity x aging interval, the
+interval varying only for policies whose result depends on it (built-in: aging).  A policy is a
+built-in name or ``module:attr`` naming a `decodesched.Policy`.  ``--replicates N`` replays each
+trace N times: replicate 0 as it is, replicate r with its priority classes, deadlines and
+preemptibility redrawn by the seeded rules of ``trace convert`` at seed ``seed + r`` (seed and rules
+from the trace's ``.meta.json``, else the defaults; `batch.replicate_traces`).
 
-``--dask ADDRESS`` hands the same traces and scenarios (max_steps included) to
-``decodesched.distributed.run_sweep(traces, scenarios, ADDRESS, progress=None, threads=N)``, which
-returns the rows (as `BatchResult.rows`); Dask is optional (``pip install 'decodesched[dask]'``).
+The scenarios run in chunks (`decodesched.checkpoint.run_local`; ``--chunk-size``), each saved to
+``OUT.partial.jsonl`` as it finishes: Ctrl-C stops within a second and keeps them, and rerunning the
+same command resumes.  A table with one row per scenario prints, and the CSV gets one row per
+scenario (`batch.row_columns`: scenario, offered load and time scale, the metrics of SPEC section 6
+with seconds twins ``<metric>_s``, and per-class ``<metric>_class<P>``).  Bad input exits 2 with one
+line before anything runs, and no CSV is left behind.
+
+``--dask ADDRESS`` hands the same traces and scenarios to ``decodesched.distributed.run_sweep``,
+which writes the same checkpoint; Dask is optional (``pip install 'decodesched[dask]'``).
 """
 
 from __future__ import annotations
@@ -17,10 +24,11 @@ from __future__ import annotations
 import importlib
 import math
 import os
+import sys
 import time
 from pathlib import Path
 
-from ..batch import BACKENDS, grid, simulate_batch, write_metrics_csv
+from ..batch import BACKENDS, convert_rules, grid, replicate_traces, write_metrics_csv
 from ..engine import ENGINES, POLICIES, check_config
 from ..errors import UserError
 from ..trace import load_trace
@@ -29,9 +37,11 @@ from ..trace import load_trace
 TABLE_COLUMNS = (
     ("trace", "trace"),
     ("policy", "policy"),
+    ("rep", "replicate"),
     ("kv", "kv_blocks"),
     ("aging", "aging_interval"),
     ("done", "finished"),
+    ("unfin", "unfinished"),
     ("unserv", "unservable"),
     ("qwait P95", "queue_wait_p95"),
     ("ttft P95", "ttft_p95"),
@@ -51,10 +61,12 @@ def add_parser(sub) -> None:
     )
     p.add_argument("traces", nargs="+", metavar="TRACE", help="canonical trace CSV(s) or .parquet")
     p.add_argument("--policy", required=True, type=_names, metavar="P[,P..]",
-                   help=f"policies, comma-separated ({', '.join(POLICIES)})")
+                   help=f"policies, comma-separated ({', '.join(POLICIES)}, or module:attr of a decodesched.Policy)")
     p.add_argument("--kv-blocks", required=True, type=_ints, metavar="N[,N..]", help="free KV blocks, comma-separated")
     p.add_argument("--aging-interval", type=_ints, default=[4], metavar="K[,K..]",
                    help="aging intervals, comma-separated (default 4)")
+    p.add_argument("--replicates", type=int, default=1, metavar="N",
+                   help="replay each trace N times, redrawing its seeded classes and deadlines (default 1)")
     p.add_argument("--max-steps", type=int, default=None, metavar="N", help="stop each replay after N steps that ran")
     p.add_argument("--threads", type=int, default=None, metavar="N", help="CPU threads (default: all Numba threads)")
     p.add_argument("--backend", choices=BACKENDS, default="cpu", help="cpu (default) or cuda (one GPU thread per "
@@ -63,8 +75,9 @@ def add_parser(sub) -> None:
     # For the RESEARCH helper's distributed sweeps (decodesched.distributed, optional dependency).
     p.add_argument("--dask", metavar="ADDRESS", default=None,
                    help="run on a Dask cluster (scheduler address, or 'local') via decodesched.distributed")
-    p.add_argument("--chunk-size", type=int, default=64, metavar="N",
-                   help="with --dask: scenarios per task (default %(default)s)")
+    p.add_argument("--chunk-size", type=int, default=None, metavar="N",
+                   help="scenarios per chunk, each checkpointed as it finishes (default: with --dask 64, "
+                        "else 4 per thread, at least 16)")
     p.add_argument("--out", required=True, metavar="metrics.csv", help="the metrics CSV to write")
     p.set_defaults(func=run)
 
@@ -103,36 +116,75 @@ def _check_out(out: str, traces: list[str]) -> None:
         raise UserError(f"cannot write {out}: no such directory {parent}")
 
 
+def _resolve(spec: str):
+    """A built-in policy name as is, ``module:attr`` as the `decodesched.Policy` it names."""
+    try:
+        from ..policy import resolve_policy
+    except ModuleNotFoundError:  # before the custom-policy module exists: built-in names only
+        return spec
+    return resolve_policy(spec)
+
+
 def run(args) -> int:
     _check_out(args.out, args.traces)
+    if args.replicates < 1:
+        raise UserError(f"--replicates must be at least 1, got {args.replicates}")
+    if args.chunk_size is not None and args.chunk_size < 1:
+        raise UserError(f"--chunk-size must be at least 1, got {args.chunk_size}")
+    policies = [_resolve(p) for p in args.policy]
     # Validate the whole grid before loading anything heavy or running anything.
-    for policy in args.policy:
+    for policy in policies:
         for blocks in args.kv_blocks:
             for interval in args.aging_interval:
                 check_config(policy, blocks, interval, args.max_steps)
     traces = [load_trace(t) for t in args.traces]
-    scenarios = grid(traces, args.policy, args.kv_blocks, args.aging_interval, args.max_steps)
+    if args.replicates > 1:
+        from ..convert import read_meta
+
+        traces = replicate_traces(traces, args.replicates, [convert_rules(read_meta(t)) for t in args.traces])
+    scenarios = grid(len(args.traces), policies, args.kv_blocks, args.aging_interval, args.max_steps,
+                     args.replicates)
+    checkpoint = args.out + ".partial.jsonl"
     start = time.perf_counter()
-    if args.dask is not None:
-        rows = _run_dask(args, traces, scenarios)
-        where = f"Dask at {args.dask}"
-    else:
-        batch = simulate_batch(traces, scenarios, threads=args.threads, backend=args.backend, engine=args.engine,
-                               progress=None)
-        rows = batch.rows()
-        where = f"{args.backend}, {batch.threads} thread{'s' if batch.threads != 1 else ''}"
+    try:
+        if args.dask is not None:
+            rows = _run_dask(args, traces, scenarios, checkpoint)
+            where = f"Dask at {args.dask}"
+        else:
+            rows, where = _run_local(args, traces, scenarios, checkpoint)
+    except KeyboardInterrupt:
+        from ..checkpoint import read_checkpoint, sweep_key
+
+        saved = len(read_checkpoint(checkpoint, sweep_key(traces, scenarios), len(scenarios)))
+        print(f"decodesched sweep: interrupted; {saved} of {len(scenarios)} scenarios are saved in {checkpoint}, "
+              "rerun the same command to resume", file=sys.stderr)
+        return 130
     elapsed = time.perf_counter() - start
     try:
         write_metrics_csv(rows, args.out)
     except (FileNotFoundError, IsADirectoryError, PermissionError) as exc:
         raise UserError(f"cannot write {args.out}: {exc}") from None
     print(format_rows(rows))
-    print(f"{len(scenarios)} scenarios over {len(traces)} trace{'s' if len(traces) != 1 else ''} in "
-          f"{elapsed:.2f} s ({where}); wrote {args.out}")
+    print(f"{len(scenarios)} scenarios over {len(args.traces)} trace{'s' if len(args.traces) != 1 else ''}"
+          f"{f' x {args.replicates} replicates' if args.replicates > 1 else ''} in {elapsed:.2f} s ({where}); "
+          f"wrote {args.out}")
     return 0
 
 
-def _run_dask(args, traces, scenarios):
+def _run_local(args, traces, scenarios, checkpoint):
+    import numba
+
+    from ..batch import _check_threads
+    from ..checkpoint import DEFAULT_LOCAL_CHUNK, run_local
+
+    threads = _check_threads(args.threads) or numba.get_num_threads()
+    chunk = args.chunk_size or max(DEFAULT_LOCAL_CHUNK, 4 * threads)
+    rows = run_local(traces, scenarios, chunk_size=chunk, checkpoint_path=checkpoint, threads=threads,
+                     engine=args.engine, backend=args.backend, progress=None)
+    return rows, f"{args.backend}, {threads} thread{'s' if threads != 1 else ''}"
+
+
+def _run_dask(args, traces, scenarios, checkpoint):
     if args.backend != "cpu":
         raise UserError("--dask runs the CPU kernels on the workers; drop --backend cuda")
     try:
@@ -143,9 +195,9 @@ def _run_dask(args, traces, scenarios):
         raise
     if args.engine != "fast":
         raise UserError("--dask runs the fast engine on the workers; drop --engine scan")
-    # Finished chunks go to OUT.partial.jsonl, so a rerun of an interrupted sweep resumes from them.
     return distributed.run_sweep(traces, scenarios, args.dask, progress=None, threads=args.threads,
-                                 chunk_size=args.chunk_size, checkpoint_path=args.out + ".partial.jsonl")
+                                 chunk_size=args.chunk_size or distributed.DEFAULT_CHUNK_SIZE,
+                                 checkpoint_path=checkpoint)
 
 
 def _cell(v) -> str:

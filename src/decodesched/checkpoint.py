@@ -1,0 +1,150 @@
+"""Sweeps that survive interruption: finished chunks are saved as they complete, and a rerun resumes.
+
+A checkpoint is a JSON-lines file (``<out>.partial.jsonl`` for ``decodesched sweep``).  Its first
+line holds a hash of the traces and the scenarios (`sweep_key`), so a rerun of the *same* sweep
+(after Ctrl-C, a lost Dask scheduler, a crash) computes only the scenarios not yet saved, while a
+different sweep starts afresh; each further line holds one finished chunk: its scenario indices and
+their rows.  A torn last line (the run died while writing it) is ignored.  The file is removed once
+the sweep completes.
+
+`run_local` runs a sweep on this machine in chunks: one `decodesched.batch.simulate_batch` call per
+chunk, each saved before the next starts.  Ctrl-C acts within a fraction of a second (the kernels run
+in a helper thread, see `batch.simulate_batch`) and keeps every finished chunk.
+`decodesched.distributed.run_sweep` writes the same checkpoints from a Dask cluster.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from ._io import Progress
+
+CHECKPOINT_FORMAT = "decodesched-sweep-checkpoint/2"
+DEFAULT_LOCAL_CHUNK = 16
+
+
+def sweep_key(traces, scenarios) -> str:
+    """A hash of the traces (every column, name and time scale) and the scenarios, in order."""
+    from .batch import policy_name
+
+    h = hashlib.sha256()
+    for t in traces:
+        h.update(repr((t.name, t.steps_per_second, len(t))).encode())
+        for name in ("request_id", "arrival_step", "prompt_len", "max_new_tokens", "priority", "cache_hit",
+                     "required_blocks", "deadline_step", "has_deadline", "preemptible"):
+            h.update(np.ascontiguousarray(getattr(t, name)).tobytes())
+    for s in scenarios:
+        policy = s.policy if isinstance(s.policy, str) else (type(s.policy).__module__, policy_name(s.policy))
+        h.update(repr((int(s.trace), policy, int(s.free_kv_blocks), int(s.aging_interval), s.max_steps,
+                       int(s.replicate))).encode())
+    return h.hexdigest()
+
+
+def read_checkpoint(path, key: str, n_scenarios: int) -> dict[int, dict]:
+    """Rows saved by an earlier run of the same sweep: ``{scenario index: row}`` (empty if none).
+
+    A file of another sweep, or one that cannot be read, yields nothing; a torn last line is ignored.
+    """
+    path = Path(path)
+    if not path.is_file():
+        return {}
+    done: dict[int, dict] = {}
+    try:
+        with open(path, encoding="utf-8") as fh:
+            header = json.loads(fh.readline() or "null")
+            if not isinstance(header, dict) or header.get("format") != CHECKPOINT_FORMAT or header.get("sweep") != key:
+                return {}
+            for line in fh:
+                try:
+                    rec = json.loads(line)
+                    pairs = list(zip([int(i) for i in rec["indices"]], rec["rows"], strict=True))
+                except (ValueError, KeyError, TypeError):
+                    break  # a torn last line
+                done.update((i, row) for i, row in pairs if 0 <= i < n_scenarios)
+    except (OSError, ValueError):
+        return {}
+    return done
+
+
+class Checkpoint:
+    """Append-only JSON lines: a header, then one line per finished chunk, flushed and synced.
+
+    Rows keep NaN and inf (JSON's ``NaN`` / ``Infinity``, which Python's json reads back)."""
+
+    def __init__(self, path, key: str, n_scenarios: int, resumed: dict[int, dict]):
+        self.path = Path(path)
+        if resumed:
+            self.fh = open(self.path, "a", encoding="utf-8")
+        else:
+            self.fh = open(self.path, "w", encoding="utf-8")
+            self._write({"format": CHECKPOINT_FORMAT, "sweep": key, "scenarios": n_scenarios})
+
+    def _write(self, record: dict) -> None:
+        self.fh.write(json.dumps(record) + "\n")
+        self.fh.flush()
+        with contextlib.suppress(OSError):
+            os.fsync(self.fh.fileno())
+
+    def add(self, indices: Sequence[int], rows: list[dict]) -> None:
+        self._write({"indices": [int(i) for i in indices], "rows": rows})
+
+    def close(self) -> None:
+        self.fh.close()
+
+
+def finish(checkpoint_path) -> None:
+    """Remove a completed sweep's checkpoint."""
+    if checkpoint_path:
+        with contextlib.suppress(OSError):
+            os.unlink(checkpoint_path)
+
+
+def run_local(traces, scenarios: Sequence, *, chunk_size: int = DEFAULT_LOCAL_CHUNK, checkpoint_path=None,
+              threads: int | None = None, engine: str = "fast", backend: str = "cpu",
+              progress: bool | None = False) -> list[dict]:
+    """Run `scenarios` over `traces` here, `chunk_size` scenarios per `simulate_batch` call (probably
+    slowest first), saving each finished chunk to `checkpoint_path`; return the rows in scenario
+    order, equal to ``simulate_batch(traces, scenarios).rows()``."""
+    from .batch import _as_list, check_scenarios, estimated_cost, simulate_batch, trace_labels
+    from .errors import UserError
+    from .trace import load_trace
+
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, (int, np.integer)) or chunk_size < 1:
+        raise UserError(f"chunk size must be a positive integer, got {chunk_size!r}")
+    traces = [load_trace(t) for t in _as_list(traces)]
+    scenarios = list(scenarios)
+    if not traces or not scenarios:
+        raise UserError("a sweep needs at least one trace and one scenario")
+    check_scenarios(scenarios, len(traces))
+    n = len(scenarios)
+    key = sweep_key(traces, scenarios)
+    done = read_checkpoint(checkpoint_path, key, n) if checkpoint_path else {}
+    cost = estimated_cost(traces, scenarios)
+    todo = sorted((i for i in range(n) if i not in done), key=lambda i: (-cost[i], i))
+    labels = trace_labels(traces, scenarios)
+    checkpoint = Checkpoint(checkpoint_path, key, n, done) if checkpoint_path else None
+    try:
+        with Progress(n, "sweep", enabled=progress) as bar:
+            bar.advance(len(done))
+            for a in range(0, len(todo), chunk_size):
+                chunk = todo[a:a + chunk_size]
+                rows = simulate_batch(traces, [scenarios[i] for i in chunk], threads=threads, engine=engine,
+                                      backend=backend).rows()
+                for i, row in zip(chunk, rows):
+                    row["trace"] = labels[scenarios[i].trace]  # labels of the whole sweep, not of the chunk
+                    done[i] = row
+                if checkpoint is not None:
+                    checkpoint.add(chunk, rows)
+                bar.advance(len(chunk))
+    finally:
+        if checkpoint is not None:
+            checkpoint.close()
+    finish(checkpoint_path)
+    return [done[i] for i in range(n)]

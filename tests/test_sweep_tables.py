@@ -1,0 +1,232 @@
+"""Sweep tables that answer questions: honest (censored) statistics, per-class, load and seconds
+columns, the de-duplicated grid, replicates, and local sweeps that checkpoint and resume."""
+
+from __future__ import annotations
+
+import csv
+import math
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import decodesched
+from decodesched import batch as B
+from decodesched import checkpoint as C
+from decodesched import convert as cv
+from decodesched import metrics as M
+from decodesched.cli import main
+
+
+def nan_equal(a, b) -> bool:
+    def norm(rows):
+        return [{k: ("nan" if isinstance(v, float) and math.isnan(v) else v) for k, v in r.items()} for r in rows]
+    return norm(a) == norm(b)
+
+
+@given(st.lists(st.integers(0, 50), max_size=30), st.integers(0, 5), st.integers(0, 30))
+def test_censored_percentiles_are_upper_envelopes_of_every_completion(values, censored, extra):
+    """Whatever the censored requests would have taken (at least the largest finished value), the true
+    percentile is at most the censored one, and equal to it whenever the censored one is finite."""
+    got = M.percentiles_censored(np.array(values, float), censored)
+    if not values and not censored:
+        assert all(math.isnan(g) for g in got)
+        return
+    top = max(values, default=0)
+    for fill in (top, top + extra):
+        full = np.percentile(np.array(values + [fill] * censored, float), M.PERCENTILES)
+        for g, f in zip(got, full):
+            assert f <= g
+            if math.isfinite(g):
+                assert g == f
+    if censored == 0:
+        assert got == pytest.approx(np.percentile(values, M.PERCENTILES).tolist())
+
+
+TRACE = {  # request 3 needs 6 blocks: unservable below 6; request 4 arrives late and waits
+    "request_id": [1, 2, 3, 4], "arrival_step": [0, 0, 0, 1], "prompt_len": [3, 2, 2, 2],
+    "max_new_tokens": [2, 3, 1, 2], "priority": [0, 1, 1, 0], "cache_hit": [False, False, False, False],
+    "required_blocks": [2, 2, 6, 2], "deadline_step": [None, 30, 30, None], "preemptible": [True] * 4,
+}
+
+
+def test_no_statistic_improves_by_dropping_requests():
+    small = decodesched.simulate(TRACE, policy="fcfs", free_kv_blocks=4).metrics
+    large = decodesched.simulate(TRACE, policy="fcfs", free_kv_blocks=8).metrics
+    assert small["unservable"] == 1 and large["unfinished"] == 0
+    for name in ("queue_wait", "ttft", "e2e"):
+        assert small[name]["p99"] == math.inf and small[name]["max"] == math.inf and small[name]["mean"] == math.inf
+        assert small[name]["censored"] == 1 and math.isfinite(large[name]["p99"])
+        assert small[name]["p99"] >= large[name]["p99"]
+    assert small["per_class"][1]["ttft"]["p50"] == math.inf  # one of its two requests never ran
+    assert math.isfinite(small["per_class"][0]["ttft"]["p99"])
+    # starvation: the longest wait of a request that ran, not of one that never could
+    req = decodesched.simulate(TRACE, policy="fcfs", free_kv_blocks=4).requests
+    ran = req["first_step"] >= 0
+    assert small["starvation"] == req["wait_steps"][ran].max()
+    # fairness: a class whose request never finished got no service for it
+    assert small["per_class"][1]["mean_service_share"] < large["per_class"][1]["mean_service_share"]
+
+
+def test_rows_carry_load_seconds_and_per_class_columns():
+    trace = decodesched.load_trace(TRACE, steps_per_second=4.0, name="t")
+    plain = decodesched.load_trace(TRACE, name="u")
+    batch = B.simulate_batch([trace, plain], B.grid(2, ["aging", "fcfs"], [4, 8], [1, 2]))
+    rows = batch.rows()
+    assert len(rows) == 2 * 2 * (2 + 1)
+    for i, row in enumerate(rows):
+        sc = batch.scenarios[i]
+        m = batch.metrics(i)
+        assert row["offered_load"] == M.offered_load(batch.traces[sc.trace])
+        assert (row["aging_interval"] == sc.aging_interval) if sc.policy == "aging" else math.isnan(row["aging_interval"])
+        for p, per in m["per_class"].items():
+            assert row[f"ttft_p99_class{p}"] == per["ttft"]["p99"]
+            assert row[f"queue_wait_p50_class{p}"] == per["queue_wait"]["p50"]
+            assert row[f"starvation_class{p}"] == per["starvation"] or math.isnan(per["starvation"])
+            assert row[f"slo_attainment_class{p}"] == per["slo_attainment"] or math.isnan(per["slo_attainment"])
+            assert row[f"preemptions_class{p}"] == per["preemptions"]
+        if sc.trace == 0:
+            assert row["steps_per_second"] == 4.0
+            assert row["e2e_p50_s"] == row["e2e_p50"] / 4.0 and row["ttft_p50_s_class0"] == row["ttft_p50_class0"] / 4
+        else:
+            assert math.isnan(row["steps_per_second"]) and "e2e_p50_s" not in row
+    cols = B.row_columns(rows)
+    assert cols.index("e2e_p50_s") == cols.index("e2e_p50") + 1  # seconds beside steps
+    assert cols[-1].endswith("_class1")
+
+
+def converted(seed: int):
+    raw = cv.read_azure(cv.bundled_trace_path()).head(300)
+    return raw, cv.to_trace(raw, load=1.2, seed=seed, name="azure")
+
+
+def test_replicates_redraw_the_seeded_classes_and_deadlines():
+    raw, trace = converted(5)
+    reps = B.replicate_traces([trace], 3, [{"seed": 5}])
+    assert reps[0] is trace
+    for r, rep in enumerate(reps[1:], start=1):
+        want = cv.to_trace(raw, load=1.2, seed=5 + r)  # the same as converting with the next seed
+        for col in ("priority", "deadline_step", "has_deadline", "preemptible"):
+            assert np.array_equal(getattr(rep, col), getattr(want, col)), col
+        for col in ("request_id", "arrival_step", "prompt_len", "max_new_tokens", "required_blocks", "cache_hit"):
+            assert np.array_equal(getattr(rep, col), getattr(trace, col)), col
+        assert rep.steps_per_second == trace.steps_per_second and rep.name == trace.name
+    assert not np.array_equal(reps[1].priority, reps[2].priority)
+    rules = B.convert_rules({"seed": 3, "options": {"priority_classes": [4, 7], "priority_weights": None,
+                                                   "deadline_fraction": 1.0, "slo_factor": 2.0, "load": 1.0}})
+    assert rules == {"priority_classes": [4, 7], "priority_weights": None, "deadline_fraction": 1.0,
+                     "slo_factor": 2.0, "seed": 3}
+    other = B.replicate_traces([trace], 2, [rules])[1]
+    assert set(other.priority.tolist()) <= {4, 7} and other.has_deadline.all()
+
+
+def test_cli_sweep_replicates_and_the_twenty_row_grid(tmp_path, capsys):
+    raw, _ = converted(0)
+    paths = []
+    for load in (0.8, 1.2):
+        p = tmp_path / f"azure{load}.csv"
+        cv.write_trace(cv.to_trace(raw.head(60), load=load, seed=0), p, {"seed": 0, "options": {}})
+        paths.append(str(p))
+    out = tmp_path / "m.csv"
+    assert main(["sweep", *paths, "--policy", "fcfs,aging,deadline", "--kv-blocks", "20,60",
+                 "--aging-interval", "1,2,4", "--threads", "1", "--out", str(out)]) == 0
+    with open(out, newline="") as fh:
+        table = list(csv.DictReader(fh))
+    assert len(table) == 20
+    assert {r["trace"] for r in table} == {"azure0.8", "azure1.2"}
+    assert all(r["offered_load"] and r["steps_per_second"] and "ttft_p99_class2" in r for r in table)
+    assert not (tmp_path / "m.csv.partial.jsonl").exists()
+    assert main(["sweep", paths[0], "--policy", "fcfs", "--kv-blocks", "60", "--replicates", "3",
+                 "--out", str(out)]) == 0
+    with open(out, newline="") as fh:
+        table = list(csv.DictReader(fh))
+    assert [(r["trace"], r["replicate"]) for r in table] == [("azure0.8", str(r)) for r in range(3)]
+    assert len({r["ttft_p99_class2"] for r in table}) > 1  # the redrawn classes give other class results
+    capsys.readouterr()
+    assert main(["sweep", paths[0], "--policy", "fcfs", "--kv-blocks", "60", "--replicates", "0",
+                 "--out", str(out)]) == 2
+    assert "--replicates" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def sweep():
+    _, trace = converted(1)
+    traces = [trace, trace.subset(np.arange(120))]
+    return traces, B.grid(traces, ["fixed_priority", "aging", "deadline", "fcfs"], [40, 200, 800], [1, 4])
+
+
+def test_local_sweep_equals_one_batch_and_resumes_after_an_interrupt(sweep, tmp_path, monkeypatch):
+    traces, scenarios = sweep
+    want = B.simulate_batch(traces, scenarios).rows()
+    assert nan_equal(C.run_local(traces, scenarios, chunk_size=5), want)
+
+    ck = tmp_path / "m.csv.partial.jsonl"
+    real = B.simulate_batch
+    calls = []
+    interrupt = [3]  # Ctrl-C during the third chunk of the first run
+
+    def flaky(traces, chunk, **kw):
+        calls.append(len(chunk))
+        if len(calls) == interrupt[0]:
+            raise KeyboardInterrupt
+        return real(traces, chunk, **kw)
+
+    monkeypatch.setattr(B, "simulate_batch", flaky)
+    with pytest.raises(KeyboardInterrupt):
+        C.run_local(traces, scenarios, chunk_size=5, checkpoint_path=ck)
+    saved = C.read_checkpoint(ck, C.sweep_key(traces, scenarios), len(scenarios))
+    assert len(saved) == 10  # the two finished chunks
+    assert nan_equal([saved[i] for i in sorted(saved)], [want[i] for i in sorted(saved)])
+    calls.clear()
+    interrupt[0] = 0
+    rows = C.run_local(traces, scenarios, chunk_size=5, checkpoint_path=ck)
+    assert sum(calls) == len(scenarios) - 10  # only what was missing ran
+    assert nan_equal(rows, want) and not ck.exists()
+    # a checkpoint of another sweep is not reused
+    C.Checkpoint(ck, "another sweep", len(scenarios), {}).close()
+    calls.clear()
+    assert nan_equal(C.run_local(traces, scenarios, chunk_size=50, checkpoint_path=ck), want)
+    assert sum(calls) == len(scenarios)
+
+
+def test_checkpoint_keeps_censored_and_missing_values(tmp_path):
+    ck = tmp_path / "c.jsonl"
+    rows = [{"trace": "t", "ttft_p99": math.inf, "starvation": math.nan, "finished": 3}]
+    c = C.Checkpoint(ck, "k", 1, {})
+    c.add([0], rows)
+    c.close()
+    with open(ck, "a") as fh:
+        fh.write('{"indices": [0], "rows": [')  # a torn last line is ignored
+    back = C.read_checkpoint(ck, "k", 1)[0]
+    assert back["ttft_p99"] == math.inf and math.isnan(back["starvation"]) and back["finished"] == 3
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_a_local_sweep_and_keeps_finished_chunks(tmp_path):
+    trace_path = tmp_path / "azure.csv"
+    assert main(["trace", "convert", "bundled", "--load", "1.2", "--out", str(trace_path)]) == 0
+    out = tmp_path / "m.csv"
+    partial = tmp_path / "m.csv.partial.jsonl"
+    caps = ",".join(str(c) for c in range(2000, 2000 + 200 * 40, 200))  # far more work than the wait below
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "decodesched.cli", "sweep", str(trace_path), "--policy", "aging,fcfs",
+         "--kv-blocks", caps, "--aging-interval", "1,2,4", "--chunk-size", "2", "--threads", "1", "--out", str(out)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # a background job ignores SIGINT
+    try:
+        for _ in range(1200):  # until the first chunk is saved
+            if partial.exists() and len(partial.read_text().splitlines()) >= 2 or proc.poll() is not None:
+                break
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err
+    assert "interrupted" in err and "rerun the same command to resume" in err and "Traceback" not in err
+    assert not out.exists() and len(partial.read_text().splitlines()) >= 2
