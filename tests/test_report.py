@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import math
 import re
 
@@ -16,7 +17,7 @@ from decodesched.trace import load_trace
 
 POLICIES = ["fixed_priority", "aging", "deadline", "fcfs"]
 LOADS = (0.7, 1.0, 1.4)
-SWEEP_PLOTS = {"latency_vs_load", "deadline_vs_load", "fairness_vs_load", "ttft_vs_capacity"}
+SWEEP_PLOTS = {"latency_vs_load", "deadline_vs_load", "fairness_vs_load", "class_ttft_vs_load", "ttft_vs_capacity"}
 SCENARIO_PLOTS = {"latency_cdf", "per_class", "kv_queue_timeline", "gantt"}
 
 
@@ -64,8 +65,12 @@ def test_every_plot_renders_with_units_and_is_linked(sweep_dir, tmp_path):
     assert all(x == "offered load (work steps per step)" for x in by_name["latency_vs_load"].xlabels)
     assert by_name["deadline_vs_load"].ylabels == ["deadline attainment (% of requests with a deadline)"]
     assert "starvation: max wait (s)" in by_name["fairness_vs_load"].ylabels
-    assert by_name["ttft_vs_capacity"].xlabels == ["KV capacity (free KV blocks)"]
+    assert set(by_name["ttft_vs_capacity"].xlabels) == {"KV capacity (free KV blocks)"}  # a panel per trace
     assert by_name["latency_cdf"].xlabels == ["queue wait (s)", "TTFT (s)", "end-to-end latency (s)"]
+    assert "tail: slowest 5%" in by_name["latency_cdf"].ylabels
+    assert "class 2: TTFT P99 (s)" in by_name["class_ttft_vs_load"].ylabels
+    assert "unfinished requests" in by_name["latency_vs_load"].ylabels  # beside every latency figure
+    assert "unfinished requests" in by_name["ttft_vs_capacity"].ylabels
     assert "preemptions (victim count)" in by_name["per_class"].ylabels
     assert by_name["kv_queue_timeline"].ylabels == ["KV blocks in use", "queue length (requests waiting)"]
     assert by_name["kv_queue_timeline"].xlabels == ["time (s)"]
@@ -98,14 +103,20 @@ def test_load_of_each_trace(sweep_dir):
     # without a sidecar the load is measured on the trace: close to the converter's target
     trace = load_trace(sweep_dir / "azure_load1.4.csv")
     assert offered_load(trace) == pytest.approx(1.4, rel=0.02)
-    # a trace file that cannot be found: load unknown
-    info = trace_info([{**rows[0], "trace": "nowhere"}], None)
+    # the sweep's own offered_load column, else a trace file; neither: load unknown
+    assert trace_info([{**rows[0], "trace": "nowhere"}], None)["nowhere"].load == rows[0]["offered_load"]
+    info = trace_info([{**rows[0], "trace": "nowhere", "offered_load": math.nan}], None)
     assert info["nowhere"].load is None
 
 
 def test_sweep_without_known_loads_skips_load_figures(sweep_dir, tmp_path):
-    csv_path = tmp_path / "metrics.csv"  # no trace files beside it
-    csv_path.write_text((sweep_dir / "metrics.csv").read_text())
+    csv_path = tmp_path / "metrics.csv"  # no trace files beside it, and no offered_load column
+    with open(sweep_dir / "metrics.csv", newline="") as fh:
+        table = list(csv.DictReader(fh))
+    with open(csv_path, "w", newline="") as fh:
+        w = csv.DictWriter(fh, [k for k in table[0] if k != "offered_load"], extrasaction="ignore")
+        w.writeheader()
+        w.writerows(table)
     plots = build_report(tmp_path / "r", results=csv_path, trace_dirs=[])
     assert plots == []
     assert "Offered load unknown" in (tmp_path / "r" / "index.html").read_text()
@@ -118,17 +129,19 @@ def test_report_command(sweep_dir, tmp_path, capsys):
     assert main(["report", str(sweep_dir / "metrics.csv"), "--out", str(out), "--kv-blocks", "240",
                  "--aging-interval", "2"]) == 0
     printed = capsys.readouterr().out
-    assert "wrote 4 plots" in printed
+    assert "wrote 5 plots" in printed
     page = (out / "index.html").read_text()
     assert "240 KV blocks, aging interval 2" in page
     linked = set(re.findall(r'src="([^"]+)"', page))
     assert linked == {p.name for p in out.glob("*.png")}
-    # the summary table: one row per load, the lowest P99 TTFT in bold
-    table_rows = re.findall(r"<tr><td>([0-9.]+)</td>(.*?)</tr>", page)
-    assert [float(x) for x, _ in table_rows] == sorted(LOADS)
-    for _, cells in table_rows:
-        values = [float(v) for v in re.findall(r"<td>(?:<b>)?([0-9.e+-]+) \(", cells)]
-        bold = re.findall(r"<b>([0-9.e+-]+) \(", cells)
+    # the summary tables: one row per trace (named, with its load), the lowest P99 TTFT in bold
+    tables = page.split("<table")[1:]
+    assert len(tables) == 2 and "class 2" in tables[1]
+    table_rows = re.findall(r"<tr><td>([^<]+)</td><td>([0-9.]+)</td>(.*?)</tr>", tables[0])
+    assert [(n, float(x)) for n, x, _ in table_rows] == [(f"azure_load{x}", x) for x in sorted(LOADS)]
+    for _, _, cells in table_rows:
+        values = [float(v) for v in re.findall(r"<td>(?:<b>)?([0-9.e+-]+)[ <]", cells)]
+        bold = re.findall(r"<b>([0-9.e+-]+)[ <]", cells)
         assert len(values) == len(POLICIES) and len(bold) == 1 and float(bold[0]) == min(values)
 
 
@@ -170,16 +183,75 @@ def test_sweep_view_points_are_the_rows_of_the_cut(sweep_dir):
     info = trace_info(rows, sweep_dir / "metrics.csv")
     view = SweepView(rows, info, kv_blocks=120, aging_interval=2)
     assert view.unit == "s"
+    assert view.families == {"bundled": [f"azure_load{x}" for x in LOADS]}  # one source: a line over load
     for policy in POLICIES:
-        loads, p99 = view.by_load(policy, "ttft_p99", time=True)
+        loads, p99, lo, hi = view.by_load(policy, "ttft_p99", "bundled", time=True)
         assert loads.tolist() == sorted(LOADS)
         for load, value in zip(loads, p99):
             name = f"azure_load{load}"
             want = [r["ttft_p99"] / info[name].steps_per_second for r in rows
                     if r["trace"] == name and r["policy"] == policy and r["kv_blocks"] == 120
                     and (policy != "aging" or r["aging_interval"] == 2)]
-            assert len(want) == (1 if policy == "aging" else 2)  # two intervals swept, same result
-            assert value == pytest.approx(want[0]) and want[0] == pytest.approx(want[-1])
-    caps, _ = view.by_capacity("fcfs", "ttft_p99", 1.4)
+            assert len(want) == 1  # the grid runs interval-independent policies once
+            assert value == pytest.approx(want[0])
+        assert np.array_equal(lo, p99, equal_nan=True) and np.array_equal(hi, p99, equal_nan=True)  # 1 replicate
+    caps, *_ = view.by_capacity("fcfs", "ttft_p99", "azure_load1.4", time=True)
     assert caps.tolist() == [60, 120, 240]
     assert SweepView(rows, info).kv_blocks == 120 and SweepView(rows, info).aging_interval == 4
+
+
+def _rows_of(trace_name: str, load: float, values: dict, policies) -> list[dict]:
+    return [{"trace": trace_name, "replicate": 0, "policy": p, "kv_blocks": 10, "aging_interval": 4 if p == "aging"
+             else math.nan, "offered_load": load, "steps_per_second": 1.0, **values(p)} for p in policies]
+
+
+def test_traces_are_never_averaged(tmp_path):
+    """Two traces at the same load, P99 TTFT 9.5 s and 1,597.6 s: both appear, nothing in between."""
+    from decodesched.report import SweepView, TraceInfo, sweep_plots
+
+    rows = (_rows_of("a", 1.0, lambda p: {"ttft_p99": 9.5}, ["fcfs"])
+            + _rows_of("b", 1.0, lambda p: {"ttft_p99": 1597.6}, ["fcfs"]))
+    info = {"a": TraceInfo(1.0, 1.0, None, "src"), "b": TraceInfo(1.0, 1.0, None, "src")}
+    view = SweepView(rows, info)
+    assert view.families == {"a": ["a"], "b": ["b"]}  # same source and load: not one line
+    assert [view.by_load("fcfs", "ttft_p99", f, time=True)[1].tolist() for f in view.families] == [[9.5], [1597.6]]
+    _, notes = sweep_plots(rows, info, tmp_path)
+    table = "".join(n for n in notes if n.startswith("<table"))
+    assert "9.5" in table and "1598" in table and "803" not in table
+
+
+def test_censored_points_and_unfinished_counts_are_shown(tmp_path):
+    from decodesched.report import SweepView, TraceInfo, sweep_plots
+
+    rows = _rows_of("a", 1.0, lambda p: {"ttft_p99": math.inf if p == "fcfs" else 4.0,
+                                         "unfinished": 7 if p == "fcfs" else 0}, ["fcfs", "aging"])
+    info = {"a": TraceInfo(1.0, 1.0)}
+    _, notes = sweep_plots(rows, info, tmp_path)
+    table = "".join(n for n in notes if n.startswith("<table"))
+    assert "inf (7 unfinished)" in table and "<b>4</b>" in table
+    x, y, *_ = SweepView(rows, info).by_load("fcfs", "ttft_p99", "a", time=True)
+    assert y.tolist() == [math.inf]
+
+
+def test_every_subset_and_order_of_policies_renders(sweep_dir, tmp_path):
+    """Each figure draws a line for every policy of the sweep, whichever policies it has, in any order."""
+    import itertools
+
+    from decodesched.report import sweep_plots
+
+    rows = read_sweep(sweep_dir / "metrics.csv")
+    info = trace_info(rows, sweep_dir / "metrics.csv")
+    subsets = [list(c) for k in range(1, 5) for c in itertools.combinations(POLICIES, k)]
+    subsets += [["fcfs", "fixed_priority"], ["fcfs", "aging"], list(reversed(POLICIES))]
+    for i, subset in enumerate(subsets):
+        mine = [r for p in subset for r in rows if r["policy"] == p]  # rows in the subset's order
+        out = tmp_path / str(i)
+        out.mkdir()
+        plots, notes = sweep_plots(mine, info, out)
+        assert {p.name for p in plots} == SWEEP_PLOTS, subset
+        for p in plots:
+            assert sorted(p.legend) == sorted(subset), (subset, p.name, p.legend)
+        for table in notes[-1].split("<table")[1:]:
+            head = re.findall(r"<th>([a-z_]+)</th>", table)
+            assert sorted(h for h in head if h in POLICIES) == sorted(subset)
+            assert len(re.findall(r"<tr><td>", table)) == len(LOADS)  # every trace, every policy a cell

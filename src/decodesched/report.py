@@ -2,23 +2,32 @@
 
 Two sources, either or both:
 
-- **a sweep** (the metrics CSV of ``decodesched sweep``, one row per scenario): latency P50/P99,
-  deadline attainment, starvation and Jain fairness against **offered load**, per policy, and P99
-  TTFT against KV capacity.  The offered load of each trace (its ``trace`` column) is, first match
-  wins: ``loads={"name": 1.2}`` (``--loads name=1.2,..``); an ``offered_load`` column in the CSV;
-  the ``load`` recorded in the trace's ``.meta.json`` sidecar (``decodesched trace convert --load``);
-  else the load of the trace file itself, ``work_steps / (last arrival - first arrival)``.  The
-  trace file is looked up as ``NAME``, ``NAME.csv`` or ``NAME.parquet`` beside the CSV, in the
-  current directory, or in ``trace_dirs`` (``--trace-dir``).  Sweeps with several capacities or
-  aging intervals are cut at one of each (``kv_blocks``, ``aging_interval``; default the lower median
-  capacity and interval 4 when swept); rows of several traces at one load are averaged.
+- **a sweep** (the metrics CSV of ``decodesched sweep``, one row per scenario).  Nothing is averaged
+  across traces: traces are grouped into **families** (the traces converted from one source file,
+  by their ``.meta.json``; else each trace is its own family), every figure has one column of panels
+  per family, with offered load on the x axis (one point per trace) and one line per policy.  Where
+  a sweep has replicates (``--replicates``), a point is their median and its bar their min..max.
+  Figures: latency P50/P99 and the unfinished count against load; deadline attainment; starvation
+  and fairness; P99 TTFT of each priority class; P99 TTFT and unfinished count against KV capacity
+  (one panel per trace).  Tables (one row per trace): P99 TTFT with deadline attainment and
+  unfinished count per policy, and the top class's P99 TTFT.  The offered load of each trace is,
+  first match wins: ``loads={"name": 1.2}`` (``--loads name=1.2,..``); the ``offered_load`` column;
+  the ``load`` in the trace's ``.meta.json``; else the load of the trace file itself.  The trace
+  file is looked up as ``NAME``, ``NAME.csv`` or ``NAME.parquet`` beside the CSV, in the current
+  directory, or in ``trace_dirs`` (``--trace-dir``).  Sweeps with several capacities or aging
+  intervals are cut at one of each (``kv_blocks``, ``aging_interval``; default the lower median
+  capacity and interval 4 when swept; the interval cuts only policies that use it).
 - **one trace** replayed here under each policy (``trace=``, ``policies``, ``kv_blocks``,
-  ``aging_interval``): CDFs of queue wait, TTFT and e2e; starvation, preemptions and deadline
-  attainment per priority class; KV blocks in use and queue length over time; a Gantt-style timeline
-  of the first ``gantt_requests`` requests.
+  ``aging_interval``): CDFs of queue wait, TTFT and e2e (log x where they span decades, with a tail
+  zoom); starvation, preemptions and deadline attainment per priority class; KV blocks in use and
+  queue length over time; a Gantt-style timeline of the first ``gantt_requests`` requests.
 
-Units: steps, or seconds when every trace involved has a time scale (``steps_per_second`` from its
-sidecar); each sweep row is converted with its own trace's scale.
+Honest statistics (SPEC section 9): a latency statistic counts requests that never finished as +inf
+(censored; the sweep CSV then holds ``inf``); a censored point is drawn as a triangle at the top
+edge of its panel, and the unfinished count stands beside every latency figure and table.  A CDF
+counts every request, so it ends below 1 when some never finished.  One colour per policy
+(`decodesched.palette`).  Units: steps, or seconds when every trace involved has a time scale
+(``steps_per_second``); each sweep row is converted with its own trace's scale.
 """
 
 from __future__ import annotations
@@ -36,38 +45,27 @@ import numpy as np
 
 from .errors import UserError
 from .metrics import offered_load
+from .palette import POLICY_ORDER, policy_colors, policy_marker, policy_style, sorted_policies
 
-POLICY_ORDER = ("fixed_priority", "aging", "deadline", "fcfs")
-_COLORS = {"fixed_priority": "#1f77b4", "aging": "#ff7f0e", "deadline": "#2ca02c", "fcfs": "#d62728"}
-_MARKERS = {"fixed_priority": "o", "aging": "s", "deadline": "^", "fcfs": "D"}
-_EXTRA_COLORS = ("#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
 LATENCY_LABELS = {"queue_wait": "queue wait", "ttft": "TTFT", "e2e": "end-to-end latency", "tpot": "TPOT"}
 LOAD_LABEL = "offered load (work steps per step)"
+CENSORED_NOTE = ("A triangle at a panel's top edge marks a censored value (inf: too many requests never "
+                 "finished for the statistic to exist).")
 
 
 @dataclass
 class Plot:
-    """One rendered figure: its file (relative to the report folder), caption and axis labels."""
+    """One rendered figure: its file (relative to the report folder), caption, axis labels and legend."""
 
     name: str
     caption: str
     xlabels: list[str] = field(default_factory=list)
     ylabels: list[str] = field(default_factory=list)
+    legend: list[str] = field(default_factory=list)
 
     @property
     def file(self) -> str:
         return f"{self.name}.png"
-
-
-def _color(policy: str, order: list[str]) -> str:
-    if policy in _COLORS:
-        return _COLORS[policy]
-    return _EXTRA_COLORS[order.index(policy) % len(_EXTRA_COLORS)] if policy in order else "#333333"
-
-
-def _sorted_policies(policies) -> list[str]:
-    known = [p for p in POLICY_ORDER if p in policies]
-    return known + sorted(p for p in set(policies) if p not in POLICY_ORDER)
 
 
 def _figure(nrows: int = 1, ncols: int = 1, width: float = 6.4, height: float = 4.2, **kw):
@@ -84,15 +82,28 @@ def _save(fig, out: Path, plot: Plot) -> Plot:
             plot.xlabels.append(ax.get_xlabel())
         if ax.get_ylabel():
             plot.ylabels.append(ax.get_ylabel())
+        legend = ax.get_legend()
+        if legend is not None:
+            plot.legend += [t.get_text() for t in legend.get_texts() if t.get_text() not in plot.legend]
     fig.savefig(out / plot.file, dpi=100)
     return plot
+
+
+def _log_if_wide(ax, values, axis: str = "y", ratio: float = 50.0) -> bool:
+    """Log scale on `axis` when the finite positive values span more than `ratio`."""
+    v = np.asarray([x for x in values if x is not None and math.isfinite(x) and x > 0], dtype=float)
+    if v.size and v.max() / v.min() > ratio:
+        (ax.set_yscale if axis == "y" else ax.set_xscale)("log")
+        return True
+    return False
 
 
 # ---------------------------------------------------------------------------------------- sweep
 
 
 def read_sweep(path) -> list[dict]:
-    """The rows of a sweep metrics CSV: numbers as int/float (empty cells NaN), text as str."""
+    """The rows of a sweep metrics CSV: numbers as int/float (empty cells NaN, ``inf`` censored), text
+    as str; a CSV without a ``replicate`` column gets replicate 0."""
     path = Path(path)
     try:
         with open(path, newline="", encoding="utf-8") as fh:
@@ -110,7 +121,7 @@ def read_sweep(path) -> list[dict]:
         raise UserError(f"{path}: the sweep has no rows")
     out = []
     for lineno, row in enumerate(rows, start=2):
-        parsed = {}
+        parsed = {"replicate": 0}
         for k, v in row.items():
             if k in ("trace", "policy"):
                 parsed[k] = v
@@ -134,6 +145,7 @@ class TraceInfo:
     load: float | None
     steps_per_second: float | None
     path: Path | None = None
+    family: str | None = None
 
 
 def _find_trace_file(name: str, dirs: list[Path]) -> Path | None:
@@ -153,8 +165,12 @@ def _meta_load(meta: dict) -> float | None:
     return None
 
 
+def _number(v) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0 else None
+
+
 def trace_info(rows: list[dict], results_path=None, *, loads: dict | None = None, trace_dirs=()) -> dict[str, TraceInfo]:
-    """Offered load and time scale of each trace named in the sweep rows (see the module docstring)."""
+    """Offered load, time scale and family of each trace named in the sweep rows (see the module docstring)."""
     from .convert import read_meta
     from .trace import load_trace
 
@@ -163,24 +179,37 @@ def trace_info(rows: list[dict], results_path=None, *, loads: dict | None = None
     dirs += [Path(".")] + [Path(d) for d in trace_dirs]
     info = {}
     for name in dict.fromkeys(r["trace"] for r in rows):
-        column = [r.get("offered_load") for r in rows if r["trace"] == name]
+        mine = [r for r in rows if r["trace"] == name]
         path = _find_trace_file(name, dirs)
         meta = read_meta(path) if path else None
-        sps = meta.get("steps_per_second") if meta else None
-        sps = float(sps) if isinstance(sps, (int, float)) and sps and sps > 0 else None
-        load = None
-        if name in loads:
-            load = float(loads[name])
-        elif column and isinstance(column[0], (int, float)) and not math.isnan(column[0]):
-            load = float(column[0])
-        elif meta and _meta_load(meta) is not None:
+        sps = _number(mine[0].get("steps_per_second")) or (_number(meta.get("steps_per_second")) if meta else None)
+        load = float(loads[name]) if name in loads else _number(mine[0].get("offered_load"))
+        if load is None and meta:
             load = _meta_load(meta)
         if path is not None and (load is None or sps is None):
             trace = load_trace(path)
             load = offered_load(trace) if load is None else load
             sps = trace.steps_per_second if sps is None else sps
-        info[name] = TraceInfo(load, sps, path)
+        source = meta.get("source") if meta else None
+        family = Path(source).stem if isinstance(source, str) and source else None
+        info[name] = TraceInfo(load, sps, path, family)
     return info
+
+
+def families(info: dict[str, TraceInfo]) -> dict[str, list[str]]:
+    """Trace names by family, each family's traces by load.  Traces from one source file form a
+    family when their loads differ (a line over load); otherwise each trace is its own family."""
+    groups: dict[str, list[str]] = {}
+    for name, i in info.items():
+        groups.setdefault(i.family or name, []).append(name)
+    out: dict[str, list[str]] = {}
+    for fam, names in groups.items():
+        loads = [info[n].load for n in names]
+        if len(names) > 1 and (None in loads or len(set(loads)) < len(loads)):
+            out.update({n: [n] for n in names})
+        else:
+            out[fam] = sorted(names, key=lambda n: (info[n].load or 0.0, n))
+    return out
 
 
 def _pick(values, wanted, what: str, default):
@@ -200,170 +229,281 @@ def _default_interval(values):
     return 4 if 4 in values else values[0]
 
 
+def _finite(v) -> bool:
+    return isinstance(v, (int, float)) and math.isfinite(v)
+
+
 class SweepView:
-    """The sweep rows cut at one capacity and aging interval, with each row's load and time scale."""
+    """The sweep rows cut at one capacity and aging interval, with each trace's load, time scale and family."""
 
     def __init__(self, rows, info: dict[str, TraceInfo], kv_blocks=None, aging_interval=None):
         self.rows = rows
         self.info = info
         self.kv_blocks = _pick([r["kv_blocks"] for r in rows], kv_blocks, "capacity (kv_blocks)", _lower_median)
-        self.aging_interval = _pick([r["aging_interval"] for r in rows], aging_interval, "aging interval",
-                                    _default_interval)
-        self.policies = _sorted_policies(r["policy"] for r in rows)
+        intervals = [r["aging_interval"] for r in rows if _finite(r["aging_interval"])]
+        self.aging_interval = (_pick(intervals, aging_interval, "aging interval", _default_interval)
+                               if intervals or aging_interval is not None else None)
+        self.policies = sorted_policies(r["policy"] for r in rows)
+        self.colors = policy_colors(self.policies)
         self.seconds = all(i.steps_per_second for i in info.values())
         self.unit = "s" if self.seconds else "steps"
         self.has_loads = all(i.load is not None for i in info.values())
+        self.families = families(info)
+        self.replicates = len({r.get("replicate", 0) for r in rows})
 
     def _keep(self, r) -> bool:
-        return r["policy"] != "aging" or r["aging_interval"] == self.aging_interval
+        return not _finite(r["aging_interval"]) or r["aging_interval"] == self.aging_interval
 
     def scale(self, r) -> float:
         return 1.0 / self.info[r["trace"]].steps_per_second if self.seconds else 1.0
 
-    def by_load(self, policy: str, key: str, *, time: bool) -> tuple[np.ndarray, np.ndarray]:
-        """Mean of `key` per offered load for `policy` at the chosen capacity."""
-        groups: dict[float, list[float]] = {}
-        seen = set()
+    def values(self, policy: str, key: str, trace: str, *, time: bool, kv_blocks=None) -> list[float]:
+        """`key` of every replicate of (`policy`, `trace`) at the cut (capacity `kv_blocks`, default the cut's)."""
+        kv = self.kv_blocks if kv_blocks is None else kv_blocks
+        seen, out = set(), []
         for r in self.rows:
-            if r["policy"] != policy or r["kv_blocks"] != self.kv_blocks or not self._keep(r):
+            if r["policy"] != policy or r["trace"] != trace or r["kv_blocks"] != kv or not self._keep(r):
                 continue
-            if r["trace"] in seen:
-                continue  # other policies ignore the aging interval: count each trace once
-            seen.add(r["trace"])
+            if r.get("replicate", 0) in seen:
+                continue  # an older CSV repeats interval-independent policies per interval
+            seen.add(r.get("replicate", 0))
             v = float(r.get(key, math.nan))
-            groups.setdefault(self.info[r["trace"]].load, []).append(v * self.scale(r) if time else v)
-        loads = np.array(sorted(groups), dtype=float)
-        return loads, np.array([np.nanmean(groups[x]) if not np.all(np.isnan(groups[x])) else np.nan for x in loads])
+            out.append(v * self.scale(r) if time else v)
+        return out
 
-    def by_capacity(self, policy: str, key: str, load: float) -> tuple[np.ndarray, np.ndarray]:
-        groups: dict[int, list[float]] = {}
-        seen = set()
-        for r in self.rows:
-            if r["policy"] != policy or self.info[r["trace"]].load != load or not self._keep(r):
-                continue
-            if (r["trace"], r["kv_blocks"]) in seen:
-                continue
-            seen.add((r["trace"], r["kv_blocks"]))
-            groups.setdefault(r["kv_blocks"], []).append(float(r.get(key, math.nan)) * self.scale(r))
-        caps = np.array(sorted(groups), dtype=float)
-        return caps, np.array([np.nanmean(groups[c]) if not np.all(np.isnan(groups[c])) else np.nan for c in caps])
+    @staticmethod
+    def _spread(values: list[float]) -> tuple[float, float, float]:
+        """Median, min and max over replicates (NaN when none)."""
+        v = np.asarray([x for x in values if not math.isnan(x)], dtype=float)
+        if v.size == 0:
+            return math.nan, math.nan, math.nan
+        return float(np.median(v)), float(v.min()), float(v.max())
+
+    def by_load(self, policy: str, key: str, family: str, *, time: bool):
+        """(loads, median, min, max) over the traces of `family` for `policy` at the cut."""
+        names = self.families[family]
+        stats = [self._spread(self.values(policy, key, n, time=time)) for n in names]
+        return (np.array([self.info[n].load for n in names], dtype=float),
+                *(np.array(s, dtype=float) for s in zip(*stats)))
+
+    def by_capacity(self, policy: str, key: str, trace: str, *, time: bool):
+        """(capacities, median, min, max) for `policy` on `trace` (aging interval at the cut)."""
+        caps = sorted({r["kv_blocks"] for r in self.rows if r["trace"] == trace})
+        stats = [self._spread(self.values(policy, key, trace, time=time, kv_blocks=c)) for c in caps]
+        return (np.array(caps, dtype=float), *(np.array(s, dtype=float) for s in zip(*stats)))
 
 
-def _policy_lines(ax, view: SweepView, key: str, *, time: bool, percent: bool = False) -> None:
+def _draw(ax, x, y, lo, hi, *, policy: str, view: SweepView, scale: float = 1.0) -> tuple[list[float], bool]:
+    """One policy's line: finite points joined, replicate spread as bars, censored (inf) points as
+    triangles at the top edge.  Returns the finite values (for the log-scale decision) and whether
+    a point was censored."""
+    y, lo, hi = y * scale, lo * scale, hi * scale
+    color = view.colors[policy]
+    finite = np.isfinite(y)
+    ax.plot(x[finite], y[finite], marker=policy_marker(policy, view.policies), ls=policy_style(policy),
+            color=color, label=policy, ms=5)
+    spread = finite & np.isfinite(hi) & (hi > lo)
+    if spread.any():
+        ax.errorbar(x[spread], y[spread], yerr=[y[spread] - lo[spread], hi[spread] - y[spread]], fmt="none",
+                    ecolor=color, elinewidth=1, capsize=3)
+    censored = np.isinf(y) & (y > 0)
+    if censored.any():
+        ax.plot(x[censored], np.full(censored.sum(), 0.97), ls="", marker="^", ms=8, color=color,
+                transform=ax.get_xaxis_transform(), clip_on=False)
+    return [float(v) for v in np.concatenate([y[finite], lo[spread], hi[spread]])], bool(censored.any())
+
+
+def _panel(ax, view: SweepView, series, scale: float = 1.0) -> list[float]:
+    """Every policy's line in one panel (`series(policy)` gives x, y, lo, hi); the policies with a
+    censored point are named (their triangles may overlap).  Returns the finite values."""
+    seen, names = [], []
     for p in view.policies:
-        x, y = view.by_load(p, key, time=time)
-        if percent:
-            y = y * 100
-        ax.plot(x, y, marker=_MARKERS.get(p, "o"), color=_color(p, view.policies), label=p)
-    ax.grid(True, alpha=0.3)
+        values, censored = _draw(ax, *series(p), policy=p, view=view, scale=scale)
+        seen += values
+        if censored:
+            names.append(p)
+    if names:
+        ax.text(0.02, 0.86, "\u25b2 inf (censored): " + ", ".join(names), transform=ax.transAxes, fontsize=7,
+                va="top", color="0.25")
+    if not seen:
+        ax.set_yticks([])
+    return seen
 
 
 def _cut(view: SweepView) -> str:
+    if view.aging_interval is None:
+        return f"{view.kv_blocks} KV blocks"
     return f"{view.kv_blocks} KV blocks, aging interval {view.aging_interval}"
+
+
+def _family_title(view: SweepView, family: str) -> str:
+    names = view.families[family]
+    if len(names) == 1:
+        source = view.info[names[0]].family
+        return names[0] if source in (None, names[0]) else f"{names[0]} (from {source})"
+    return f"{family} ({len(names)} traces)"
+
+
+def _load_figure(view: SweepView, out: Path, name: str, caption: str, panels, *, title: str) -> Plot:
+    """A grid of panels: one row per (key, label, time, percent) of `panels`, one column per family,
+    load on x, one line per policy."""
+    fams = list(view.families)
+    fig, axes = _figure(len(panels), len(fams), width=4.6, height=2.7)
+    for j, fam in enumerate(fams):
+        for i, (key, label, time, percent) in enumerate(panels):
+            ax = axes[i][j]
+            seen = _panel(ax, view, lambda p: view.by_load(p, key, fam, time=time), 100.0 if percent else 1.0)
+            if percent:
+                ax.set_ylim(-3, 103)
+            elif key not in ("unfinished", "fairness_jain"):
+                _log_if_wide(ax, seen)
+            if key == "fairness_jain":
+                ax.set_ylim(0, 1.05)
+            ax.grid(True, alpha=0.3)
+            if j == 0:
+                ax.set_ylabel(label)
+            if i == 0:
+                ax.set_title(_family_title(view, fam), fontsize=10)
+            if i == len(panels) - 1:
+                ax.set_xlabel(LOAD_LABEL)
+    axes[0][0].legend(fontsize=8)
+    spread = " Points are medians over replicates, bars their min..max." if view.replicates > 1 else ""
+    fig.suptitle(f"{title} ({_cut(view)})", fontsize=11)
+    return _save(fig, out, Plot(name, f"{caption} One column per trace family; never averaged across "
+                                      f"traces.{spread} ({_cut(view)}; {view.unit}.) {CENSORED_NOTE}"))
 
 
 def sweep_plots(rows, info, out: Path, *, kv_blocks=None, aging_interval=None, load=None) -> tuple[list[Plot], list[str]]:
     """Render the sweep figures into `out`; returns the plots and notes for the page."""
     view = SweepView(rows, info, kv_blocks, aging_interval)
-    notes = [f"Sweep: {len(rows)} scenarios over {len(info)} trace(s), policies {', '.join(view.policies)}; "
+    fams = "; ".join(f"{_family_title(view, f)}: {', '.join(n)}" for f, n in view.families.items())
+    notes = [f"Sweep: {len(rows)} scenarios over {len(info)} trace(s) ({fams}), policies "
+             f"{', '.join(view.policies)}"
+             f"{f', {view.replicates} replicates' if view.replicates > 1 else ''}; "
              f"figures against load are cut at {_cut(view)}."]
     if not view.has_loads:
         unknown = [n for n, i in info.items() if i.load is None]
         notes.append(f"Offered load unknown for {', '.join(unknown)} (give --loads NAME=L or --trace-dir): "
                      "no figures against load.")
-    plots = []
+        return [], notes
     u = view.unit
-    if view.has_loads:
-        notes.append(_best_table(view))
-        fig, axes = _figure(3, 2, width=5.2, height=3.3, sharex=True)
-        for i, metric in enumerate(("ttft", "queue_wait", "e2e")):
-            for j, stat in enumerate(("p50", "p99")):
-                ax = axes[i][j]
-                _policy_lines(ax, view, f"{metric}_{stat}", time=True)
-                ax.set_ylabel(f"{LATENCY_LABELS[metric]} {stat.upper()} ({u})")
-                ax.set_title(f"{LATENCY_LABELS[metric]} {stat.upper()}", fontsize=10)
-                if i == 2:
-                    ax.set_xlabel(LOAD_LABEL)
-        axes[0][0].legend(fontsize=8)
-        fig.suptitle(f"Latency percentiles against offered load ({_cut(view)})")
-        plots.append(_save(fig, out, Plot("latency_vs_load",
-                                          f"P50 and P99 of TTFT, queue wait and end-to-end latency against offered "
-                                          f"load, per policy ({_cut(view)}; {u}).")))
+    notes.append(_tables(view))
+    plots = []
+    panels = [(f"{m}_{s}", f"{LATENCY_LABELS[m]} {s.upper()} ({u})", True, False)
+              for m, s in (("ttft", "p50"), ("ttft", "p99"), ("queue_wait", "p99"), ("e2e", "p99"))]
+    panels.append(("unfinished", "unfinished requests", False, False))
+    plots.append(_load_figure(view, out, "latency_vs_load", "P50 and P99 of TTFT, P99 of queue wait and "
+                              "end-to-end latency, and the requests that never finished, against offered load, "
+                              "per policy.", panels, title="Latency against offered load"))
+    plots.append(_load_figure(view, out, "deadline_vs_load", "Share of the requests with a deadline that "
+                              "finished by it, against offered load, per policy.",
+                              [("slo_attainment", "deadline attainment (% of requests with a deadline)", False,
+                                True)], title="Deadline attainment against load"))
+    plots.append(_load_figure(view, out, "fairness_vs_load", "Top: the longest wait of any request that ran "
+                              "(starvation). Bottom: Jain's index across priority classes of their mean service "
+                              "share (an unfinished request counts 0).",
+                              [("starvation", f"starvation: max wait ({u})", True, False),
+                               ("fairness_jain", "Jain fairness across classes (1 = equal)", False, False)],
+                              title="Starvation and fairness against load"))
+    classes = _classes(rows)
+    if classes:
+        panels = [(f"ttft_p99_class{c}", f"class {c}: TTFT P99 ({u})", True, False) for c in reversed(classes)]
+        plots.append(_load_figure(view, out, "class_ttft_vs_load", "P99 TTFT of each priority class (larger "
+                                  "runs first; top row the highest class), against offered load, per policy.",
+                                  panels, title="Per-class TTFT P99 against load"))
 
-        fig, axes = _figure(1, 1)
-        ax = axes[0][0]
-        _policy_lines(ax, view, "slo_attainment", time=False, percent=True)
-        ax.set_xlabel(LOAD_LABEL)
-        ax.set_ylabel("deadline attainment (% of requests with a deadline)")
-        ax.set_ylim(-3, 103)
-        ax.legend(fontsize=8)
-        ax.set_title(f"Deadline attainment against load ({_cut(view)})", fontsize=10)
-        plots.append(_save(fig, out, Plot("deadline_vs_load",
-                                          "Share of the requests with a deadline that finished by it, against "
-                                          "offered load, per policy.")))
-
-        fig, axes = _figure(1, 2, width=5.2)
-        _policy_lines(axes[0][0], view, "starvation", time=True)
-        axes[0][0].set_ylabel(f"starvation: max wait ({u})")
-        _policy_lines(axes[0][1], view, "fairness_jain", time=False)
-        axes[0][1].set_ylabel("Jain fairness across classes (1 = equal)")
-        axes[0][1].set_ylim(0, 1.05)
-        for ax in axes[0]:
-            ax.set_xlabel(LOAD_LABEL)
-        axes[0][0].legend(fontsize=8)
-        fig.suptitle(f"Starvation and fairness against load ({_cut(view)})", fontsize=11)
-        plots.append(_save(fig, out, Plot("fairness_vs_load",
-                                          "Left: the longest any request waited (starvation). Right: Jain's index "
-                                          "across priority classes of their mean service share.")))
-
-        loads = sorted({i.load for i in info.values()})
-        chosen = loads[-1]
-        if load is not None:  # the sweep's load nearest to the one asked for, within 1%
-            chosen = min(loads, key=lambda x: abs(x - load))
-            if abs(chosen - load) > 0.01 * abs(load):
+    caps = sorted({r["kv_blocks"] for r in rows})
+    if len(caps) > 1:
+        names = [n for names in view.families.values() for n in names]
+        if load is not None:  # the traces at the load asked for, within 1%
+            names = [n for n in names if abs(info[n].load - load) <= 0.01 * abs(load)]
+            if not names:
+                loads = sorted({i.load for i in info.values()})
                 raise UserError(f"the sweep has no load {load:g}; it has {', '.join(f'{x:g}' for x in loads)}")
-        caps = sorted({r["kv_blocks"] for r in rows})
-        if len(caps) > 1:
-            fig, axes = _figure(1, 1)
-            ax = axes[0][0]
-            for p in view.policies:
-                x, y = view.by_capacity(p, "ttft_p99", chosen)
-                ax.plot(x, y, marker=_MARKERS.get(p, "o"), color=_color(p, view.policies), label=p)
-            ax.set_xlabel("KV capacity (free KV blocks)")
-            ax.set_ylabel(f"TTFT P99 ({u})")
-            ax.grid(True, alpha=0.3)
-            ax.legend(fontsize=8)
-            ax.set_title(f"P99 TTFT against KV capacity at load {chosen:g}", fontsize=10)
-            plots.append(_save(fig, out, Plot("ttft_vs_capacity",
-                                              f"P99 TTFT against KV capacity at offered load {chosen:g}, per policy "
-                                              f"(aging interval {view.aging_interval}). Percentiles are over "
-                                              "finished requests: at small capacities the requests that never "
-                                              "fit (unservable) drop out.")))
+        plots.append(_capacity_figure(view, out, names))
     return plots, notes
 
 
-def _best_table(view: SweepView) -> str:
-    """An HTML table: per offered load, each policy's P99 TTFT and deadline attainment, best marked."""
-    per = {p: (view.by_load(p, "ttft_p99", time=True), view.by_load(p, "slo_attainment", time=False))
-           for p in view.policies}
-    loads = sorted({float(x) for (xs, _), _ in per.values() for x in xs})
+def _classes(rows) -> list[int]:
+    import re
+
+    found = {int(m.group(1)) for k in rows[0] if (m := re.fullmatch(r"ttft_p99_class(-?\d+)", k))}
+    return sorted(found)
+
+
+def _capacity_figure(view: SweepView, out: Path, names: list[str]) -> Plot:
+    fig, axes = _figure(2, len(names), width=4.6, height=2.9)
+    interval = "" if view.aging_interval is None else f", aging interval {view.aging_interval}"
+    for j, name in enumerate(names):
+        for i, (key, label, time) in enumerate((("ttft_p99", f"TTFT P99 ({view.unit})", True),
+                                                ("unfinished", "unfinished requests", False))):
+            ax = axes[i][j]
+            seen = _panel(ax, view, lambda p: view.by_capacity(p, key, name, time=time))
+            if time:
+                _log_if_wide(ax, seen)
+            caps = [float(r["kv_blocks"]) for r in view.rows if r["trace"] == name]
+            _log_if_wide(ax, caps, axis="x", ratio=20)
+            ax.grid(True, alpha=0.3)
+            if j == 0:
+                ax.set_ylabel(label)
+            if i == 0:
+                ax.set_title(f"{name} (load {view.info[name].load:g})", fontsize=10)
+            else:
+                ax.set_xlabel("KV capacity (free KV blocks)")
+    axes[0][0].legend(fontsize=8)
+    fig.suptitle(f"P99 TTFT and unfinished requests against KV capacity{interval}", fontsize=11)
+    return _save(fig, out, Plot("ttft_vs_capacity",
+                                f"P99 TTFT against KV capacity, one panel per trace, per policy{interval}, with "
+                                f"the requests that never finished below it (unservable ones included: a "
+                                f"smaller capacity cannot look better by dropping them). {CENSORED_NOTE}"))
+
+
+def _fmt(v: float) -> str:
+    if math.isnan(v):
+        return "-"
+    return "inf" if math.isinf(v) else f"{v:.4g}"
+
+
+def _tables(view: SweepView) -> str:
+    """HTML tables, one row per trace: each policy's P99 TTFT (attainment, unfinished), best in bold;
+    then the same for the top priority class."""
+    classes = _classes(view.rows)
+    parts = [_table(view, "ttft_p99", "slo_attainment", "unfinished",
+                    f"P99 TTFT ({view.unit}), deadline attainment and unfinished requests at {_cut(view)}; "
+                    "the lowest P99 per trace in bold")]
+    if classes:
+        c = classes[-1]
+        parts.append(_table(view, f"ttft_p99_class{c}", f"slo_attainment_class{c}", f"unfinished_class{c}",
+                            f"Priority class {c} (the top class): its P99 TTFT ({view.unit}), deadline "
+                            f"attainment and unfinished requests at {_cut(view)}; the lowest P99 in bold"))
+    return "".join(parts)
+
+
+def _table(view: SweepView, key: str, share: str, count: str, caption: str) -> str:
+    spread = "; with replicates: median [min..max]" if view.replicates > 1 else ""
     head = "".join(f"<th>{html.escape(p)}</th>" for p in view.policies)
-    lines = [f"<table border=1 cellpadding=4 style='border-collapse:collapse'><caption>P99 TTFT ({view.unit}) and "
-             f"deadline attainment at {html.escape(_cut(view))}; the lowest P99 per load in bold</caption>"
-             f"<tr><th>offered load</th>{head}</tr>"]
-    for load in loads:
-        cells = {}
-        for p, ((xs, p99), (_, slo)) in per.items():
-            i = np.flatnonzero(xs == load)
-            cells[p] = (float(p99[i[0]]), float(slo[i[0]])) if i.size else (math.nan, math.nan)
-        finite = [v[0] for v in cells.values() if not math.isnan(v[0])]
-        best = min(finite) if finite else None
-        row = []
-        for p in view.policies:
-            v, a = cells[p]
-            text = "-" if math.isnan(v) else f"{v:.4g}" + ("" if math.isnan(a) else f" ({100 * a:.0f}%)")
-            row.append(f"<td><b>{text}</b></td>" if best is not None and v == best else f"<td>{text}</td>")
-        lines.append(f"<tr><td>{load:g}</td>{''.join(row)}</tr>")
+    lines = [f"<table border=1 cellpadding=4 style='border-collapse:collapse'><caption>{html.escape(caption)}"
+             f"{spread}</caption><tr><th>trace</th><th>offered load</th>{head}</tr>"]
+    for names in view.families.values():
+        for name in names:
+            cells = {}
+            for p in view.policies:
+                vals = view.values(p, key, name, time=True)
+                med, lo, hi = view._spread(vals)
+                att = view._spread(view.values(p, share, name, time=False))[0]
+                unf = view._spread(view.values(p, count, name, time=False))[0]
+                text = _fmt(med)
+                if view.replicates > 1 and not math.isnan(med) and hi > lo:
+                    text += f" [{_fmt(lo)}..{_fmt(hi)}]"
+                extra = [f"{100 * att:.0f}%" if not math.isnan(att) else None,
+                         f"{unf:.0f} unfinished" if not math.isnan(unf) and unf > 0 else None]
+                extra = ", ".join(e for e in extra if e)
+                cells[p] = (med, text + (f" ({extra})" if extra else ""))
+            finite = [v for v, _ in cells.values() if not math.isnan(v)]
+            best = min(finite) if finite else None
+            row = "".join(f"<td><b>{html.escape(t)}</b></td>" if best is not None and v == best and math.isfinite(v)
+                          else f"<td>{html.escape(t)}</td>" for v, t in (cells[p] for p in view.policies))
+            lines.append(f"<tr><td>{html.escape(name)}</td><td>{view.info[name].load:g}</td>{row}</tr>")
     return "".join(lines) + "</table>"
 
 
@@ -381,35 +521,18 @@ def scenario_plots(trace, out: Path, *, policies, kv_blocks: int, aging_interval
     from .engine import simulate
     from .metrics import format_table
 
-    policies = list(policies)
+    policies = list(dict.fromkeys(policies))
     results = {p: simulate(trace, policy=p, free_kv_blocks=kv_blocks, aging_interval=aging_interval)
                for p in policies}
     trace = results[policies[0]].trace
     scale, u = _unit(trace)
-    order = _sorted_policies(policies)
+    order = sorted_policies(policies)
+    colors = policy_colors(order)
     plots = []
     cfg = f"{trace.name}, {len(trace)} requests, {kv_blocks} KV blocks, aging interval {aging_interval}"
-    notes = [f"Scenario: {cfg}.", "<pre>" + html.escape(format_table({p: r.metrics for p, r in results.items()}))
+    notes = [f"Scenario: {cfg}.", "<pre>" + html.escape(format_table({p: results[p].metrics for p in order}))
              + "</pre>"]
-
-    # CDFs: unfinished requests count as never reaching the value, so a curve may end below 1.
-    fig, axes = _figure(1, 3, width=4.6, height=3.8)
-    for ax, metric in zip(axes[0], ("queue_wait", "ttft", "e2e")):
-        for p in order:
-            v = np.asarray(results[p].requests[metric], dtype=float)
-            n = v.size
-            v = np.sort(v[~np.isnan(v)]) * scale
-            ax.step(np.concatenate([[0.0], v]), np.arange(v.size + 1) / n, where="post",
-                    color=_color(p, order), label=p)
-        ax.set_xlabel(f"{LATENCY_LABELS[metric]} ({u})")
-        ax.set_ylabel("fraction of requests")
-        ax.set_ylim(0, 1.02)
-        ax.grid(True, alpha=0.3)
-    axes[0][0].legend(fontsize=8, loc="lower right")
-    fig.suptitle(f"Latency CDFs per policy ({cfg})", fontsize=10)
-    plots.append(_save(fig, out, Plot("latency_cdf",
-                                      f"CDFs of queue wait, TTFT and end-to-end latency per policy ({u}); a curve "
-                                      "that ends below 1 has requests that never finished.")))
+    plots.append(_cdf_plot(results, order, colors, out, scale, u, cfg))
 
     from matplotlib.ticker import MaxNLocator
 
@@ -424,8 +547,7 @@ def scenario_plots(trace, out: Path, *, policies, kv_blocks: int, aging_interval
         for k, p in enumerate(order):
             per = results[p].metrics["per_class"]
             vals = [float(per[c][key]) * mult for c in classes]
-            ax.bar(xs + (k - (len(order) - 1) / 2) * width, np.nan_to_num(vals), width, color=_color(p, order),
-                   label=p)
+            ax.bar(xs + (k - (len(order) - 1) / 2) * width, np.nan_to_num(vals), width, color=colors[p], label=p)
         ax.set_xticks(xs, [str(c) for c in classes])
         ax.set_xlabel("priority class (larger runs first)")
         ax.set_ylabel(label)
@@ -436,8 +558,8 @@ def scenario_plots(trace, out: Path, *, policies, kv_blocks: int, aging_interval
     axes[0][0].legend(fontsize=8)
     fig.suptitle(f"Per priority class ({cfg})", fontsize=10)
     plots.append(_save(fig, out, Plot("per_class",
-                                      "Per priority class: starvation (the longest wait of any request), preemptions "
-                                      "suffered, and deadline attainment, per policy.")))
+                                      "Per priority class: starvation (the longest wait of a request that ran), "
+                                      "preemptions suffered, and deadline attainment, per policy.")))
 
     tp = timeline_policy or policies[0]
     if tp not in results:
@@ -446,6 +568,52 @@ def scenario_plots(trace, out: Path, *, policies, kv_blocks: int, aging_interval
     plots.append(_occupancy_plot(r, out, kv_blocks, scale, u))
     plots.append(_gantt_plot(r, out, gantt_requests, scale, u))
     return plots, notes
+
+
+def _cdf_plot(results: dict, order: list[str], colors: dict, out: Path, scale: float, u: str, cfg: str) -> Plot:
+    """CDFs of queue wait, TTFT and e2e: the whole distribution (log x where it spans decades) above,
+    the slowest 5% below.  Every request counts, so a curve ends below 1 when some never finished."""
+    metrics = ("queue_wait", "ttft", "e2e")
+    fig, axes = _figure(2, 3, width=4.6, height=3.0)
+    for j, metric in enumerate(metrics):
+        values, logs = {}, False
+        for p in order:
+            v = np.asarray(results[p].requests[metric], dtype=float)
+            values[p] = (np.sort(v[~np.isnan(v)]) * scale, v.size)
+        pooled = np.concatenate([v for v, _ in values.values()]) if values else np.zeros(0)
+        for i, ax in enumerate((axes[0][j], axes[1][j])):
+            for p in order:
+                v, n = values[p]
+                if v.size == 0:
+                    continue
+                missing = n - v.size
+                label = f"{p} ({missing} unfinished)" if missing else p
+                ax.step(v, np.arange(1, v.size + 1) / n, where="post", color=colors[p], ls=policy_style(p),
+                        lw=1.4, label=label)
+            if i == 0:
+                logs = _log_if_wide(ax, pooled, axis="x")
+                ax.set_ylim(0, 1.02)
+                ax.set_title(f"{LATENCY_LABELS[metric]}{' (log x)' if logs else ''}", fontsize=10)
+            else:
+                if logs:
+                    ax.set_xscale("log")
+                ax.set_ylim(0.95, 1.002)
+                tail = [v[min(max(int(math.floor(0.95 * n)) - 1, 0), v.size - 1)] for v, n in values.values()
+                        if v.size and math.floor(0.95 * n) <= v.size]
+                top = max((float(v[-1]) for v, _ in values.values() if v.size), default=0.0)
+                if tail and top > min(tail) > 0:
+                    ax.set_xlim(min(tail) * (0.8 if logs else 0.98), top * (1.25 if logs else 1.02))
+                ax.axhline(0.99, color="0.5", lw=0.8, ls=":")
+                ax.set_xlabel(f"{LATENCY_LABELS[metric]} ({u})")
+            ax.set_ylabel("fraction of requests ≤ x" if i == 0 else "tail: slowest 5%")
+            ax.grid(True, which="major", alpha=0.3)
+    axes[0][0].legend(fontsize=8, loc="lower right")
+    fig.suptitle(f"Latency CDFs per policy ({cfg})", fontsize=10)
+    return _save(fig, out, Plot("latency_cdf",
+                                f"CDFs of queue wait, TTFT and end-to-end latency per policy ({u}; log x where "
+                                "the values span decades); below, the slowest 5% (dotted: P99). Every request "
+                                "counts: a curve that ends below 1 has requests that never finished (the legend "
+                                "says how many)."))
 
 
 def _thin(n: int, limit: int = 20000) -> slice:
