@@ -90,12 +90,18 @@ def _save(fig, out: Path, plot: Plot) -> Plot:
 
 
 def _log_if_wide(ax, values, axis: str = "y", ratio: float = 50.0) -> bool:
-    """Log scale on `axis` when the finite positive values span more than `ratio`."""
-    v = np.asarray([x for x in values if x is not None and math.isfinite(x) and x > 0], dtype=float)
-    if v.size and v.max() / v.min() > ratio:
-        (ax.set_yscale if axis == "y" else ax.set_xscale)("log")
-        return True
-    return False
+    """Log scale on `axis` when the finite positive values span more than `ratio` (symmetric log,
+    linear below the smallest positive value, when some values are 0, so that they stay visible)."""
+    finite = [x for x in values if x is not None and math.isfinite(x)]
+    v = np.asarray([x for x in finite if x > 0], dtype=float)
+    if not (v.size and v.max() / v.min() > ratio):
+        return False
+    scale = ax.set_yscale if axis == "y" else ax.set_xscale
+    if any(x <= 0 for x in finite):
+        scale("symlog", linthresh=float(v.min()))
+    else:
+        scale("log")
+    return True
 
 
 # ---------------------------------------------------------------------------------------- sweep
@@ -348,7 +354,7 @@ def _load_figure(view: SweepView, out: Path, name: str, caption: str, panels, *,
     """A grid of panels: one row per (key, label, time, percent) of `panels`, one column per family,
     load on x, one line per policy."""
     fams = list(view.families)
-    fig, axes = _figure(len(panels), len(fams), width=4.6, height=2.7)
+    fig, axes = _figure(len(panels), len(fams), width=4.6, height=2.7 if len(panels) > 1 else 4.0)
     for j, fam in enumerate(fams):
         for i, (key, label, time, percent) in enumerate(panels):
             ax = axes[i][j]

@@ -166,14 +166,15 @@ def render_ttft_cdf(ttft: dict[str, np.ndarray], steps_per_second: float | None,
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
+    from ..palette import policy_colors, policy_style
+
     scale = steps_per_second or 1.0
     unit = "seconds" if steps_per_second else "steps"
     short = "s" if steps_per_second else "steps"
     fig = Figure(figsize=(11, 4.8), dpi=110)
     FigureCanvasAgg(fig)
     ax_all, ax_tail = fig.subplots(1, 2, gridspec_kw={"width_ratios": [3, 2]})
-    styles = {"fcfs": ("tab:gray", "--"), "fixed_priority": ("tab:blue", "-"), "aging": ("tab:green", "-"),
-              "deadline": ("tab:red", "-")}
+    styles = {p: (c, policy_style(p)) for p, c in policy_colors(ttft).items()}  # as in every figure
     lo, hi, tail_lo = math.inf, 0.0, math.inf
     plotted = 0
     for policy, values in ttft.items():
