@@ -230,3 +230,20 @@ def test_ctrl_c_stops_a_local_sweep_and_keeps_finished_chunks(tmp_path):
     assert proc.returncode == 130, err
     assert "interrupted" in err and "rerun the same command to resume" in err and "Traceback" not in err
     assert not out.exists() and len(partial.read_text().splitlines()) >= 2
+
+
+def test_grid_asks_a_policy_object_whether_the_interval_matters():
+    """A `decodesched.Policy` (here a stand-in with its two attributes) varies the interval only if it says so."""
+    class Custom:
+        def __init__(self, name, uses):
+            self.name, self.uses_aging_interval = name, uses
+
+    sjf, aged = Custom("sjf", False), Custom("my_aging", True)
+    sc = B.grid(1, [sjf, "aging", aged, "fcfs"], [8], [1, 2, 4])
+    assert [(B.policy_name(s.policy), s.aging_interval) for s in sc] == [
+        ("sjf", 1), ("aging", 1), ("aging", 2), ("aging", 4), ("my_aging", 1), ("my_aging", 2), ("my_aging", 4),
+        ("fcfs", 1)]
+    assert [B.uses_aging_interval(p) for p in ("aging", "fcfs", "deadline", "fixed_priority", sjf, aged)] == [
+        True, False, False, False, False, True]
+    assert C.sweep_key([], sc) != C.sweep_key([], B.grid(1, [Custom("other", False), "aging", aged, "fcfs"],
+                                                          [8], [1, 2, 4]))

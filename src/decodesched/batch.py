@@ -16,8 +16,9 @@ it alone, for any thread count and either backend.
 
 Stable surface (other modules, e.g. `decodesched.distributed`, build on it): ``Scenario(trace,
 policy, free_kv_blocks, aging_interval, max_steps=None, replicate=0)``, ``grid(traces, policies,
-kv_blocks, aging_intervals, max_steps=None, replicates=1)``, ``replicate_traces(traces, n, rules)``, ``simulate_batch(traces, scenarios, *, record_events=False,
-threads=None, backend="cpu", engine="fast", progress=False)``, ``BatchResult.result(i)``,
+kv_blocks, aging_intervals, max_steps=None, replicates=1)``, ``replicate_traces(traces, n, rules)``,
+``simulate_batch(traces, scenarios, *, record_events=False, threads=None, backend="cpu",
+engine="fast", progress=False)``, ``BatchResult.result(i)``,
 ``BatchResult.rows()``, ``ROW_KEYS``, ``row_columns(rows)`` and ``write_metrics_csv(rows, path)``.
 A scenario's policy is a built-in name or a `decodesched.Policy` (`policy_name`, `uses_aging_interval`).
 """
