@@ -52,7 +52,7 @@ def test_every_plot_renders_with_units_and_is_linked(sweep_dir, tmp_path):
     out = tmp_path / "report"
     plots = build_report(out, results=sweep_dir / "metrics.csv", trace=sweep_dir / "azure_load1.0.csv",
                          kv_blocks=120, gantt_requests=12)
-    assert {p.name for p in plots} == SWEEP_PLOTS | SCENARIO_PLOTS
+    assert {p.name for p in plots} == SWEEP_PLOTS | SCENARIO_PLOTS | {"interval_aging"}  # aging: 2 intervals
     page = (out / "index.html").read_text()
     for p in plots:
         _png_ok(out / p.file)
@@ -71,6 +71,8 @@ def test_every_plot_renders_with_units_and_is_linked(sweep_dir, tmp_path):
     assert "class 2: TTFT P99 (s)" in by_name["class_ttft_vs_load"].ylabels
     assert "unfinished requests" in by_name["latency_vs_load"].ylabels  # beside every latency figure
     assert "unfinished requests" in by_name["ttft_vs_capacity"].ylabels
+    assert "preemptions" in by_name["interval_aging"].ylabels
+    assert set(by_name["interval_aging"].legend) == {f"load {x:g}" for x in LOADS}
     assert "preemptions (victim count)" in by_name["per_class"].ylabels
     assert by_name["kv_queue_timeline"].ylabels == ["KV blocks in use", "queue length (requests waiting)"]
     assert by_name["kv_queue_timeline"].xlabels == ["time (s)"]
@@ -121,7 +123,7 @@ def test_sweep_without_known_loads_skips_load_figures(sweep_dir, tmp_path):
     assert plots == []
     assert "Offered load unknown" in (tmp_path / "r" / "index.html").read_text()
     plots = build_report(tmp_path / "r2", results=csv_path, loads={f"azure_load{x}": x for x in LOADS})
-    assert {p.name for p in plots} == SWEEP_PLOTS
+    assert {p.name for p in plots} == SWEEP_PLOTS | {"interval_aging"}
 
 
 def test_report_command(sweep_dir, tmp_path, capsys):
@@ -129,7 +131,7 @@ def test_report_command(sweep_dir, tmp_path, capsys):
     assert main(["report", str(sweep_dir / "metrics.csv"), "--out", str(out), "--kv-blocks", "240",
                  "--aging-interval", "2"]) == 0
     printed = capsys.readouterr().out
-    assert "wrote 5 plots" in printed
+    assert "wrote 6 plots" in printed
     page = (out / "index.html").read_text()
     assert "240 KV blocks, aging interval 2" in page
     linked = set(re.findall(r'src="([^"]+)"', page))
@@ -248,9 +250,11 @@ def test_every_subset_and_order_of_policies_renders(sweep_dir, tmp_path):
         out = tmp_path / str(i)
         out.mkdir()
         plots, notes = sweep_plots(mine, info, out)
-        assert {p.name for p in plots} == SWEEP_PLOTS, subset
+        names = {p.name for p in plots}
+        assert names - {"interval_aging"} == SWEEP_PLOTS and ("interval_aging" in names) == ("aging" in subset)
         for p in plots:
-            assert sorted(p.legend) == sorted(subset), (subset, p.name, p.legend)
+            if p.name != "interval_aging":  # its lines are the traces, by load
+                assert sorted(p.legend) == sorted(subset), (subset, p.name, p.legend)
         for table in notes[-1].split("<table")[1:]:
             head = re.findall(r"<th>([a-z_]+)</th>", table)
             assert sorted(h for h in head if h in POLICIES) == sorted(subset)

@@ -3,8 +3,9 @@
 All latencies are in steps; when the trace has a time scale (``steps_per_second``) the summary
 table and the flat rows also give seconds.  No aggregate improves by dropping requests (SPEC
 section 9): a latency statistic counts every request that never reached the event (it did not
-finish) at +inf, so a P99 is ``inf`` when more than 1% of the requests are censored; starvation is
-the longest wait of a request that ran; unservable and unfinished counts stand beside them.
+finish) at +inf, so a P99 is ``inf`` when more than 1% of the requests are censored (the flat rows
+say how many in ``<latency>_censored``); starvation is the longest wait of a request that ran;
+unservable and unfinished counts stand beside them.
 """
 
 from __future__ import annotations
@@ -281,10 +282,11 @@ FLAT_COLUMNS = (
     ("requests", "finished", "unservable", "unfinished", "events", "clock", "tokens",
      "throughput_tokens_per_step", "preemptions", "starvation", "with_deadline", "deadline_misses",
      "deadline_miss_rate", "slo_attainment", "fairness_jain")
-    + tuple(f"{name}_{stat}" for name in LATENCIES for stat in ("mean", "p50", "p95", "p99", "max"))
+    + tuple(f"{name}_{stat}" for name in LATENCIES for stat in ("mean", "p50", "p95", "p99", "max", "censored"))
 )
 # Columns in steps: each gets a twin in seconds, ``<name>_s``, when the trace has a time scale.
-TIME_COLUMNS = frozenset(("starvation",) + tuple(c for c in FLAT_COLUMNS if c.rpartition("_")[0] in LATENCIES))
+TIME_COLUMNS = frozenset(("starvation",) + tuple(c for c in FLAT_COLUMNS if c.rpartition("_")[0] in LATENCIES
+                                               and not c.endswith("_censored")))
 # Per priority class P, column ``<name>_class<P>`` (and ``<name>_s_class<P>`` for time columns).
 CLASS_COLUMNS = ("requests", "finished", "unfinished", "queue_wait_p50", "queue_wait_p95", "queue_wait_p99",
                  "ttft_p50", "ttft_p95", "ttft_p99", "e2e_p50", "e2e_p95", "e2e_p99", "starvation", "preemptions",

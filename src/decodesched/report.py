@@ -9,7 +9,8 @@ Two sources, either or both:
   a sweep has replicates (``--replicates``), a point is their median and its bar their min..max.
   Figures: latency P50/P99 and the unfinished count against load; deadline attainment; starvation
   and fairness; P99 TTFT of each priority class; P99 TTFT and unfinished count against KV capacity
-  (one panel per trace).  Tables (one row per trace): P99 TTFT with deadline attainment and
+  (one panel per trace); for each policy swept over several aging intervals, the top and bottom
+  classes' P99 TTFT, starvation and preemptions against the interval.  Tables (one row per trace): P99 TTFT with deadline attainment and
   unfinished count per policy, and the top class's P99 TTFT.  The offered load of each trace is,
   first match wins: ``loads={"name": 1.2}`` (``--loads name=1.2,..``); the ``offered_load`` column;
   the ``load`` in the trace's ``.meta.json``; else the load of the trace file itself.  The trace
@@ -418,6 +419,11 @@ def sweep_plots(rows, info, out: Path, *, kv_blocks=None, aging_interval=None, l
                                   "runs first; top row the highest class), against offered load, per policy.",
                                   panels, title="Per-class TTFT P99 against load"))
 
+    if classes:
+        for p in view.policies:
+            if len({r["aging_interval"] for r in rows if r["policy"] == p and _finite(r["aging_interval"])}) > 1:
+                plots.append(_interval_figure(view, out, p, classes))
+
     caps = sorted({r["kv_blocks"] for r in rows})
     if len(caps) > 1:
         names = [n for names in view.families.values() for n in names]
@@ -435,6 +441,53 @@ def _classes(rows) -> list[int]:
 
     found = {int(m.group(1)) for k in rows[0] if (m := re.fullmatch(r"ttft_p99_class(-?\d+)", k))}
     return sorted(found)
+
+
+def _interval_figure(view: SweepView, out: Path, policy: str, classes: list[int]) -> Plot:
+    """What the aging interval trades, for one policy that uses it: per family (columns), the top and
+    bottom classes' P99 TTFT, starvation and preemptions against the interval, one line per trace."""
+    from matplotlib import colormaps
+
+    fams = list(view.families)
+    rows = [(f"ttft_p99_class{c}", f"class {c}: TTFT P99 ({view.unit})", True) for c in (classes[-1], classes[0])]
+    rows = list(dict.fromkeys(rows)) + [("starvation", f"starvation: max wait ({view.unit})", True),
+                                        ("preemptions", "preemptions", False)]
+    intervals = sorted({r["aging_interval"] for r in view.rows if r["policy"] == policy and _finite(r["aging_interval"])})
+    fig, axes = _figure(len(rows), len(fams), width=4.6, height=2.6)
+    for j, fam in enumerate(fams):
+        names = view.families[fam]
+        shades = colormaps["viridis"](np.linspace(0.0, 0.85, len(names)))
+        for i, (key, label, time) in enumerate(rows):
+            ax = axes[i][j]
+            seen = []
+            for name, shade in zip(names, shades):
+                y = []
+                for k in intervals:
+                    vals = [float(r.get(key, math.nan)) * (view.scale(r) if time else 1.0) for r in view.rows
+                            if r["policy"] == policy and r["trace"] == name and r["kv_blocks"] == view.kv_blocks
+                            and r["aging_interval"] == k]
+                    y.append(view._spread(vals)[0])
+                y = np.asarray(y, dtype=float)
+                ok = np.isfinite(y)
+                ax.plot(np.asarray(intervals, dtype=float)[ok], y[ok], marker="o", ms=4, color=shade,
+                        label=f"load {view.info[name].load:g}" if len(names) > 1 else name)
+                seen += y[ok].tolist()
+            _log_if_wide(ax, seen)
+            if len(intervals) > 1 and intervals[-1] / max(intervals[0], 1) >= 8:
+                ax.set_xscale("log", base=2)
+            ax.grid(True, alpha=0.3)
+            if j == 0:
+                ax.set_ylabel(label)
+            if i == 0:
+                ax.set_title(_family_title(view, fam), fontsize=10)
+                ax.legend(fontsize=7, loc="best")
+            if i == len(rows) - 1:
+                ax.set_xlabel(f"aging interval of {policy} (steps)")
+    fig.suptitle(f"What the aging interval trades: {policy} at {view.kv_blocks} KV blocks", fontsize=11)
+    return _save(fig, out, Plot(f"interval_{policy}",
+                                f"{policy} at {view.kv_blocks} KV blocks: P99 TTFT of the top and bottom classes, "
+                                "starvation and preemptions against the aging interval, one line per trace (by "
+                                "load); medians over replicates; censored (inf) points are left out."))
 
 
 def _capacity_figure(view: SweepView, out: Path, names: list[str]) -> Plot:
