@@ -14,7 +14,11 @@ offered load of each sweep trace (first match wins): --loads NAME=L; an offered_
 CSV; the "load" in the trace's .meta.json (decodesched trace convert --load); else the trace file's
 own load, work steps / arrival span.  Trace files are looked up as NAME, NAME.csv or NAME.parquet
 beside RESULTS, in the current folder, or in --trace-dir.  Units are seconds when every trace has a
-time scale (steps_per_second in its .meta.json), else steps.
+time scale (steps_per_second in its .meta.json), else steps.  Traces are never averaged: each family
+of traces (converted from one source file) gets its own column of panels, each trace its own point or
+table row; replicates show as median with a min..max bar.  Latency statistics count requests that
+never finished at +inf (censored: a triangle at a panel's top edge, "inf" in the tables), and the
+unfinished count stands beside every latency figure and table.
 """
 
 
@@ -22,8 +26,10 @@ def add_parser(sub) -> None:
     import argparse
 
     p = sub.add_parser("report", help="plots and an HTML page from a sweep (and one replayed trace)",
-                       description="Write PNG plots and DIR/index.html: latency, deadline attainment, starvation "
-                                   "and fairness against offered load from a sweep's metrics CSV; with --trace, "
+                       description="Write PNG plots and DIR/index.html: latency, unfinished requests, deadline "
+                                   "attainment, starvation, fairness and per-class TTFT against offered load (one "
+                                   "panel column per trace family), TTFT against KV capacity and aging interval, "
+                                   "from a sweep's metrics CSV; with --trace, "
                                    "latency CDFs, per-class starvation and preemptions, KV occupancy and queue "
                                    "length over time, and a Gantt-style timeline.",
                        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -40,7 +46,7 @@ def add_parser(sub) -> None:
     p.add_argument("--aging-interval", type=int, default=None, metavar="K",
                    help="aging interval: the cut of the sweep figures and the replay (default 4)")
     p.add_argument("--load", type=float, default=None, metavar="L",
-                   help="offered load of the P99-against-capacity figure (default the highest)")
+                   help="show only the traces at this offered load in the P99-against-capacity figure (default all)")
     p.add_argument("--loads", type=_loads, default=None, metavar="NAME=L[,..]",
                    help="offered load of each sweep trace, by its name in the CSV")
     p.add_argument("--trace-dir", action="append", default=[], metavar="DIR",
