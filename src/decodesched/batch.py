@@ -137,7 +137,7 @@ class BatchResult:
         labels = self.trace_labels()
         out = []
         for i, sc in enumerate(self.scenarios):
-            row = {"trace": labels[sc.trace], "policy": sc.policy, "kv_blocks": int(sc.free_kv_blocks),
+            row = {"trace": labels[sc.trace], "policy": policy_name(sc.policy), "kv_blocks": int(sc.free_kv_blocks),
                    "aging_interval": int(sc.aging_interval)}
             row.update(_metrics.flat_metrics(self.metrics(i)))
             out.append(row)

@@ -135,8 +135,8 @@ def simulate(trace, policy="fixed_priority", free_kv_blocks: int = 1_000_000, ag
     kernel(*trace_arrays(trace), code, capacity, interval, limit, events, req_out, summary)
     if record_events:
         events = events[: summary[E.SM_EVENTS]]
-    return SimulationResult(trace, policy_name(policy), capacity, interval, max_steps, events if record_events else None,
-                            req_out, summary)
+    return SimulationResult(trace, policy_name(policy), capacity, interval, max_steps,
+                            events if record_events else None, req_out, summary)
 
 
 @dataclass
