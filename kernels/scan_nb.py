@@ -14,6 +14,9 @@ policy code), so `replay_scan_nb` is cached.  `make_replay_kernel` compiles the 
 those two names bound to a user's functions: Numba cannot cache a kernel that takes or closes
 over other compiled functions, so a user policy compiles once per process.
 
+The step's end (advance, deadline check, event row) and the final write-out are `step_nb`'s, shared
+with the other kernels; `replay_scan_nb` closes over a source stamp of that file (`stamp`).
+
 Per step: the admitted preemptible rows (possible victims) are sorted by effective priority with
 a running maximum of their blocks, which tells in O(log m) whether a challenger has a victim;
 then one pass over the active rows keeps the smallest key among those that can run.
@@ -28,47 +31,25 @@ import numpy as np
 from numba import njit
 
 from .enums import (
-    ACTION_DECODE_ONE_STEP,
     ACTION_FINISH,
-    ACTION_PREFILL_TO_DECODE,
-    EV_ACTION,
-    EV_FREE,
-    EV_GENERATED,
-    EV_MISSED,
-    EV_ROW,
-    EV_STEP,
-    EV_VICTIM_ROW,
-    EV_WAIT,
     NEVER,
     NO_DEADLINE_SLACK,
     NO_ROW,
-    PHASE_DECODE,
     PHASE_PREFILL,
     POLICY_AGING,
     POLICY_DEADLINE,
     POLICY_FCFS,
-    RQ_ADMITTED,
-    RQ_ENQUEUED,
-    RQ_FINISH_STEP,
-    RQ_FIRST_STEP,
-    RQ_FIRST_TOKEN_STEP,
-    RQ_GENERATED,
-    RQ_PHASE,
-    RQ_PREEMPTIONS,
-    RQ_STATUS,
-    RQ_WAIT,
-    SM_CLOCK,
-    SM_EVENTS,
-    SM_FREE,
-    SM_STOP,
     STATUS_FINISHED,
     STATUS_PREEMPTED,
     STATUS_RUNNING,
-    STATUS_WAITING,
     STOP_DRAINED,
     STOP_MAX_STEPS,
     STOP_STUCK,
 )
+from .stamp import source_stamp
+from .step_nb import advance_nb, record_step_nb, write_state_nb
+
+SOURCE_STAMP = source_stamp("enums.py", "step_nb.py")
 
 # One request's state as a policy sees it (SPEC section 8); flags are 0/1, deadline_step is 0 when
 # has_deadline is 0, arrival_step is the clock at which the request was enqueued.
@@ -123,162 +104,163 @@ def request_view_nb(r, request_id, enqueue_clock, prompt_len, max_new_tokens, pr
                        one if preemptible[r] else zero, preemptions[r], one if admitted[r] else zero)
 
 
-@njit(cache=True)
-def replay_scan_nb(request_id, arrival_step, prompt_len, max_new_tokens, priority, cache_hit,
-                   required_blocks, deadline_step, has_deadline, preemptible, order,
-                   policy, free_kv_blocks, aging_interval, max_steps,
-                   events, req_out, summary):
-    """Replay one trace under one scheduler configuration (SPEC sections 2, 3 and 8).
+def _make_replay_scan(stamp):
+    """`replay_scan_nb`, closing over `stamp` so that an edit of a kernel it calls compiles it afresh."""
 
-    Inputs, all of length n in trace row order: int64 ``request_id, arrival_step, prompt_len,
-    max_new_tokens, priority, required_blocks, deadline_step``; bool ``cache_hit, has_deadline,
-    preemptible``; ``order`` int64 (n,) = rows sorted by (arrival_step, row).  Scalars: ``policy``
-    (POLICY_*; passed on to the policy functions, which a user policy ignores), ``free_kv_blocks``,
-    ``aging_interval`` (> 0), ``max_steps`` (-1 for no limit).
+    @njit(cache=True)
+    def replay_scan_nb(request_id, arrival_step, prompt_len, max_new_tokens, priority, cache_hit,
+                       required_blocks, deadline_step, has_deadline, preemptible, order,
+                       policy, free_kv_blocks, aging_interval, max_steps,
+                       events, req_out, summary):
+        """Replay one trace under one scheduler configuration (SPEC sections 2, 3 and 8).
 
-    Outputs (preallocated by the caller): ``events`` int64 (max_events, EV_NCOLS), one row per step
-    while there is room (pass shape (0, EV_NCOLS) to keep no log); ``req_out`` int64 (n, RQ_NCOLS),
-    the final state of every row; ``summary`` int64 (SM_NCOLS,).
-    """
-    n = request_id.shape[0]
-    phase = np.zeros(n, np.int64)
-    generated = np.zeros(n, np.int64)
-    wait = np.zeros(n, np.int64)
-    status = np.zeros(n, np.int64)
-    preemptions = np.zeros(n, np.int64)
-    admitted = np.zeros(n, np.bool_)
-    enqueued = np.zeros(n, np.bool_)
-    enqueue_clock = np.zeros(n, np.int64)
-    first_step = np.full(n, NEVER, np.int64)
-    first_token_step = np.full(n, NEVER, np.int64)
-    finish_step = np.full(n, NEVER, np.int64)
-    active = np.empty(n, np.int64)  # unfinished enqueued rows, in no particular order
-    victims = np.empty(n, np.int64)  # scratch: admitted preemptible rows of this step
-    victim_eff = np.empty(n, np.int64)  # their effective priorities
-    sorted_eff = np.empty(n, np.int64)  # the same, ascending
-    max_blocks_below = np.empty(n, np.int64)  # max blocks among the first k+1 of sorted_eff
-    n_active = 0
-    pos = 0
-    clock = np.int64(0)
-    free = np.int64(free_kv_blocks)
-    steps = np.int64(0)
-    stop = STOP_DRAINED
+        Inputs, all of length n in trace row order: int64 ``request_id, arrival_step, prompt_len,
+        max_new_tokens, priority, required_blocks, deadline_step``; bool ``cache_hit, has_deadline,
+        preemptible``; ``order`` int64 (n,) = rows sorted by (arrival_step, row).  Scalars: ``policy``
+        (POLICY_*; passed on to the policy functions, which a user policy ignores), ``free_kv_blocks``,
+        ``aging_interval`` (> 0), ``max_steps`` (-1 for no limit).
 
-    while True:
-        if max_steps >= 0 and steps >= max_steps:
-            stop = STOP_MAX_STEPS
-            break
-        while pos < n and arrival_step[order[pos]] <= clock:
-            r = order[pos]
-            enqueued[r] = True
-            enqueue_clock[r] = clock
-            active[n_active] = r
-            n_active += 1
-            pos += 1
+        Outputs (preallocated by the caller): ``events`` int64 (max_events, EV_NCOLS), one row per step
+        while there is room (pass shape (0, EV_NCOLS) to keep no log); ``req_out`` int64 (n, RQ_NCOLS),
+        the final state of every row; ``summary`` int64 (SM_NCOLS,).
+        """
+        if stamp < 0:  # never: the stamp only keys the Numba cache (see `source_stamp`)
+            return
+        n = request_id.shape[0]
+        phase = np.zeros(n, np.int64)
+        generated = np.zeros(n, np.int64)
+        wait = np.zeros(n, np.int64)
+        status = np.zeros(n, np.int64)
+        preemptions = np.zeros(n, np.int64)
+        admitted = np.zeros(n, np.bool_)
+        enqueued = np.zeros(n, np.bool_)
+        enqueue_clock = np.zeros(n, np.int64)
+        first_step = np.full(n, NEVER, np.int64)
+        first_token_step = np.full(n, NEVER, np.int64)
+        finish_step = np.full(n, NEVER, np.int64)
+        active = np.empty(n, np.int64)  # unfinished enqueued rows, in no particular order
+        victims = np.empty(n, np.int64)  # scratch: admitted preemptible rows of this step
+        victim_eff = np.empty(n, np.int64)  # their effective priorities
+        sorted_eff = np.empty(n, np.int64)  # the same, ascending
+        max_blocks_below = np.empty(n, np.int64)  # max blocks among the first k+1 of sorted_eff
+        n_active = 0
+        pos = 0
+        clock = np.int64(0)
+        free = np.int64(free_kv_blocks)
+        steps = np.int64(0)
+        stop = STOP_DRAINED
 
-        # The possible victims of this step, sorted by effective priority, with a running max of
-        # their blocks: the largest victim below a challenger's priority, plus the free blocks,
-        # must cover the challenger.
-        n_victims = 0
-        for i in range(n_active):
-            r = active[i]
-            if admitted[r] and preemptible[r]:
+        while True:
+            if max_steps >= 0 and steps >= max_steps:
+                stop = STOP_MAX_STEPS
+                break
+            while pos < n and arrival_step[order[pos]] <= clock:
+                r = order[pos]
+                enqueued[r] = True
+                enqueue_clock[r] = clock
+                active[n_active] = r
+                n_active += 1
+                pos += 1
+
+            # The possible victims of this step, sorted by effective priority, with a running max of
+            # their blocks: the largest victim below a challenger's priority, plus the free blocks,
+            # must cover the challenger.
+            n_victims = 0
+            for i in range(n_active):
+                r = active[i]
+                if admitted[r] and preemptible[r]:
+                    view = request_view_nb(r, request_id, enqueue_clock, prompt_len, max_new_tokens, priority, cache_hit,
+                                           deadline_step, has_deadline, preemptible, phase, generated, wait, preemptions,
+                                           admitted)
+                    victims[n_victims] = r
+                    victim_eff[n_victims] = _eff_nb(view, clock, policy, aging_interval)
+                    n_victims += 1
+            if n_victims > 0:
+                by_eff = np.argsort(victim_eff[:n_victims])
+                running_max = np.int64(0)
+                for k in range(n_victims):
+                    sorted_eff[k] = victim_eff[by_eff[k]]
+                    running_max = max(running_max, required_blocks[victims[by_eff[k]]])
+                    max_blocks_below[k] = running_max
+
+            # The first candidate in key order that can run: admitted, fits, or can preempt one victim.
+            # Failed attempts change nothing in the seed, so this equals its walk over sorted candidates.
+            best = NO_ROW
+            best_eff = np.int64(0)
+            if n_active > 0:
+                r = active[0]
                 view = request_view_nb(r, request_id, enqueue_clock, prompt_len, max_new_tokens, priority, cache_hit,
                                        deadline_step, has_deadline, preemptible, phase, generated, wait, preemptions,
                                        admitted)
-                victims[n_victims] = r
-                victim_eff[n_victims] = _eff_nb(view, clock, policy, aging_interval)
-                n_victims += 1
-        if n_victims > 0:
-            by_eff = np.argsort(victim_eff[:n_victims])
-            running_max = np.int64(0)
-            for k in range(n_victims):
-                sorted_eff[k] = victim_eff[by_eff[k]]
-                running_max = max(running_max, required_blocks[victims[by_eff[k]]])
-                max_blocks_below[k] = running_max
+                best_key = _key_nb(view, clock, policy, aging_interval) + (request_id[r],)
+                for i in range(n_active):
+                    r = active[i]
+                    view = request_view_nb(r, request_id, enqueue_clock, prompt_len, max_new_tokens, priority,
+                                           cache_hit, deadline_step, has_deadline, preemptible, phase, generated, wait,
+                                           preemptions, admitted)
+                    key = _key_nb(view, clock, policy, aging_interval) + (request_id[r],)
+                    if best != NO_ROW and not key < best_key:
+                        continue
+                    eff = np.int64(0)
+                    if not admitted[r] and required_blocks[r] > free:
+                        eff = _eff_nb(view, clock, policy, aging_interval)
+                        below = np.searchsorted(sorted_eff[:n_victims], eff)  # victims strictly below
+                        if below == 0 or free + max_blocks_below[below - 1] < required_blocks[r]:
+                            continue
+                    best = r
+                    best_key = key
+                    best_eff = eff
 
-        # The first candidate in key order that can run: admitted, fits, or can preempt one victim.
-        # Failed attempts change nothing in the seed, so this equals its walk over sorted candidates.
-        best = NO_ROW
-        best_eff = np.int64(0)
-        if n_active > 0:
-            r = active[0]
-            view = request_view_nb(r, request_id, enqueue_clock, prompt_len, max_new_tokens, priority, cache_hit,
-                                   deadline_step, has_deadline, preemptible, phase, generated, wait, preemptions,
-                                   admitted)
-            best_key = _key_nb(view, clock, policy, aging_interval) + (request_id[r],)
+            if best == NO_ROW:
+                if pos < n:
+                    clock = arrival_step[order[pos]]  # idle gap: jump, nobody waits
+                    continue
+                stop = STOP_DRAINED if n_active == 0 else STOP_STUCK
+                break
+
+            chosen = best
+            victim = NO_ROW
+            if not admitted[chosen]:
+                if required_blocks[chosen] > free:
+                    victim = find_victim_nb(required_blocks[chosen], best_eff, victims, victim_eff, n_victims, free,
+                                            required_blocks, request_id)
+                    admitted[victim] = False
+                    status[victim] = STATUS_PREEMPTED
+                    preemptions[victim] += 1
+                    free += required_blocks[victim]
+                free -= required_blocks[chosen]
+                admitted[chosen] = True
+            status[chosen] = STATUS_RUNNING
+
             for i in range(n_active):
                 r = active[i]
-                view = request_view_nb(r, request_id, enqueue_clock, prompt_len, max_new_tokens, priority,
-                                       cache_hit, deadline_step, has_deadline, preemptible, phase, generated, wait,
-                                       preemptions, admitted)
-                key = _key_nb(view, clock, policy, aging_interval) + (request_id[r],)
-                if best != NO_ROW and not key < best_key:
-                    continue
-                eff = np.int64(0)
-                if not admitted[r] and required_blocks[r] > free:
-                    eff = _eff_nb(view, clock, policy, aging_interval)
-                    below = np.searchsorted(sorted_eff[:n_victims], eff)  # victims strictly below
-                    if below == 0 or free + max_blocks_below[below - 1] < required_blocks[r]:
-                        continue
-                best = r
-                best_key = key
-                best_eff = eff
+                if r != chosen:
+                    wait[r] += 1
 
-        if best == NO_ROW:
-            if pos < n:
-                clock = arrival_step[order[pos]]  # idle gap: jump, nobody waits
-                continue
-            stop = STOP_DRAINED if n_active == 0 else STOP_STUCK
-            break
+            action = advance_nb(chosen, clock, phase, generated, max_new_tokens, first_step, first_token_step)
+            if action == ACTION_FINISH:
+                free += required_blocks[chosen]
+                admitted[chosen] = False
+                status[chosen] = STATUS_FINISHED
+                finish_step[chosen] = clock
+                for i in range(n_active):
+                    if active[i] == chosen:
+                        active[i] = active[n_active - 1]
+                        break
+                n_active -= 1
+            record_step_nb(events, steps, clock, chosen, action, generated, max_new_tokens, deadline_step,
+                           has_deadline, wait[chosen], free, victim)
+            clock += 1
+            steps += 1
 
-        chosen = best
-        victim = NO_ROW
-        if not admitted[chosen]:
-            if required_blocks[chosen] > free:
-                victim = find_victim_nb(required_blocks[chosen], best_eff, victims, victim_eff, n_victims, free,
-                                        required_blocks, request_id)
-                admitted[victim] = False
-                status[victim] = STATUS_PREEMPTED
-                preemptions[victim] += 1
-                free += required_blocks[victim]
-            free -= required_blocks[chosen]
-            admitted[chosen] = True
-        status[chosen] = STATUS_RUNNING
+        # waits are counted eagerly here, so they are the final waits (enqueue_steps, chosen_count unused)
+        write_state_nb(req_out, summary, steps, clock, free, stop, enqueued, phase, status, generated,
+                       wait, wait, wait, preemptions, admitted, first_step, first_token_step, finish_step)
 
-        for i in range(n_active):
-            r = active[i]
-            if r != chosen:
-                wait[r] += 1
+    return replay_scan_nb
 
-        free = advance_nb(chosen, victim, clock, steps, free, max_new_tokens, required_blocks, deadline_step,
-                          has_deadline, phase, generated, wait, status, admitted, first_step, first_token_step,
-                          finish_step, events)
-        if status[chosen] == STATUS_FINISHED:
-            for i in range(n_active):
-                if active[i] == chosen:
-                    active[i] = active[n_active - 1]
-                    break
-            n_active -= 1
-        clock += 1
-        steps += 1
 
-    for r in range(n):
-        out = req_out[r]
-        out[RQ_ENQUEUED] = 1 if enqueued[r] else 0
-        out[RQ_PHASE] = phase[r]
-        out[RQ_STATUS] = status[r] if enqueued[r] else STATUS_WAITING
-        out[RQ_GENERATED] = generated[r]
-        out[RQ_WAIT] = wait[r]
-        out[RQ_PREEMPTIONS] = preemptions[r]
-        out[RQ_ADMITTED] = 1 if admitted[r] else 0
-        out[RQ_FIRST_STEP] = first_step[r]
-        out[RQ_FIRST_TOKEN_STEP] = first_token_step[r]
-        out[RQ_FINISH_STEP] = finish_step[r]
-    summary[SM_EVENTS] = steps
-    summary[SM_CLOCK] = clock
-    summary[SM_FREE] = free
-    summary[SM_STOP] = stop
+replay_scan_nb = _make_replay_scan(SOURCE_STAMP)
 
 
 @njit(cache=True)
@@ -304,44 +286,6 @@ def find_victim_nb(need, challenger_eff, victims, victim_eff, n_victims, free, r
     return best
 
 
-@njit(cache=True)
-def advance_nb(chosen, victim, clock, steps, free, max_new_tokens, required_blocks, deadline_step, has_deadline,
-               phase, generated, wait, status, admitted, first_step, first_token_step, finish_step, events):
-    """The end of a step: advance `chosen` (prefill to decode, one token, or finish, which frees its
-    blocks), check its deadline and write event row `steps` while the log has room.  Returns the
-    free blocks after the step."""
-    if phase[chosen] == PHASE_PREFILL:
-        phase[chosen] = PHASE_DECODE
-        action = ACTION_PREFILL_TO_DECODE
-        first_step[chosen] = clock
-    else:
-        generated[chosen] += 1
-        if generated[chosen] == 1:
-            first_token_step[chosen] = clock
-        if generated[chosen] >= max_new_tokens[chosen]:
-            action = ACTION_FINISH
-            free += required_blocks[chosen]
-            admitted[chosen] = False
-            status[chosen] = STATUS_FINISHED
-            finish_step[chosen] = clock
-        else:
-            action = ACTION_DECODE_ONE_STEP
-    missed = 0
-    if has_deadline[chosen] and clock + 1 + max_new_tokens[chosen] - generated[chosen] > deadline_step[chosen]:
-        missed = 1
-    if steps < events.shape[0]:
-        ev = events[steps]
-        ev[EV_STEP] = clock
-        ev[EV_ROW] = chosen
-        ev[EV_ACTION] = action
-        ev[EV_GENERATED] = generated[chosen]
-        ev[EV_WAIT] = wait[chosen]
-        ev[EV_FREE] = free
-        ev[EV_VICTIM_ROW] = victim
-        ev[EV_MISSED] = missed
-    return free
-
-
 def make_replay_kernel(key, effective_priority):
     """`replay_scan_nb` with its policy functions bound to `key` and `effective_priority`, both
     compiled functions of ``(r, clock, policy, aging_interval)`` (see the module docstring).
@@ -351,5 +295,6 @@ def make_replay_kernel(key, effective_priority):
     py = replay_scan_nb.py_func
     namespace = dict(py.__globals__, _key_nb=key, _eff_nb=effective_priority)
     fn = FunctionType(py.__code__, namespace, "replay_policy_nb", py.__defaults__, py.__closure__)
+    fn.__qualname__ = "replay_policy_nb"
     fn.__doc__ = py.__doc__
     return njit(nogil=True)(fn)
