@@ -43,16 +43,11 @@ import importlib
 import importlib.util
 import sys
 import threading
-import time
 from pathlib import Path
 
 from .errors import UserError
 from .kernels.enums import POLICY_AGING, POLICY_NAMES
 
-# The fields of `RequestView`, in order (the class itself lives in the kernel module).
-REQUEST_FIELDS = ("request_id", "arrival_step", "prompt_len", "max_new_tokens", "generated_len", "phase",
-                  "priority", "cache_hit", "wait_steps", "deadline_step", "has_deadline", "preemptible",
-                  "preemptions", "admitted")
 # The kernel's policy argument for a user policy (no built-in code; its functions ignore it).
 CUSTOM_CODE = -1
 # A compile taking longer than this many seconds prints a notice on stderr.
@@ -60,6 +55,7 @@ COMPILE_NOTICE_S = 1.0
 
 
 def _request_view():
+    """The named tuple a policy's functions get (`kernels.scan_nb.RequestView`, fields `REQUEST_FIELDS`)."""
     from .kernels.scan_nb import RequestView
 
     return RequestView
@@ -68,6 +64,8 @@ def _request_view():
 def __getattr__(name):
     if name == "RequestView":
         return _request_view()
+    if name == "REQUEST_FIELDS":
+        return _request_view()._fields
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -171,9 +169,10 @@ def _first_line(exc: BaseException) -> str:
 def _sample_view():
     import numpy as np
 
-    values = dict.fromkeys(REQUEST_FIELDS, np.int64(0))
+    view = _request_view()
+    values = dict.fromkeys(view._fields, np.int64(0))
     values.update(prompt_len=np.int64(1), max_new_tokens=np.int64(1), preemptible=np.int64(1))
-    return _request_view()(**values)
+    return view(**values)
 
 
 def _check_results(policy: Policy) -> None:
