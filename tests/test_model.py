@@ -200,3 +200,52 @@ class TestReplay:
         out = replay(self.rows((1, 0, 1, {}), (2, 50, 1, {})), max_steps=3)
         assert [e["step"] for e in out.events] == [0, 1, 50] and out.stop == "max_steps"
         assert replay(self.rows((1, 0, 1, {})), max_steps=0).states == {}
+
+
+class TestPolicyObjects:
+    """`DecodeSchedulerSim` with a `decodesched.Policy` (SPEC section 8)."""
+
+    def test_the_view_a_policy_sees(self):
+        import numba
+
+        from decodesched import Policy
+
+        seen = {}
+
+        @numba.njit
+        def key(r, clock):
+            return (r.request_id,)
+
+        @numba.njit
+        def priority(r, clock):
+            return r.priority
+
+        sim = sim_with(Policy("by_id", key=key, effective_priority=priority), blocks=1, requests=[
+            req(1, prompt=3, new=2, priority=4, cache_hit=True, required_blocks=1, deadline_step=9),
+            req(2, prompt=5, new=1, preemptible=False)])
+        sim.step()
+        sim.step()
+        for state in sim.queue:
+            seen[state.request_id] = sim._view(state)._asdict()
+        assert seen[1] == dict(request_id=1, arrival_step=0, prompt_len=3, max_new_tokens=2, generated_len=1,
+                               phase=1, priority=4, cache_hit=1, wait_steps=0, deadline_step=9, has_deadline=1,
+                               preemptible=1, preemptions=0, admitted=1)
+        assert seen[2] == dict(request_id=2, arrival_step=0, prompt_len=5, max_new_tokens=1, generated_len=0,
+                               phase=0, priority=0, cache_hit=0, wait_steps=2, deadline_step=0, has_deadline=0,
+                               preemptible=0, preemptions=0, admitted=0)
+        sim.enqueue(**req(3))
+        assert sim._view(sim.queue[-1]).arrival_step == 2  # the enqueue clock
+
+    @pytest.mark.parametrize("policy", ["fixed_priority", "aging", "deadline", "fcfs"])
+    @pytest.mark.parametrize("interval", [1, 3])
+    def test_builtin_policies_step_as_their_names(self, policy, interval):
+        from decodesched.policy import builtin
+
+        requests = [req(1, prompt=4, new=3, priority=0, required_blocks=2, deadline_step=30),
+                    req(2, prompt=2, new=2, priority=2, required_blocks=2, cache_hit=True),
+                    req(3, prompt=6, new=4, priority=1, required_blocks=3, deadline_step=8, preemptible=False),
+                    req(4, prompt=1, new=1, priority=-1, required_blocks=1)]
+        named = sim_with(policy, blocks=4, interval=interval, requests=requests).run(50)
+        # the Policy's own interval (2) gives way to the simulator's, as with the name
+        as_policy = sim_with(builtin(policy, aging_interval=2), blocks=4, interval=interval, requests=requests).run(50)
+        assert as_policy == named and len(named) == 14

@@ -13,9 +13,11 @@ from .model import DecodeSchedulerSim, RequestState  # noqa: E402
 from .trace import Trace, TraceError, load_trace  # noqa: E402
 from .engine import SimulationResult, simulate  # noqa: E402
 from .batch import BatchResult, Scenario, grid, simulate_batch  # noqa: E402
+from .policy import Policy  # noqa: E402
 
 __all__ = [
     "DecodeSchedulerSim",
+    "Policy",
     "RequestState",
     "SimulationResult",
     "BatchResult",

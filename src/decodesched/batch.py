@@ -41,6 +41,7 @@ from ._io import Progress, atomic_writer
 from .engine import ENGINES, SimulationResult, check_config, event_capacity, trace_arrays
 from .errors import UserError
 from .kernels import enums as E
+from .policy import Policy, policy_name
 from .trace import Trace, load_trace
 
 BACKENDS = ("cpu", "cuda")
@@ -51,11 +52,6 @@ TRACE_KEYS = ("offered_load", "steps_per_second")
 ROW_KEYS = SCENARIO_KEYS + TRACE_KEYS + _metrics.FLAT_COLUMNS
 # The seeded rules of `decodesched.convert.to_trace` that a replicate redraws.
 SEEDED_OPTIONS = ("priority_classes", "priority_weights", "deadline_fraction", "slo_factor", "protected_classes")
-
-
-def policy_name(policy) -> str:
-    """A built-in policy's name, or a `decodesched.Policy`'s ``name``."""
-    return policy if isinstance(policy, str) else policy.name
 
 
 def uses_aging_interval(policy) -> bool:
@@ -73,7 +69,7 @@ class Scenario:
     """
 
     trace: int
-    policy: object  # a built-in policy name (str) or a decodesched.Policy
+    policy: str | Policy  # a built-in name or a decodesched.Policy
     free_kv_blocks: int
     aging_interval: int = 4
     max_steps: int | None = None
@@ -205,8 +201,8 @@ class BatchResult:
         if self.event_log is not None:
             a = int(self.event_start[i])
             events = self.event_log[a:a + int(summary[E.SM_EVENTS])]
-        return SimulationResult(self.traces[sc.trace], sc.policy, int(sc.free_kv_blocks), int(sc.aging_interval),
-                                sc.max_steps, events, state, summary)
+        return SimulationResult(self.traces[sc.trace], policy_name(sc.policy), int(sc.free_kv_blocks),
+                                int(sc.aging_interval), sc.max_steps, events, state, summary)
 
     def metrics(self, i: int) -> dict:
         """The aggregate metrics of scenario `i` (SPEC section 6), computed once."""
@@ -322,11 +318,16 @@ def simulate_batch(traces, scenarios: Sequence[Scenario], *, record_events: bool
         raise UserError("simulate_batch needs at least one scenario")
     if engine not in ENGINES:
         raise UserError(f"unknown engine {engine!r}; choose one of {', '.join(ENGINES)}")
+    if backend == "cuda":
+        user = next((sc.policy for sc in scenarios if _user_policy(getattr(sc, "policy", None))), None)
+        if user is not None:
+            raise UserError(f"backend 'cuda' runs the built-in policies only; policy {user.name!r} needs backend 'cpu'")
     _check_backend(backend)
     threads = _check_threads(threads)
     n_sc = len(scenarios)
     configs = np.array(check_scenarios(scenarios, len(traces)), np.int64).reshape(n_sc, 5)
     sc_trace, sc_policy, sc_capacity, sc_interval, sc_max_steps = (np.ascontiguousarray(c) for c in configs.T)
+    custom = np.array([_user_policy(sc.policy) for sc in scenarios], np.bool_)
 
     lengths = np.array([len(t) for t in traces], np.int64)
     trace_start = np.zeros(len(traces) + 1, np.int64)
@@ -360,14 +361,22 @@ def simulate_batch(traces, scenarios: Sequence[Scenario], *, record_events: bool
                 replay_batch_cuda(*arrays, req_start, event_start, events, req_out, summary)
                 bar.advance(n_sc)
             else:
-                counters = np.zeros(2, np.int64)
-                call = (*arrays, run_order, counters, used, req_start, event_start, events, req_out, summary)
-                _run_cpu(_cpu_kernel(engine), call, used, counters, bar)
+                builtin_order = run_order[~custom[run_order]]
+                if builtin_order.size:
+                    counters = np.zeros(2, np.int64)
+                    call = (*arrays, builtin_order, counters, used, req_start, event_start, events, req_out, summary)
+                    _run_cpu(_cpu_kernel(engine), call, used, counters, bar)
+                _run_custom(scenarios, run_order[custom[run_order]], arrays, used, req_start, event_start, events,
+                            req_out, summary, bar)
     finally:
         numba.set_num_threads(previous)
     seconds = time.perf_counter() - start
     return BatchResult(traces, scenarios, req_out, req_start, summary, events if record_events else None,
                        event_start if record_events else None, backend, used if backend == "cpu" else 1, seconds)
+
+
+def _user_policy(policy) -> bool:
+    return isinstance(policy, Policy) and not policy.is_builtin
 
 
 def _cpu_kernel(engine: str):
@@ -421,6 +430,30 @@ def _cost(traces, sc_trace, sc_max_steps) -> np.ndarray:
     lengths = np.array([len(t) for t in traces], np.float64)[sc_trace]
     work = np.array([t.work_steps for t in traces], np.float64)[sc_trace]
     return np.where(sc_max_steps >= 0, np.minimum(work, sc_max_steps), work) * lengths
+
+
+def _run_custom(scenarios, order, arrays, threads: int, req_start, event_start, events, req_out, summary,
+                bar: Progress) -> None:
+    """Run the scenarios of user policies (`order`), each with its Policy's kernel, on `threads`
+    threads (the kernels release the GIL); every scenario has its own output slices."""
+    *cols, trace_start, sc_trace, sc_policy, sc_capacity, sc_interval, sc_max_steps = arrays
+
+    def one(s):
+        a, b = trace_start[sc_trace[s]], trace_start[sc_trace[s] + 1]
+        scenarios[s].policy.kernel()(*(c[a:b] for c in cols), sc_policy[s], sc_capacity[s], sc_interval[s],
+                                     sc_max_steps[s], events[event_start[s]:event_start[s + 1]],
+                                     req_out[req_start[s]:req_start[s + 1]], summary[s])
+
+    if threads <= 1 or len(order) <= 1:
+        for s in order.tolist():
+            one(s)
+            bar.advance(1)
+        return
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="decodesched-policy") as pool:
+        for _ in pool.map(one, order.tolist()):
+            bar.advance(1)
 
 
 def _run_order(traces, sc_trace, sc_policy, sc_interval, sc_max_steps) -> np.ndarray:

@@ -16,6 +16,7 @@ import numpy as np
 from . import metrics as _metrics
 from ._io import atomic_writer
 from .errors import UserError
+from .policy import Policy, policy_name
 from .kernels import enums as E
 from .trace import MAX_TOTAL, Trace, load_trace
 
@@ -37,14 +38,18 @@ EVENT_COLUMNS = (
 )
 
 
-def policy_code(policy: str) -> int:
-    if policy not in POLICIES:
-        raise UserError(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")
+def policy_code(policy) -> int:
+    """The kernel's policy code of a built-in name or a `Policy` (`policy.CUSTOM_CODE` for a user's)."""
+    if isinstance(policy, Policy):
+        return policy.code
+    if not isinstance(policy, str) or policy not in POLICIES:
+        raise UserError(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}, or pass a decodesched.Policy")
     return POLICIES.index(policy)
 
 
-def check_config(policy: str, free_kv_blocks, aging_interval, max_steps) -> tuple[int, int, int, int]:
-    """Validate one scheduler configuration; return (policy code, capacity, interval, max_steps or -1)."""
+def check_config(policy, free_kv_blocks, aging_interval, max_steps) -> tuple[int, int, int, int]:
+    """Validate one scheduler configuration (`policy`: a built-in name or a `Policy`); return
+    (policy code, capacity, interval, max_steps or -1)."""
     code = policy_code(policy)
     for name, value in (("free_kv_blocks", free_kv_blocks), ("aging_interval", aging_interval)):
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
@@ -89,25 +94,30 @@ def event_capacity(trace: Trace, max_steps: int) -> int:
     return cap if max_steps < 0 else min(cap, max_steps)
 
 
-def replay_kernel(engine: str):
+def replay_kernel(engine: str, policy=None):
+    """The replay kernel for `engine`, or a user `Policy`'s own kernel (which ignores `engine`)."""
+    if engine not in ENGINES:
+        raise UserError(f"unknown engine {engine!r}; choose one of {', '.join(ENGINES)}")
+    if isinstance(policy, Policy) and not policy.is_builtin:
+        return policy.kernel()
     if engine == "scan":
         from .kernels.scan_nb import replay_scan_nb
 
         return replay_scan_nb
-    if engine == "fast":
-        from .kernels.fast_nb import replay_fast_nb
+    from .kernels.fast_nb import replay_fast_nb
 
-        return replay_fast_nb
-    raise UserError(f"unknown engine {engine!r}; choose one of {', '.join(ENGINES)}")
+    return replay_fast_nb
 
 
-def simulate(trace, policy: str = "fixed_priority", free_kv_blocks: int = 1_000_000, aging_interval: int = 4,
+def simulate(trace, policy="fixed_priority", free_kv_blocks: int = 1_000_000, aging_interval: int = 4,
              max_steps: int | None = None, *, record_events: bool = True, engine: str = "fast") -> "SimulationResult":
     """Replay `trace` under one policy and capacity; return events, per-request results and metrics.
 
     `trace` is anything `load_trace` accepts.  With ``record_events=False`` no event log is kept
     (only per-request results and metrics), for traces whose log would not fit in memory.
     `engine` is ``"fast"`` (default) or ``"scan"`` (the readable baseline); both are exact.
+    `policy` is a built-in name or a `decodesched.Policy`; a user policy always runs on its own
+    build of the scan kernel (`Policy.kernel`), a built-in one exactly as its name.
 
     >>> r = simulate({"request_id": [7], "arrival_step": [2], "prompt_len": [3], "max_new_tokens": [2],
     ...               "priority": [0], "cache_hit": [False], "required_blocks": [1],
@@ -117,7 +127,7 @@ def simulate(trace, policy: str = "fixed_priority", free_kv_blocks: int = 1_000_
     """
     trace = load_trace(trace)
     code, capacity, interval, limit = check_config(policy, free_kv_blocks, aging_interval, max_steps)
-    kernel = replay_kernel(engine)
+    kernel = replay_kernel(engine, policy)
     n_events = event_capacity(trace, limit) if record_events else 0
     events = np.zeros((n_events, E.EV_NCOLS), dtype=np.int64)
     req_out = np.zeros((len(trace), E.RQ_NCOLS), dtype=np.int64)
@@ -125,8 +135,8 @@ def simulate(trace, policy: str = "fixed_priority", free_kv_blocks: int = 1_000_
     kernel(*trace_arrays(trace), code, capacity, interval, limit, events, req_out, summary)
     if record_events:
         events = events[: summary[E.SM_EVENTS]]
-    return SimulationResult(trace, policy, capacity, interval, max_steps, events if record_events else None,
-                            req_out, summary)
+    return SimulationResult(trace, policy_name(policy), capacity, interval, max_steps,
+                            events if record_events else None, req_out, summary)
 
 
 @dataclass

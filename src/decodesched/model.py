@@ -6,6 +6,11 @@ for step.  The only addition is policy ``fcfs`` (SPEC, research issue): its sort
 ``(phase_rank, enqueue clock, request_id)`` and preemption compares business priority as under
 ``fixed_priority``.  `replay` extends the class to requests that arrive over time (SPEC section 3).
 
+``policy`` may also be a `decodesched.Policy` (SPEC section 8): the sort key is then
+``key(r, clock) + (request_id,)`` and the effective priority ``effective_priority(r, clock)``,
+called through the functions' Python versions (``.py_func``) on a `RequestView` of the request
+(``arrival_step`` is its enqueue clock).
+
 Nothing here is fast on purpose: it is the text the kernels are checked against.
 """
 
@@ -55,7 +60,8 @@ class DecodeSchedulerSim:
     """Advance one request per step between prefill and decode, and record every event."""
 
     def __init__(self, policy: str = "fixed_priority", free_kv_blocks: int = 1_000_000, aging_interval: int = 4):
-        if policy not in POLICIES:
+        custom = _custom_policy(policy)
+        if custom is None and policy not in POLICIES:
             raise ValueError(
                 f"policy 必须是 {', '.join(POLICIES)} 之一 / policy must be one of {', '.join(POLICIES)}; got {policy!r}"
             )
@@ -64,6 +70,12 @@ class DecodeSchedulerSim:
                 "容量不能为负，aging_interval 必须为正数 / free_kv_blocks must be >= 0 and aging_interval > 0; "
                 f"got free_kv_blocks={free_kv_blocks}, aging_interval={aging_interval}"
             )
+        # A Policy's functions, in Python (SPEC section 8); None for the built-in names.
+        self._key = self._priority = None
+        if custom is not None:
+            custom = custom.with_aging_interval(aging_interval)
+            self._key = custom.key.py_func
+            self._priority = custom.effective_priority.py_func
         self.policy = policy
         self.free_kv_blocks = free_kv_blocks
         self.aging_interval = aging_interval
@@ -108,8 +120,20 @@ class DecodeSchedulerSim:
             )
         )
 
+    def _view(self, req: RequestState):
+        """`req` as a policy's `RequestView` (SPEC section 8)."""
+        from .kernels.scan_nb import RequestView
+
+        deadline = req.deadline_step is not None
+        return RequestView(req.request_id, req.enqueue_clock, req.prompt_len, req.max_new_tokens, req.generated_len,
+                           0 if req.phase == "prefill" else 1, req.priority, int(req.cache_hit), req.wait_steps,
+                           req.deadline_step if deadline else 0, int(deadline), int(req.preemptible),
+                           req.preemptions, int(req.admitted))
+
     def _effective_priority(self, req: RequestState) -> int:
         """Business priority, plus one level per `aging_interval` waited steps under ``aging``."""
+        if self._priority is not None:
+            return self._priority(self._view(req), self.clock)
         effective_priority = req.priority
         if self.policy == "aging":
             effective_priority += req.wait_steps // self.aging_interval
@@ -120,6 +144,8 @@ class DecodeSchedulerSim:
 
     def _schedule_key(self, req: RequestState) -> tuple:
         """The sort key, smallest first: slack, phase, cache, -effective priority, length, id."""
+        if self._key is not None:
+            return tuple(self._key(self._view(req), self.clock)) + (req.request_id,)
         phase_rank = 0 if req.phase == "prefill" else 1
         if self.policy == "fcfs":
             return (phase_rank, req.enqueue_clock, req.request_id)
@@ -219,6 +245,15 @@ class DecodeSchedulerSim:
                 break
             steps = steps + 1
         return self.timeline
+
+
+def _custom_policy(policy):
+    """`policy` if it is a `decodesched.Policy`, else None (the model imports it only then)."""
+    if isinstance(policy, str):
+        return None
+    from .policy import Policy
+
+    return policy if isinstance(policy, Policy) else None
 
 
 @dataclass

@@ -31,6 +31,7 @@ from pathlib import Path
 from ..batch import BACKENDS, convert_rules, grid, replicate_traces, write_metrics_csv
 from ..engine import ENGINES, POLICIES, check_config
 from ..errors import UserError
+from ..policy import resolve_policy
 from ..trace import load_trace
 
 # Columns of the printed table: (header, row key).
@@ -116,22 +117,13 @@ def _check_out(out: str, traces: list[str]) -> None:
         raise UserError(f"cannot write {out}: no such directory {parent}")
 
 
-def _resolve(spec: str):
-    """A built-in policy name as is, ``module:attr`` as the `decodesched.Policy` it names."""
-    try:
-        from ..policy import resolve_policy
-    except ModuleNotFoundError:  # before the custom-policy module exists: built-in names only
-        return spec
-    return resolve_policy(spec)
-
-
 def run(args) -> int:
     _check_out(args.out, args.traces)
     if args.replicates < 1:
         raise UserError(f"--replicates must be at least 1, got {args.replicates}")
     if args.chunk_size is not None and args.chunk_size < 1:
         raise UserError(f"--chunk-size must be at least 1, got {args.chunk_size}")
-    policies = [_resolve(p) for p in args.policy]
+    policies = [resolve_policy(p) for p in args.policy]
     # Validate the whole grid before loading anything heavy or running anything.
     for policy in policies:
         for blocks in args.kv_blocks:

@@ -1,0 +1,305 @@
+"""User-defined scheduling policies (SPEC section 8).
+
+A `Policy` is a name and two ``@numba.njit`` functions of ``(r, clock)``, where ``r`` is a
+`RequestView` (one request's state as a named tuple of integers):
+
+* ``key(r, clock)``: a tuple of integers; candidates are walked smallest first by
+  ``key(r, clock) + (r.request_id,)``;
+* ``effective_priority(r, clock)``: an integer; a request may preempt one admitted, preemptible
+  request of strictly lower effective priority, the first in order ``(effective_priority,
+  -required_blocks, request_id)`` whose blocks are enough.
+
+Everything else is SPEC section 2's step and section 3's trace replay.  A `Policy` is accepted
+wherever a policy name is: `decodesched.simulate`, `simulate_batch`/`grid`, `DecodeSchedulerSim`
+(which calls the functions' Python versions, ``.py_func``) and ``sweep --policy module:attr``.
+
+>>> import numba
+>>> from decodesched import Policy, simulate
+>>> @numba.njit
+... def shortest_first(r, clock):
+...     return (r.phase, r.max_new_tokens - r.generated_len)
+>>> @numba.njit
+... def business(r, clock):
+...     return r.priority
+>>> sjf = Policy("sjf", key=shortest_first, effective_priority=business)
+>>> trace = {"request_id": [1, 2], "arrival_step": [0, 0], "prompt_len": [4, 4], "max_new_tokens": [3, 1],
+...          "priority": [0, 0], "cache_hit": [False, False], "required_blocks": [1, 1],
+...          "deadline_step": [None, None], "preemptible": [True, True]}
+>>> [e["request_id"] for e in simulate(trace, sjf, free_kv_blocks=4).timeline()]
+[2, 1, 2, 1, 1, 1]
+
+User policies run on the generic scan kernel (`decodesched.kernels.scan_nb`), compiled once per
+process (Numba cannot cache a kernel built around other compiled functions); a compile that takes
+more than a second says so on stderr.  The built-in policies are instances of the same form
+(`builtin`); given as a `Policy`, a built-in runs exactly as its name does.
+
+This module imports Numba only when a policy is built or run, so ``import decodesched`` stays light.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import sys
+import threading
+from pathlib import Path
+
+from .errors import UserError
+from .kernels.enums import POLICY_AGING, POLICY_NAMES
+
+# The kernel's policy argument for a user policy (no built-in code; its functions ignore it).
+CUSTOM_CODE = -1
+# A compile taking longer than this many seconds prints a notice on stderr.
+COMPILE_NOTICE_S = 1.0
+
+
+def _request_view():
+    """The named tuple a policy's functions get (`kernels.scan_nb.RequestView`, fields `REQUEST_FIELDS`)."""
+    from .kernels.scan_nb import RequestView
+
+    return RequestView
+
+
+def __getattr__(name):
+    if name == "RequestView":
+        return _request_view()
+    if name == "REQUEST_FIELDS":
+        return _request_view()._fields
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+class Policy:
+    """A scheduling policy: ``Policy(name, key=..., effective_priority=...)``.
+
+    `key` and `effective_priority` are ``@numba.njit`` functions of ``(r, clock)`` (see the module
+    docstring); `name` names the policy in results and tables and may not be a built-in's.  Both
+    functions are compiled and tried once on a sample request here, so that a wrong return type is
+    reported now, as a `UserError` naming the policy.
+    """
+
+    __slots__ = ("name", "key", "effective_priority", "uses_aging_interval", "_code", "_interval", "_kernel",
+                 "_lock")
+
+    def __init__(self, name: str, *, key, effective_priority):
+        self._setup(name, key, effective_priority, builtin_code=None, interval=None)
+
+    def _setup(self, name, key, effective_priority, builtin_code, interval):
+        if not isinstance(name, str) or not name.strip():
+            raise UserError(f"a Policy needs a non-empty name (str), got {name!r}")
+        if builtin_code is None and name in POLICY_NAMES:
+            raise UserError(f"policy name {name!r} is a built-in's; choose another name "
+                            f"(built-ins: {', '.join(POLICY_NAMES)}; decodesched.policy.builtin gives them as Policy)")
+        for what, fn in (("key", key), ("effective_priority", effective_priority)):
+            _check_function(name, what, fn)
+        self.name = name
+        self.key = key
+        self.effective_priority = effective_priority
+        self.uses_aging_interval = builtin_code == POLICY_AGING
+        self._code = builtin_code
+        self._interval = interval
+        self._kernel = None
+        self._lock = threading.Lock()
+        if builtin_code is None:
+            _check_results(self)
+
+    @property
+    def is_builtin(self) -> bool:
+        """True for the built-in policies given as a Policy (`builtin`)."""
+        return self._code is not None
+
+    @property
+    def code(self) -> int:
+        """The kernel's policy code: the built-in's, or `CUSTOM_CODE`."""
+        return CUSTOM_CODE if self._code is None else self._code
+
+    def with_aging_interval(self, aging_interval: int) -> "Policy":
+        """This policy for a replay with `aging_interval`: itself, unless it `uses_aging_interval`."""
+        if not self.uses_aging_interval or aging_interval == self._interval:
+            return self
+        return builtin(self.name, aging_interval=aging_interval)
+
+    def kernel(self):
+        """The replay kernel of this user policy (common replay signature), compiled on first use."""
+        if self._code is not None:
+            raise ValueError(f"built-in policy {self.name!r} runs on the built-in kernels")
+        with self._lock:
+            if self._kernel is None:
+                from numba import njit
+
+                from .kernels.scan_nb import make_replay_kernel
+
+                key, eff = self.key, self.effective_priority
+
+                @njit
+                def kernel_key(r, clock, policy, aging_interval):
+                    return key(r, clock)
+
+                @njit
+                def kernel_eff(r, clock, policy, aging_interval):
+                    return eff(r, clock)
+
+                self._kernel = _CompileNotice(make_replay_kernel(kernel_key, kernel_eff), self.name)
+            return self._kernel
+
+    def __repr__(self) -> str:
+        return f"Policy({self.name!r})"
+
+    def __str__(self) -> str:
+        return self.name
+
+
+def _check_function(name, what, fn):
+    from numba.core.registry import CPUDispatcher
+
+    if not isinstance(fn, CPUDispatcher):
+        raise UserError(f"policy {name!r}: {what} must be a @numba.njit function of (r, clock), "
+                        f"got {type(fn).__name__}")
+    code = fn.py_func.__code__
+    if code.co_argcount != 2:
+        raise UserError(f"policy {name!r}: {what} must take exactly (r, clock), "
+                        f"takes {code.co_argcount} argument(s)")
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    return lines[0] if lines else type(exc).__name__
+
+
+def _sample_view():
+    import numpy as np
+
+    view = _request_view()
+    values = dict.fromkeys(view._fields, np.int64(0))
+    values.update(prompt_len=np.int64(1), max_new_tokens=np.int64(1), preemptible=np.int64(1))
+    return view(**values)
+
+
+def _check_results(policy: Policy) -> None:
+    """Compile both functions for a `RequestView` and check what they return on a sample request."""
+    import numpy as np
+
+    r = _sample_view()
+    for what, fn, want in (("key", policy.key, "a tuple of integers"),
+                           ("effective_priority", policy.effective_priority, "an integer")):
+        try:
+            value = fn(r, np.int64(0))
+        except Exception as exc:
+            raise UserError(f"policy {policy.name!r}: {what}(r, clock) failed on a sample request: "
+                            f"{_first_line(exc)}") from None
+        integer = (int, np.integer)
+        ok = (isinstance(value, tuple) and all(isinstance(v, integer) and not isinstance(v, bool) for v in value)
+              if what == "key" else isinstance(value, integer) and not isinstance(value, bool))
+        if not ok:
+            raise UserError(f"policy {policy.name!r}: {what}(r, clock) must return {want}, got {value!r}")
+
+
+class _CompileNotice:
+    """Calls a kernel; the first call prints one line on stderr if compiling takes over a second."""
+
+    def __init__(self, kernel, name):
+        self.kernel = kernel
+        self.name = name
+        self.compiled = False
+
+    def __call__(self, *args):
+        if self.compiled:
+            return self.kernel(*args)
+        timer = threading.Timer(COMPILE_NOTICE_S, lambda: print(
+            f"decodesched: compiling policy {self.name!r} (user policies compile once per process) ...",
+            file=sys.stderr, flush=True))
+        timer.daemon = True
+        timer.start()
+        try:
+            return self.kernel(*args)
+        finally:
+            timer.cancel()
+            self.compiled = True
+
+
+def builtin(name: str, aging_interval: int = 4) -> Policy:
+    """Built-in policy `name` as a `Policy` whose functions are SPEC section 2's.
+
+    `aging_interval` is what the functions use when called directly (and in `DecodeSchedulerSim`
+    built with this Policy's default); in a replay, a policy that `uses_aging_interval` (aging)
+    takes the replay's ``aging_interval`` as the name does.  Given to `simulate`, a built-in Policy
+    runs exactly as its name (same kernels, same results).
+    """
+    if name not in POLICY_NAMES:
+        raise UserError(f"unknown built-in policy {name!r}; choose one of {', '.join(POLICY_NAMES)}")
+    if isinstance(aging_interval, bool) or not isinstance(aging_interval, int) or aging_interval <= 0:
+        raise UserError(f"aging_interval must be a positive integer, got {aging_interval!r}")
+    from numba import njit
+
+    from .kernels.scan_nb import builtin_effective_priority_nb, builtin_key_nb
+
+    code = POLICY_NAMES.index(name)
+    interval = aging_interval
+
+    @njit
+    def key(r, clock):
+        return builtin_key_nb(r, clock, code, interval)
+
+    @njit
+    def effective_priority(r, clock):
+        return builtin_effective_priority_nb(r, clock, code, interval)
+
+    policy = Policy.__new__(Policy)
+    policy._setup(name, key, effective_priority, builtin_code=code, interval=interval)
+    return policy
+
+
+def policy_name(policy) -> str:
+    """The name of a policy given as a name or a `Policy`."""
+    return policy.name if isinstance(policy, Policy) else policy
+
+
+def resolve_policy(spec):
+    """A policy from a command line: a built-in name is returned unchanged; ``module:attr`` or
+    ``path/to/file.py:attr`` is imported and must be a `Policy`.  Anything else: `UserError`."""
+    if isinstance(spec, Policy):
+        return spec
+    if not isinstance(spec, str):
+        raise UserError(f"a policy is a name or a Policy, got {type(spec).__name__}")
+    if spec in POLICY_NAMES:
+        return spec
+    where, sep, attr = spec.rpartition(":")
+    if not sep or not where or not attr:
+        raise UserError(f"unknown policy {spec!r}; choose one of {', '.join(POLICY_NAMES)}, "
+                        "or give your own as module:attr or path/to/file.py:attr")
+    module = _import(where, spec)
+    try:
+        value = getattr(module, attr)
+    except AttributeError:
+        raise UserError(f"policy {spec!r}: {where} has no attribute {attr!r}") from None
+    if not isinstance(value, Policy):
+        raise UserError(f"policy {spec!r} is a {type(value).__name__}, not a decodesched.Policy")
+    return value
+
+
+def _import(where: str, spec: str):
+    try:
+        if where.endswith(".py"):
+            path = Path(where).resolve()
+            if not path.is_file():
+                raise UserError(f"policy {spec!r}: no such file {where}")
+            name = f"decodesched_user_policy_{hashlib.sha1(str(path).encode()).hexdigest()[:12]}"
+            if name in sys.modules:
+                return sys.modules[name]
+            loader = importlib.util.spec_from_file_location(name, path)
+            module = importlib.util.module_from_spec(loader)
+            sys.modules[name] = module
+            try:
+                loader.loader.exec_module(module)
+            except BaseException:
+                del sys.modules[name]
+                raise
+            return module
+        return importlib.import_module(where)
+    except UserError:
+        raise
+    except ModuleNotFoundError as exc:
+        raise UserError(f"policy {spec!r}: cannot import {where}: {_first_line(exc)}") from None
+    except Exception as exc:
+        raise UserError(f"policy {spec!r}: importing {where} failed: {type(exc).__name__}: {_first_line(exc)}") \
+            from None
