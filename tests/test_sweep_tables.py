@@ -233,17 +233,26 @@ def test_ctrl_c_stops_a_local_sweep_and_keeps_finished_chunks(tmp_path):
 
 
 def test_grid_asks_a_policy_object_whether_the_interval_matters():
-    """A `decodesched.Policy` (here a stand-in with its two attributes) varies the interval only if it says so."""
-    class Custom:
-        def __init__(self, name, uses):
-            self.name, self.uses_aging_interval = name, uses
+    """A `decodesched.Policy` varies the interval only if it uses it (the built-in aging as a Policy)."""
+    import numba
 
-    sjf, aged = Custom("sjf", False), Custom("my_aging", True)
+    from decodesched import Policy
+    from decodesched.policy import builtin
+
+    @numba.njit
+    def shortest(r, clock):
+        return (r.phase, r.max_new_tokens - r.generated_len)
+
+    @numba.njit
+    def business(r, clock):
+        return r.priority
+
+    sjf, aged = Policy("sjf", key=shortest, effective_priority=business), builtin("aging")
     sc = B.grid(1, [sjf, "aging", aged, "fcfs"], [8], [1, 2, 4])
     assert [(B.policy_name(s.policy), s.aging_interval) for s in sc] == [
-        ("sjf", 1), ("aging", 1), ("aging", 2), ("aging", 4), ("my_aging", 1), ("my_aging", 2), ("my_aging", 4),
+        ("sjf", 1), ("aging", 1), ("aging", 2), ("aging", 4), ("aging", 1), ("aging", 2), ("aging", 4),
         ("fcfs", 1)]
     assert [B.uses_aging_interval(p) for p in ("aging", "fcfs", "deadline", "fixed_priority", sjf, aged)] == [
         True, False, False, False, False, True]
-    assert C.sweep_key([], sc) != C.sweep_key([], B.grid(1, [Custom("other", False), "aging", aged, "fcfs"],
+    assert C.sweep_key([], sc) != C.sweep_key([], B.grid(1, [Policy("other", key=shortest, effective_priority=business), "aging", aged, "fcfs"],
                                                           [8], [1, 2, 4]))
