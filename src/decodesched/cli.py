@@ -24,7 +24,7 @@ COMMANDS = ("simulate", "demo", "trace", "sweep", "warmup", "report", "assignmen
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message):  # one line, exit 2 (argparse prints the usage block too by default)
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+        self.exit(2, shorten(f"{self.prog}: error: {message} (see --help)") + "\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -42,6 +42,16 @@ def build_parser() -> argparse.ArgumentParser:
             raise
         module.add_parser(sub)
     return parser
+
+
+def int_arg(text: str) -> int:
+    """An integer option value, spelled as in trace files: ASCII digits with an optional '-'."""
+    from .trace import parse_decimal
+
+    try:
+        return parse_decimal(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {shorten(repr(text), 60)}") from None
 
 
 MAX_MESSAGE = 300  # characters of an error line; longer values are shortened in the middle

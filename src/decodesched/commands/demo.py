@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import convert as cv
+from ..cli import int_arg
 from ..errors import UserError
 
 # Full trace at load 0.8 with 2,000 KV blocks: policies differ clearly in tail TTFT, starvation and
@@ -50,12 +51,12 @@ def add_parser(subparsers) -> None:
     p.add_argument("--load", type=float, default=DEFAULT_LOAD, metavar="L",
                    help="offered load, work steps per step of wall time (default %(default)s; near 1.0 the "
                         "backlog, and the run time, grow sharply)")
-    p.add_argument("--kv-blocks", type=int, default=DEFAULT_KV_BLOCKS, metavar="N",
+    p.add_argument("--kv-blocks", type=int_arg, default=DEFAULT_KV_BLOCKS, metavar="N",
                    help="free KV blocks (16 tokens each) at the start (default %(default)s)")
-    p.add_argument("--requests", type=int, default=None, metavar="N",
+    p.add_argument("--requests", type=int_arg, default=None, metavar="N",
                    help="use only the first N requests of the trace (default: all 19,366)")
-    p.add_argument("--aging-interval", type=int, default=4, metavar="K", help="steps per aging level (default 4)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the priority/deadline rules (default %(default)s)")
+    p.add_argument("--aging-interval", type=int_arg, default=4, metavar="K", help="steps per aging level (default 4)")
+    p.add_argument("--seed", type=int_arg, default=0, help="seed of the priority/deadline rules (default %(default)s)")
     p.add_argument("--out", default="decodesched-demo", metavar="DIR",
                    help="folder for ttft_cdf.png and summary.csv (default ./%(default)s)")
     p.set_defaults(func=run)

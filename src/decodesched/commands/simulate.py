@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 import time
 
+from ..cli import int_arg
 from ..engine import ENGINES, POLICIES, simulate
 from ..metrics import format_table
 from ..trace import load_trace
@@ -21,9 +22,9 @@ def add_parser(sub) -> None:
     )
     p.add_argument("trace", metavar="TRACE", help="canonical trace CSV or .parquet")
     p.add_argument("--policy", required=True, choices=POLICIES)
-    p.add_argument("--kv-blocks", type=int, required=True, metavar="N", help="free KV blocks at the start")
-    p.add_argument("--aging-interval", type=int, default=4, metavar="K", help="steps per priority level (default 4)")
-    p.add_argument("--max-steps", type=int, default=None, metavar="N", help="stop after N steps that ran")
+    p.add_argument("--kv-blocks", type=int_arg, required=True, metavar="N", help="free KV blocks at the start")
+    p.add_argument("--aging-interval", type=int_arg, default=4, metavar="K", help="steps per priority level (default 4)")
+    p.add_argument("--max-steps", type=int_arg, default=None, metavar="N", help="stop after N steps that ran")
     p.add_argument("--events", metavar="PATH", help="write the event log here: CSV, or Parquet for a .parquet "
                    "name (needs the data extra); - for standard output")
     p.add_argument("--requests", metavar="PATH", help="write the per-request table here (CSV or .parquet; - for "
