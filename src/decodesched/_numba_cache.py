@@ -100,6 +100,10 @@ class _ReadOnlyLocator(_Located):
     read_only = True
 
 
+class _NowhereLocator(_ReadOnlyLocator):
+    """No writable folder and no shipped cache: compiled code lives only in this process."""
+
+
 def _index_valid(py_func, py_file: str, folder: Path) -> bool:
     """Whether `folder` holds a cache index of `py_func` that is valid for this Numba and source."""
     loc = _ReadOnlyLocator(py_func, py_file, folder)
@@ -142,8 +146,7 @@ class PackageCacheLocator(_caching._CacheLocator):
         user = user_cache_dir() / _caching._CacheLocator.get_suitable_cache_subpath(py_file)
         if _writable(user):
             return _Located(py_func, py_file, user)
-        _notice("no writable cache folder (set NUMBA_CACHE_DIR to one); the kernels compile in every run")
-        return _ReadOnlyLocator(py_func, py_file, user)
+        return _NowhereLocator(py_func, py_file, user)
 
     # Never instantiated: from_function returns one of the locators above.
     def get_cache_path(self):  # pragma: no cover
@@ -163,6 +166,8 @@ def _save_overload(self, sig, data):
     """Numba's save, except: read-only locators save nothing, and our cache folders failing to take
     a file (full disk, removed folder) costs only the cache, with one notice, not the run."""
     locator = self._impl.locator
+    if isinstance(locator, _NowhereLocator):
+        _notice("no writable cache folder (set NUMBA_CACHE_DIR to one); the kernels compile in every run")
     if isinstance(locator, _ReadOnlyLocator):
         return None
     if not isinstance(locator, _Located):

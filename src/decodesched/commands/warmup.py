@@ -74,7 +74,7 @@ def tasks(cuda: bool = False):
 
 def cache_location() -> str:
     """Where the replay kernels' compiled code is cached (see `decodesched._numba_cache`)."""
-    from .._numba_cache import _ReadOnlyLocator
+    from .._numba_cache import _NowhereLocator, _ReadOnlyLocator
     from ..kernels.fast_nb import replay_fast_nb
 
     cache = getattr(replay_fast_nb, "_cache", None)
@@ -82,8 +82,10 @@ def cache_location() -> str:
     if locator is None:
         return "nowhere (caching is off)"
     where = locator.get_cache_path()
+    if isinstance(locator, _NowhereLocator):
+        return "nowhere (no writable folder; set NUMBA_CACHE_DIR)"
     if isinstance(locator, _ReadOnlyLocator):
-        return f"{where} (read-only: loaded, never written)" if os.path.isdir(where) else "nowhere (no writable folder)"
+        return f"{where} (shipped, read-only: loaded, never written)"
     return where
 
 
