@@ -121,13 +121,23 @@ def check_outputs(outputs, inputs=()) -> None:
 
 
 class _StdoutWriter:
-    """Standard output as a file object that is never closed by us."""
+    """Standard output as a file object that is never closed by us (bytes go to its buffer, or are
+    decoded when standard output is a text-only stream such as a StringIO)."""
 
     def __init__(self, binary: bool):
-        self._fh = sys.stdout.buffer if binary else sys.stdout
+        self._text = sys.stdout
+        self._binary = binary
+        self._buffer = getattr(sys.stdout, "buffer", None) if binary else None
+        if self._buffer is not None:
+            self._text.flush()  # what was printed before comes first
 
-    def __getattr__(self, name):
-        return getattr(self._fh, name)
+    def write(self, data):
+        if self._binary and self._buffer is None:
+            return self._text.write(bytes(data).decode("utf-8"))
+        return (self._buffer or self._text).write(data)
+
+    def flush(self):
+        (self._buffer or self._text).flush()
 
 
 @contextlib.contextmanager

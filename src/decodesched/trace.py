@@ -268,7 +268,7 @@ def _from_csv(path: Path, steps_per_second: float | None, label: str) -> Trace:
             except StopIteration:
                 raise TraceError(f"{path}: empty file (expected the header {','.join(TRACE_COLUMNS)})") from None
             except csv.Error as exc:
-                raise TraceError(f"{path}: line 1: unreadable CSV ({exc})") from None
+                raise TraceError(f"{path}: line 1: {_csv_problem(exc)}") from None
             header = [h.strip() for h in header]
             _check_header(header, str(path))
             cols: dict[str, list] = {h: [] for h in header}
@@ -279,7 +279,7 @@ def _from_csv(path: Path, steps_per_second: float | None, label: str) -> Trace:
                 except StopIteration:
                     break
                 except csv.Error as exc:
-                    raise TraceError(f"{path}: line {reader.line_num}: unreadable CSV ({exc})") from None
+                    raise TraceError(f"{path}: line {reader.line_num}: {_csv_problem(exc)}") from None
                 lineno = reader.line_num
                 if not rec or all(not x.strip() for x in rec):
                     continue
@@ -294,6 +294,12 @@ def _from_csv(path: Path, steps_per_second: float | None, label: str) -> Trace:
     except UnicodeDecodeError as exc:
         raise TraceError(f"{path}: not a UTF-8 text file ({exc.reason})") from None
     return _from_columns(cols, str(path), steps_per_second, label, row_offset=1)
+
+
+def _csv_problem(exc: csv.Error) -> str:
+    if "field limit" in str(exc):
+        return f"a field longer than {csv.field_size_limit():,} characters"
+    return f"unreadable CSV ({exc})"
 
 
 def _check_header(header: list[str], where: str) -> None:
