@@ -102,7 +102,8 @@ def _main(argv) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
-    prog = f"decodesched {args.command}"
+    action = getattr(args, f"{args.command}_command", None)  # `trace convert`, `assignment build`
+    prog = f"decodesched {args.command}" + (f" {action}" if action else "")
 
     def fail(message: str, status: int = 2) -> int:
         try:

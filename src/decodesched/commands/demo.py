@@ -11,6 +11,7 @@ import contextlib
 import csv
 import io
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -84,6 +85,8 @@ def check_args(args) -> Path:
         anc = anc.parent
     if not anc.is_dir():
         raise UserError(f"{out}: cannot create the folder ({anc} is not a folder)")
+    if not os.access(anc, os.W_OK):  # a read-only file system or folder: say so before the work, not after
+        raise UserError(f"{out}: cannot write in {anc} (read-only or no permission)")
     return out
 
 
