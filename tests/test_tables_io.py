@@ -79,6 +79,7 @@ def make_trace(n: int, seed: int):
 @pytest.mark.parametrize("chunk", [1, 7, 1 << 16])
 def test_csv_and_parquet_round_trip_to_equal_tables(tmp_path, monkeypatch, chunk):
     monkeypatch.setattr(tables_io, "CHUNK_ROWS", chunk)
+    monkeypatch.setattr(tables_io, "PARQUET_CHUNK_ROWS", chunk)
     result = decodesched.simulate(make_trace(40, chunk), "aging", free_kv_blocks=8, aging_interval=2)
     for table, write in (("events", result.write_events), ("requests", result.write_requests)):
         write(tmp_path / f"{table}.csv")

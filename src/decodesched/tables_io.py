@@ -1,10 +1,9 @@
 """The events and requests tables on disk: CSV or Parquet (by extension), written in chunks straight
 from the kernels' arrays, and read back exactly.
 
-Writing formats a chunk of rows at a time with NumPy (digits scattered into one byte buffer, no
-Python loop over rows), so memory stays bounded by the chunk and the speed is close to the disk's.
-A ``.parquet`` / ``.pq`` path writes Parquet (one row group per chunk; needs the ``data`` extra,
-pyarrow); anything else, ``-`` (standard output) included, writes CSV.  `read_table` reads either
+Writing formats a chunk of rows at a time with NumPy (no Python loop over rows: see
+`format_csv_rows`), so memory stays bounded by the chunk.  A ``.parquet`` / ``.pq`` path writes
+Parquet (one row group per `PARQUET_CHUNK_ROWS` rows; needs the ``data`` extra, pyarrow); anything else, ``-`` (standard output) included, writes CSV.  `read_table` reads either
 back into the same NumPy columns: nullable columns come back as masked arrays.
 
 CSV spelling (docs/files.md): integers in decimal, booleans ``true``/``false``, an empty field for a
@@ -23,7 +22,8 @@ from ._io import atomic_writer
 from .errors import UserError
 from .kernels import enums as E
 
-CHUNK_ROWS = 1 << 16  # rows per chunk: its buffers stay in the CPU caches
+CHUNK_ROWS = 1 << 15  # CSV rows per chunk: its byte matrix (about 3 MB) stays in the CPU caches
+PARQUET_CHUNK_ROWS = 1 << 20  # rows per Parquet row group
 PARQUET_SUFFIXES = (".parquet", ".pq")
 
 # Column kinds: int, int? (nullable), bool, bool?, float? (NaN = missing), str.
@@ -107,128 +107,123 @@ def _request_chunk(req: dict, lo: int, hi: int) -> list[Col]:
 # -- CSV formatting ------------------------------------------------------------------------------
 
 _POW10 = np.array([10**i for i in range(20)], dtype=np.uint64)
-_COMMA, _NL, _MINUS = ord(","), ord("\n"), ord("-")
+_COMMA, _NL, _MINUS, _ZERO = ord(","), ord("\n"), ord("-"), ord("0")
 
 
-def _int_parts(v: np.ndarray):
-    """(negative, magnitude as uint64, number of digits) of int64 values (INT64_MIN included)."""
+def _magnitudes(v: np.ndarray):
+    """(magnitude as uint64, negative mask or None) of int64 values (INT64_MIN included)."""
     v = v.astype(np.int64, copy=False)
-    neg = v < 0
     mag = v.astype(np.uint64)  # two's complement: -x as uint64 is 2**64 - x
+    neg = v < 0
+    if not neg.any():
+        return mag, None
     mag[neg] = (~mag[neg]) + np.uint64(1)
-    nd = np.ones(v.shape, dtype=np.int64)
-    if v.size:
-        top = mag.max()
-        for p in _POW10[1:]:
-            if p > top:
-                break
-            nd += mag >= p
-    return neg, mag, nd
+    return mag, neg
 
 
-_TWO_DIGITS = np.array([[ord(a), ord(b)] for a in "0123456789" for b in "0123456789"], dtype=np.uint8)
+def _digits(mag: np.ndarray) -> np.ndarray:
+    """Number of decimal digits of each uint64 (1 for 0)."""
+    nd = np.ones(mag.shape, dtype=np.int64)
+    top = mag.max() if mag.size else 0
+    for p in _POW10[1:]:
+        if p > top:
+            break
+        nd += mag >= p
+    return nd
 
 
-def _scatter_int(out: np.ndarray, pos: np.ndarray, neg, mag, nd) -> None:
-    """Write decimal digits of `mag` (with '-' where `neg`) starting at `pos`, two digits a pass."""
-    out[pos[neg]] = _MINUS
-    end = pos + neg + nd
+def _write_int(mat: np.ndarray, end: int, mag: np.ndarray, neg) -> None:
+    """Right-align the decimal digits of `mag` (and '-' where `neg`) in columns before `end`."""
+    ten = np.uint64(10)
     r = mag
-    hundred = np.uint64(100)
-    while r.size:
-        q = r // hundred
-        pair = _TWO_DIGITS[r - q * hundred]
-        out[end - 1] = pair[:, 1]
-        two = r >= 10
-        if two.all():
-            out[end - 2] = pair[:, 0]
-        else:
-            out[end[two] - 2] = pair[two, 0]
-        end = end - 2
-        keep = q > 0
-        if keep.all():
-            r = q
-        else:
-            r, end = q[keep], end[keep]
+    width = int(_digits(r.max(keepdims=True))[0]) if r.size else 1
+    for j in range(width):
+        q = r // ten
+        digit = (r - q * ten).astype(np.uint8) + np.uint8(_ZERO)
+        if j:
+            digit *= r > 0  # no leading zeros: a zero byte is padding, dropped at the end
+        mat[:, end - 1 - j] = digit
+        r = q
+    if neg is not None:
+        rows = np.flatnonzero(neg)
+        mat[rows, end - 1 - _digits(mag[rows])] = _MINUS
 
 
-class _Formatted:
-    """A column of a chunk ready to be scattered: its field lengths and a writer."""
+class _Field:
+    """How one column of a chunk fills its fixed-width slot of the row matrix (zero bytes = padding)."""
 
     def __init__(self, col: Col):
         n = col.values.shape[0]
-        missing = col.missing if col.missing is not None else np.zeros(n, dtype=bool)
-        self.parts = []  # (row indices or None, kind, payload)
+        self.col = col
+        self.missing = col.missing if col.missing is not None and col.missing.any() else None
         if col.kind in ("int", "int?"):
-            keep = np.flatnonzero(~missing)
-            neg, mag, nd = _int_parts(col.values[keep])
-            self.lengths = np.zeros(n, dtype=np.int64)
-            self.lengths[keep] = nd + neg
-            self.parts.append((keep, "int", (neg, mag, nd)))
-        elif col.kind in ("bool", "bool?"):
-            codes = np.where(missing, 2, col.values.astype(np.int64))
-            self._vocab(codes, (b"false", b"true", b""))
-        elif col.kind == "str":
-            self._vocab(col.values, tuple(s.encode() for s in col.vocab))
+            self.mag, self.neg = _magnitudes(np.where(self.missing, 0, col.values) if self.missing is not None
+                                             else col.values)
+            self.width = self._int_width()
+        elif col.kind in ("bool", "bool?", "str"):
+            words = [s.encode() for s in col.vocab] if col.kind == "str" else [b"false", b"true", b""]
+            self.codes = col.values.astype(np.int64, copy=False) if col.kind == "str" else \
+                np.where(self.missing, 2, col.values.astype(np.int64)) if self.missing is not None else \
+                col.values.astype(np.int64)
+            self.width = max(1, *(len(w) for w in words))
+            self.table = np.zeros((len(words), self.width), dtype=np.uint8)
+            for i, w in enumerate(words):
+                self.table[i, : len(w)] = np.frombuffer(w, dtype=np.uint8)
         elif col.kind == "float?":
             v = col.values
-            integral = ~missing & (np.floor(v) == v) & (np.abs(v) < 2.0**63)
-            frac = np.flatnonzero(~missing & ~integral)
-            ints = np.flatnonzero(integral)
-            neg, mag, nd = _int_parts(v[ints].astype(np.int64))
-            self.lengths = np.zeros(n, dtype=np.int64)
-            self.lengths[ints] = nd + neg
-            self.parts.append((ints, "int", (neg, mag, nd)))
-            if frac.size:
-                text = v[frac].astype(str)  # NumPy's shortest round-trip repr
-                raw = np.char.encode(text, "ascii")
-                width = raw.dtype.itemsize
-                mat = np.frombuffer(raw.tobytes(), dtype=np.uint8).reshape(frac.size, width)
-                lens = np.char.str_len(raw).astype(np.int64)
-                self.lengths[frac] = lens
-                self.parts.append((frac, "bytes", (mat, lens)))
+            ok = ~np.isnan(v)
+            integral = ok & (np.floor(v) == v) & (np.abs(v) < 2.0**63)
+            self.frac = np.flatnonzero(ok & ~integral)
+            self.blank = ~integral  # zeroed before the non-integral text goes in
+            self.mag, self.neg = _magnitudes(np.where(integral, v, 0).astype(np.int64))
+            self.width = self._int_width()
+            if self.frac.size:
+                raw = np.char.encode(v[self.frac].astype(str), "ascii")  # NumPy's shortest round-trip text
+                self.text = np.frombuffer(raw.tobytes(), dtype=np.uint8).reshape(self.frac.size, raw.dtype.itemsize)
+                self.width = max(self.width, self.text.shape[1])
         else:  # pragma: no cover - the schemas above use only these kinds
             raise ValueError(col.kind)
+        self.n = n
 
-    def _vocab(self, codes: np.ndarray, words: tuple[bytes, ...]) -> None:
-        lens = np.array([len(w) for w in words], dtype=np.int64)
-        self.lengths = lens[codes]
-        self.parts.append((None, "vocab", (codes, words)))
+    def _int_width(self) -> int:
+        width = int(_digits(self.mag.max(keepdims=True))[0]) if self.mag.size else 1
+        return width + (self.neg is not None)
 
-    def scatter(self, out: np.ndarray, pos: np.ndarray) -> None:
-        for rows, kind, payload in self.parts:
-            if kind == "int":
-                _scatter_int(out, pos[rows], *payload)
-            elif kind == "vocab":
-                codes, words = payload
-                for code, word in enumerate(words):
-                    if not word:
-                        continue
-                    at = pos[codes == code]
-                    for t, byte in enumerate(word):
-                        out[at + t] = byte
-            else:
-                mat, lens = payload
-                at = pos[rows]
-                for t in range(mat.shape[1]):
-                    sel = lens > t
-                    out[at[sel] + t] = mat[sel, t]
+    def fill(self, mat: np.ndarray, start: int) -> None:
+        end = start + self.width
+        kind = self.col.kind
+        if kind in ("bool", "bool?", "str"):
+            mat[:, start:end] = self.table[self.codes]
+            return
+        _write_int(mat, end, self.mag, self.neg)
+        if kind == "float?":
+            mat[self.blank, start:end] = 0
+            if self.frac.size:
+                mat[self.frac, start:start + self.text.shape[1]] = self.text
+        elif self.missing is not None:
+            mat[self.missing, start:end] = 0
 
 
 def format_csv_rows(cols: list[Col]) -> np.ndarray:
-    """The CSV lines of one chunk as a uint8 buffer (no header)."""
-    fmt = [_Formatted(c) for c in cols]
-    row_len = sum(f.lengths for f in fmt) + len(fmt)  # k - 1 commas and a newline
-    ends = np.cumsum(row_len, dtype=np.int64)
-    out = np.full(int(ends[-1]) if ends.size else 0, _COMMA, dtype=np.uint8)
-    if not ends.size:
-        return out
-    out[ends - 1] = _NL
-    pos = ends - row_len
-    for f in fmt:
-        f.scatter(out, pos)
-        pos += f.lengths + 1
-    return out
+    """The CSV lines of one chunk as a uint8 buffer (no header).
+
+    Each row is first laid out in fixed-width slots of a (rows, width) byte matrix, one NumPy
+    operation per column and digit position, with zero bytes as padding; dropping the zeros then
+    leaves the CSV text (no field contains a zero byte)."""
+    fields = [_Field(c) for c in cols]
+    n = cols[0].values.shape[0] if cols else 0
+    width = sum(f.width + 1 for f in fields)
+    mat = np.zeros((n, width), dtype=np.uint8)
+    start = 0
+    for f in fields:
+        f.fill(mat, start)
+        start += f.width
+        mat[:, start] = _COMMA
+        start += 1
+    if n:
+        mat[:, -1] = _NL
+    flat = mat.reshape(-1)
+    return flat[flat != 0]
 
 
 # -- writers -------------------------------------------------------------------------------------
@@ -258,8 +253,8 @@ def _write(path, schema, n_rows: int, chunk) -> None:
         arrow_schema = pa.schema([pa.field(n, typ[k], nullable=k.endswith("?")) for n, k in schema])
         with atomic_writer(path, "wb") as fh:
             with pq.ParquetWriter(fh, arrow_schema) as writer:
-                for lo in range(0, max(n_rows, 1), CHUNK_ROWS):
-                    hi = min(lo + CHUNK_ROWS, n_rows)
+                for lo in range(0, max(n_rows, 1), PARQUET_CHUNK_ROWS):
+                    hi = min(lo + PARQUET_CHUNK_ROWS, n_rows)
                     arrays = [_arrow_column(c) for c in chunk(lo, hi)]
                     writer.write_table(pa.Table.from_arrays(arrays, schema=arrow_schema))
         return
@@ -369,4 +364,4 @@ def tables_equal(a: dict, b: dict) -> bool:
 
 
 __all__ = ["write_events", "write_requests", "read_table", "tables_equal", "format_csv_rows", "is_parquet",
-           "EVENT_SCHEMA", "REQUEST_SCHEMA", "CHUNK_ROWS"]
+           "EVENT_SCHEMA", "REQUEST_SCHEMA", "CHUNK_ROWS", "PARQUET_CHUNK_ROWS"]
