@@ -12,7 +12,8 @@ a later ``pip install -e``.  So, for the package's own kernels only, the cache i
 4. the user's cache folder (``~/.cache/decodesched`` on Linux, the platform's equivalent elsewhere);
 5. nowhere: the kernels compile in every process, and one notice line says so.
 
-Functions of other packages keep Numba's rules.  ``NUMBA_CACHE_LOCATOR_CLASSES`` (Numba's own
+Functions of other packages keep Numba's rules.  This module imports no Numba (so that the CLI can
+say "compiling ..." within a second of starting); the locators themselves are in `_numba_locators`.  ``NUMBA_CACHE_LOCATOR_CLASSES`` (Numba's own
 override) is respected as is; ``NUMBA_CACHE_LOCATOR_CLASSES=InTreeCacheLocator decodesched warmup``
 is how an administrator ships a compiled cache beside an installed package (see docs/install.md).
 """
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import os
 import site
 import sys
@@ -28,16 +30,16 @@ import sysconfig
 import tempfile
 from pathlib import Path
 
-from numba.core import caching as _caching
-from numba.misc.appdirs import AppDirs
+COMPILE_SECONDS = "20-60 s"  # a cold compile of the fast replay kernel on a busy two-core machine
 
 
 @functools.lru_cache(maxsize=1)
 def _kernels_dir() -> Path:
-    """The folder of ``decodesched.kernels``."""
-    import decodesched.kernels
+    """The folder of ``decodesched.kernels``, found without importing it."""
+    import importlib.util
 
-    return Path(decodesched.kernels.__file__).resolve().parent
+    spec = importlib.util.find_spec("decodesched.kernels")
+    return Path(list(spec.submodule_search_locations)[0]).resolve()
 
 
 def _installed(path: Path) -> bool:
@@ -56,8 +58,21 @@ def _installed(path: Path) -> bool:
 
 
 def user_cache_dir() -> Path:
-    """The user's cache folder for decodesched (XDG on Linux, the platform's folder elsewhere)."""
-    return Path(AppDirs(appname="decodesched", appauthor=False).user_cache_dir)
+    """The user's cache folder for decodesched: ``$XDG_CACHE_HOME/decodesched`` or
+    ``~/.cache/decodesched`` on Linux, ``~/Library/Caches/decodesched`` on macOS,
+    ``%LOCALAPPDATA%\\decodesched\\Cache`` on Windows (the folders Numba's own user-wide cache uses)."""
+    if sys.platform == "win32":
+        base = os.environ.get("LOCALAPPDATA") or os.path.expanduser("~\\AppData\\Local")
+        return Path(base) / "decodesched" / "Cache"
+    if sys.platform == "darwin":
+        return Path(os.path.expanduser("~/Library/Caches")) / "decodesched"
+    return Path(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")) / "decodesched"
+
+
+def cache_subpath(py_file: str) -> str:
+    """Numba's per-folder subpath inside a cache root: the folder's name and a hash of its path."""
+    folder = os.path.dirname(os.path.abspath(py_file))
+    return "_".join([os.path.split(folder)[-1], hashlib.sha1(folder.encode()).hexdigest()])
 
 
 def _writable(path: Path) -> bool:
@@ -78,114 +93,38 @@ def _notice(msg: str) -> None:
         print(f"decodesched: {msg}", file=sys.stderr, flush=True)
 
 
-class _Located(_caching._SourceFileBackedLocatorMixin, _caching._CacheLocator):
-    """A locator at a fixed folder; `read_only` ones load but never save."""
-
-    read_only = False
-
-    def __init__(self, py_func, py_file, path: Path):
-        self._py_file = py_file
-        self._lineno = py_func.__code__.co_firstlineno
-        self._cache_path = str(path)
-
-    def get_cache_path(self):
-        return self._cache_path
-
-    def ensure_cache_path(self):
-        if not self.read_only:
-            super().ensure_cache_path()
-
-
-class _ReadOnlyLocator(_Located):
-    read_only = True
-
-
-class _NowhereLocator(_ReadOnlyLocator):
-    """No writable folder and no shipped cache: compiled code lives only in this process."""
-
-
-def _index_valid(py_func, py_file: str, folder: Path) -> bool:
-    """Whether `folder` holds a cache index of `py_func` that is valid for this Numba and source."""
-    loc = _ReadOnlyLocator(py_func, py_file, folder)
-    modname = os.path.splitext(os.path.basename(py_file))[0]
-    fullname = f"{modname}.{py_func.__qualname__}".replace("<", "").replace(">", "")
-    base = "%s-%s.py%d%d%s" % (fullname, loc.get_disambiguator(), sys.version_info[0], sys.version_info[1],
-                               getattr(sys, "abiflags", ""))
-    if not (folder / f"{base}.nbi").is_file():
-        return False
-    try:
-        index = _caching.IndexDataCacheFile(str(folder), base, loc.get_source_stamp())
-        return bool(index._load_index())
-    except Exception:  # an unreadable or foreign index is no shipped cache
-        return False
-
-
-class PackageCacheLocator(_caching._CacheLocator):
-    """Chooses the cache folder of decodesched's kernels (see the module docstring); None elsewhere."""
-
-    @classmethod
-    def from_function(cls, py_func, py_file):
-        try:
-            src = Path(py_file).resolve()
-        except OSError:
-            return None
-        kernels = _kernels_dir()
-        if src.parent != kernels:
-            return None  # not ours: Numba's own locators decide
-        from numba.core import config
-
-        if config.CACHE_DIR:
-            loc = _caching.UserProvidedCacheLocator.from_function(py_func, py_file)
-            if loc is not None:
-                return loc
-        in_tree = src.parent / "__pycache__"
-        if not _installed(src) and _writable(in_tree):
-            return _Located(py_func, py_file, in_tree)
-        if _index_valid(py_func, py_file, in_tree):
-            return _ReadOnlyLocator(py_func, py_file, in_tree)
-        user = user_cache_dir() / _caching._CacheLocator.get_suitable_cache_subpath(py_file)
-        if _writable(user):
-            return _Located(py_func, py_file, user)
-        return _NowhereLocator(py_func, py_file, user)
-
-    # Never instantiated: from_function returns one of the locators above.
-    def get_cache_path(self):  # pragma: no cover
-        raise NotImplementedError
-
-    def get_source_stamp(self):  # pragma: no cover
-        raise NotImplementedError
-
-    def get_disambiguator(self):  # pragma: no cover
-        raise NotImplementedError
-
-
-_original_save = _caching.Cache.save_overload
-
-
-def _save_overload(self, sig, data):
-    """Numba's save, except: read-only locators save nothing, and our cache folders failing to take
-    a file (full disk, removed folder) costs only the cache, with one notice, not the run."""
-    locator = self._impl.locator
-    if isinstance(locator, _NowhereLocator):
-        _notice("no writable cache folder (set NUMBA_CACHE_DIR to one); the kernels compile in every run")
-    if isinstance(locator, _ReadOnlyLocator):
-        return None
-    if not isinstance(locator, _Located):
-        return _original_save(self, sig, data)
-    try:
-        return _original_save(self, sig, data)
-    except OSError as exc:
-        _notice(f"cannot write the kernel cache in {locator.get_cache_path()} ({exc.strerror or exc}); "
-                "running uncached")
-        return None
-
-
 def install() -> None:
-    """Put `PackageCacheLocator` first in Numba's locator list (once)."""
-    classes = _caching.CacheImpl._locator_classes
-    if PackageCacheLocator not in classes:
-        _caching.CacheImpl._locator_classes = [PackageCacheLocator, *classes]
-        _caching.Cache.save_overload = _save_overload
+    """Put decodesched's cache locator first in Numba's list (imports Numba; see `_numba_locators`)."""
+    from . import _numba_locators
+
+    _numba_locators.install()
+
+
+def candidate_folders(py_file: str) -> list[Path]:
+    """Every folder the rules above may pick for kernels of `py_file`."""
+    out = []
+    if os.environ.get("NUMBA_CACHE_DIR"):
+        out.append(Path(os.environ["NUMBA_CACHE_DIR"]) / cache_subpath(py_file))
+    out.append(Path(py_file).parent / "__pycache__")
+    out.append(user_cache_dir() / cache_subpath(py_file))
+    return out
+
+
+def early_compile_notice(module: str = "fast_nb", function: str = "replay_fast_nb",
+                         what: str = "the replay kernel") -> bool:
+    """Before Numba is even imported: when no cache folder holds an index of `function`, it will
+    surely compile; say so now.  (A stale index is caught later by `compile_notice`.)"""
+    py_file = str(_kernels_dir() / f"{module}.py")
+    for folder in candidate_folders(py_file):
+        with contextlib.suppress(OSError):
+            if any(folder.glob(f"{module}.*{function}-*.nbi")):
+                return False
+    _notice(compile_message(what))
+    return True
+
+
+def compile_message(what: str) -> str:
+    return f"compiling {what} (first run only, about {COMPILE_SECONDS}; `decodesched warmup` does it ahead)..."
 
 
 def dispatcher_cold(dispatcher) -> bool:
@@ -202,11 +141,11 @@ def dispatcher_cold(dispatcher) -> bool:
         return True
 
 
-def compile_notice(dispatcher, what: str = "the replay kernel", seconds: str = "20-60 s") -> bool:
+def compile_notice(dispatcher, what: str = "the replay kernel") -> bool:
     """Say once on stderr that `dispatcher` is about to compile (when it has no cached machine code).
 
     Returns whether it will compile, so that callers can keep the compile out of their timings."""
     if not dispatcher_cold(dispatcher):
         return False
-    _notice(f"compiling {what} (first run only, about {seconds}; `decodesched warmup` does it ahead)...")
+    _notice(compile_message(what))
     return True

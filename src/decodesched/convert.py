@@ -54,7 +54,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .errors import UserError
+from .errors import OutputError, UserError
 from .trace import Trace, TraceError, load_trace, parse_decimal, show
 
 FORMATS = ("azure", "mooncake")
@@ -411,6 +411,9 @@ def write_trace(trace: Trace, out: str | os.PathLike, meta: dict) -> Path:
             json.dump(body, fh, indent=2, sort_keys=True)
             fh.write("\n")
         trace.to_csv(out)
+    except OutputError:  # already one line naming the file
+        _restore(side, old_side)
+        raise
     except FileNotFoundError as exc:
         _restore(side, old_side)
         raise UserError(f"{out}: cannot write: {exc}") from None

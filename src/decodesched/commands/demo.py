@@ -92,13 +92,15 @@ def check_args(args) -> Path:
 
 def run(args) -> int:
     from .._io import immediate_interrupt
-    from .._numba_cache import compile_notice
+    from .._numba_cache import compile_notice, early_compile_notice
+
+    out = check_args(args)
+    t0 = time.perf_counter()
+    early_compile_notice("fast_nb", "replay_fast_nb", "the replay kernel")  # before Numba is imported
     from ..engine import replay_kernel, simulate
     from ..metrics import format_table
     from .warmup import TINY_TRACE
 
-    out = check_args(args)
-    t0 = time.perf_counter()
     if compile_notice(replay_kernel("fast"), "the replay kernel"):
         with immediate_interrupt():  # compile now, on a tiny trace, so that no policy's time includes it
             simulate(TINY_TRACE, "aging", 2, 2, record_events=False)

@@ -35,12 +35,15 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     from .._io import STDOUT, check_outputs, immediate_interrupt
-    from .._numba_cache import compile_notice
-    from ..engine import replay_kernel
+    from .._numba_cache import compile_notice, early_compile_notice
 
     check_outputs([args.events, args.requests], [args.trace])
     trace = load_trace(args.trace)
-    compile_notice(replay_kernel(args.engine), f"the {args.engine} replay kernel")
+    what = f"the {args.engine} replay kernel"
+    early_compile_notice(f"{args.engine}_nb", f"replay_{args.engine}_nb", what)  # before Numba is imported
+    from ..engine import replay_kernel
+
+    compile_notice(replay_kernel(args.engine), what)
     start = time.perf_counter()
     with immediate_interrupt():
         result = simulate(trace, args.policy, args.kv_blocks, args.aging_interval, args.max_steps,

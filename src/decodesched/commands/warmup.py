@@ -74,7 +74,7 @@ def tasks(cuda: bool = False):
 
 def cache_location() -> str:
     """Where the replay kernels' compiled code is cached (see `decodesched._numba_cache`)."""
-    from .._numba_cache import _NowhereLocator, _ReadOnlyLocator
+    from .._numba_locators import _NowhereLocator, _ReadOnlyLocator
     from ..kernels.fast_nb import replay_fast_nb
 
     cache = getattr(replay_fast_nb, "_cache", None)
