@@ -215,3 +215,13 @@ def test_full_disk_is_one_line_and_leaves_no_temp_file(tmp_path):
                                       "--events", str(mnt / "ev.csv")])
     assert rc == 2 and len(err) == 1 and "no space left" in err[0], err
     assert listing == ["trace.csv"]
+
+
+@pytest.mark.skipif(not UNSHARE, reason="needs root and unshare for a private mount")
+def test_demo_on_a_read_only_file_system_says_so_before_working(tmp_path):
+    (tmp_path / "trace.csv").write_text(",".join(TRACE_COLUMNS) + "\n" + "\n".join(TRACE) + "\n")
+    mnt = tmp_path / "mnt"
+    err, rc, listing = run_in_private_mount(tmp_path, "size=1m", True,
+                                            ["demo", "--requests", "20", "--out", str(mnt / "demo")])
+    assert rc == 2 and len(err) == 1 and "read-only" in err[0], err
+    assert listing == ["trace.csv"]
