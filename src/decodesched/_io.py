@@ -30,6 +30,10 @@ from .errors import OutputError, UserError
 STDOUT = "-"
 
 
+class MissingFolderError(OutputError, FileNotFoundError):
+    """An output whose folder does not exist (also a `FileNotFoundError`, as callers expect)."""
+
+
 def _describe(exc: OSError) -> str:
     reasons = {
         errno.EROFS: "read-only file system",
@@ -74,7 +78,7 @@ def output_target(path) -> Path:
             raise OutputError(f"{path}: is {kind}, not a regular file; refusing to write to it")
     parent = target.parent if str(target.parent) else Path(".")
     if not parent.is_dir():
-        raise OutputError(f"{path}: no such directory {parent}")
+        raise MissingFolderError(f"{path}: no such directory {parent}")
     return target
 
 
