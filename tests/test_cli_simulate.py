@@ -56,7 +56,7 @@ def run_cli(*args):
     (["--kv-blocks", "-1"], "free_kv_blocks must be >= 0"),
     (["--kv-blocks", "4", "--aging-interval", "0"], "aging_interval must be > 0"),
     (["--kv-blocks", "4", "--max-steps", "-3"], "max_steps must be >= 0"),
-    (["--kv-blocks", "four"], "invalid int value"),
+    (["--kv-blocks", "four"], "expected a whole number"),
 ])
 def test_bad_options_exit_2_with_one_line(trace_csv, tmp_path, extra, match):
     out = tmp_path / "ev.csv"

@@ -1,13 +1,147 @@
-"""Small I/O helpers: files appear whole or not at all, and long work shows progress."""
+"""Small I/O helpers: files appear whole or not at all, outputs never damage inputs, and long work
+shows progress.
+
+Every file the project writes goes through `atomic_writer`.  Its rules (docs/files.md):
+
+- a regular file (or a new name) is written to a temporary file beside it and renamed into place
+  only when the block succeeds; a failure or Ctrl-C leaves no temporary file and the old file intact;
+- ``-`` means standard output (for the commands whose output is a stream: events, requests);
+- a symlink is never replaced: the file it points to is written (atomically, the link stays);
+- a directory, device, FIFO or socket is refused, before anything is written;
+- read-only file systems, missing folders, full disks, a closed pipe: `OutputError`, one line.
+
+`check_outputs` refuses, before any work, an output that is an input, an input's ``.meta.json``
+sidecar, or the same file as another output of the same command.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import stat
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from .errors import OutputError, UserError
+
+STDOUT = "-"
+
+
+class MissingFolderError(OutputError, FileNotFoundError):
+    """An output whose folder does not exist (also a `FileNotFoundError`, as callers expect)."""
+
+
+def _describe(exc: OSError) -> str:
+    reasons = {
+        errno.EROFS: "read-only file system",
+        errno.ENOSPC: "no space left on the device",
+        errno.EDQUOT: "disk quota exceeded",
+        errno.EACCES: "permission denied",
+        errno.EPERM: "operation not permitted",
+        errno.EXDEV: "cannot move a file across file systems",
+        errno.EPIPE: "the reader closed the pipe",
+        errno.ENOENT: "no such file or folder",
+        errno.ENOTDIR: "a part of the path is not a folder",
+        errno.ENAMETOOLONG: "file name too long",
+    }
+    return reasons.get(exc.errno, exc.strerror or str(exc))
+
+
+def output_target(path) -> Path:
+    """The file that writing `path` really changes (a symlink's target); refuse a non-regular one.
+
+    Raises `OutputError` for a directory, device, FIFO or socket, a missing folder, or a symlink loop.
+    """
+    path = Path(path)
+    target = path
+    if path.is_symlink():
+        try:
+            target = path.resolve(strict=False)
+        except (OSError, RuntimeError):
+            raise OutputError(f"{path}: cannot follow the symbolic link") from None
+    try:
+        st = os.stat(target)
+    except FileNotFoundError:
+        st = None
+    except OSError as exc:
+        raise OutputError(f"{path}: {_describe(exc)}") from None
+    if st is not None:
+        if stat.S_ISDIR(st.st_mode):
+            raise OutputError(f"{path}: is a directory; give a file name")
+        if not stat.S_ISREG(st.st_mode):
+            kind = ("a device" if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode) else
+                    "a FIFO" if stat.S_ISFIFO(st.st_mode) else "a socket" if stat.S_ISSOCK(st.st_mode) else
+                    "not a regular file")
+            raise OutputError(f"{path}: is {kind}, not a regular file; refusing to write to it")
+    parent = target.parent if str(target.parent) else Path(".")
+    if not parent.is_dir():
+        raise MissingFolderError(f"{path}: no such directory {parent}")
+    return target
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        if os.path.samefile(a, b):
+            return True
+    except OSError:
+        pass
+    try:
+        return a.resolve() == b.resolve()
+    except (OSError, RuntimeError):
+        return False
+
+
+def check_outputs(outputs, inputs=()) -> None:
+    """Refuse (UserError) outputs that would overwrite an input, an input's ``.meta.json`` sidecar, or
+    each other; and any output `output_target` refuses.  `outputs` may hold None (not requested)."""
+    seen: list[Path] = []
+    stdout_used = False
+    protected = []
+    for inp in inputs:
+        if inp is None or str(inp) == STDOUT:
+            continue
+        protected.append((Path(inp), "an input of this command"))
+        protected.append((Path(str(inp) + ".meta.json"), f"the metadata sidecar of the input {inp}"))
+    for out in outputs:
+        if out is None:
+            continue
+        if str(out) == STDOUT:
+            if stdout_used:
+                raise UserError("two outputs are both '-' (standard output); give one of them a file name")
+            stdout_used = True
+            continue
+        out = Path(out)
+        output_target(out)
+        for p, what in protected:
+            if _same_file(out, p):
+                raise UserError(f"{out}: is {what}; refusing to overwrite it")
+        for other in seen:
+            if _same_file(out, other):
+                raise UserError(f"{out}: is the same file as another output ({other}); give each its own name")
+        seen.append(out)
+
+
+class _StdoutWriter:
+    """Standard output as a file object that is never closed by us (bytes go to its buffer, or are
+    decoded when standard output is a text-only stream such as a StringIO)."""
+
+    def __init__(self, binary: bool):
+        self._text = sys.stdout
+        self._binary = binary
+        self._buffer = getattr(sys.stdout, "buffer", None) if binary else None
+        if self._buffer is not None:
+            self._text.flush()  # what was printed before comes first
+
+    def write(self, data):
+        if self._binary and self._buffer is None:
+            return self._text.write(bytes(data).decode("utf-8"))
+        return (self._buffer or self._text).write(data)
+
+    def flush(self):
+        (self._buffer or self._text).flush()
 
 
 @contextlib.contextmanager
@@ -15,22 +149,63 @@ def atomic_writer(path, mode: str = "w", encoding: str | None = "utf-8", newline
     """Open a temporary file beside `path`; rename it into place only if the block succeeds.
 
     A failure (or Ctrl-C) inside the block leaves no partial file and keeps an older `path` intact.
+    ``-`` writes to standard output; a symlink's target is written (the link stays); a directory,
+    device, FIFO or socket is refused.  OS errors become `OutputError` (one line).
     """
-    path = Path(path)
-    parent = path.parent if str(path.parent) else Path(".")
-    if not parent.is_dir():
-        raise FileNotFoundError(f"{parent}: no such directory")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=parent)
+    if str(path) == STDOUT:
+        out = _StdoutWriter("b" in mode)
+        try:
+            yield out
+            out.flush()
+        except BrokenPipeError:
+            raise OutputError("standard output: the reader closed the pipe") from None
+        return
+    target = output_target(path)
+    parent = target.parent if str(target.parent) else Path(".")
     try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=parent)
+    except OSError as exc:
+        raise OutputError(f"{path}: cannot write in {parent} ({_describe(exc)})") from None
+    try:
+        try:
+            mode_bits = stat.S_IMODE(os.stat(target).st_mode)
+        except OSError:
+            mode_bits = 0o666 & ~_umask()  # mkstemp makes 0600; give the usual mode of a new file
         kwargs = {} if "b" in mode else {"encoding": encoding, "newline": newline}
         with os.fdopen(fd, mode, **kwargs) as fh:
             yield fh
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the usual mode of a new file
-        os.replace(tmp, path)
+        os.chmod(tmp, mode_bits)
+        output_target(path)  # it may have become a folder or a device meanwhile
+        os.replace(tmp, target)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        if isinstance(exc, OutputError):
+            raise
+        raise OutputError(f"{path}: cannot write ({_describe(exc)})") from None
     except BaseException:
-        with contextlib.suppress(FileNotFoundError):
+        with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+@contextlib.contextmanager
+def immediate_interrupt():
+    """Ctrl-C ends the process at once inside this block (a Numba kernel holds the interpreter, so
+    Python's own handler would run only when the kernel returns).  Only for blocks that have nothing
+    to clean up (no temporary file open); a no-op outside the main thread or under a custom handler."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        yield
+        return
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _umask() -> int:

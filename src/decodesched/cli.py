@@ -9,8 +9,12 @@ with no traceback.
 from __future__ import annotations
 
 import argparse
+import csv
 import importlib
+import os
+import re
 import sys
+import warnings
 
 from .errors import UserError
 
@@ -20,7 +24,7 @@ COMMANDS = ("simulate", "demo", "trace", "sweep", "warmup", "report", "assignmen
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message):  # one line, exit 2 (argparse prints the usage block too by default)
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+        self.exit(2, shorten(f"{self.prog}: error: {message} (see --help)") + "\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -40,20 +44,97 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def int_arg(text: str) -> int:
+    """An integer option value, spelled as in trace files: ASCII digits with an optional '-'."""
+    from .trace import parse_decimal
+
+    try:
+        return parse_decimal(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {shorten(repr(text), 60)}") from None
+
+
+MAX_MESSAGE = 300  # characters of an error line; longer values are shortened in the middle
+
+
+def shorten(text: str, limit: int = MAX_MESSAGE) -> str:
+    """`text` on one line, at most `limit` characters (the middle replaced by an ellipsis)."""
+    text = " ".join(str(text).split())
+    if len(text) <= limit:
+        return text
+    keep = limit - 1
+    return text[: keep * 2 // 3] + "\u2026" + text[len(text) - (keep - keep * 2 // 3):]
+
+
+def _os_message(exc: OSError) -> str:
+    from ._io import _describe
+
+    where = exc.filename if exc.filename is not None else ""
+    if exc.filename2 is not None:
+        where = f"{where} -> {exc.filename2}"
+    return f"{where}: {_describe(exc)}" if where else _describe(exc)
+
+
+def _silence_stdout() -> None:
+    """After a closed pipe: point stdout at /dev/null so that the exit flush does not fail again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
 def main(argv=None) -> int:
+    """Run one command; bad input and OS errors print one line on stderr and return 2.
+
+    Library warnings (numpy, matplotlib, Numba) are not shown unless Python was asked for them
+    (``-W`` or ``PYTHONWARNINGS``)."""
+    with warnings.catch_warnings():
+        if not sys.warnoptions:
+            warnings.simplefilter("ignore")
+        return _main(argv)
+
+
+def _main(argv) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    action = getattr(args, f"{args.command}_command", None)  # `trace convert`, `assignment build`
+    prog = f"decodesched {args.command}" + (f" {action}" if action else "")
+
+    def fail(message: str, status: int = 2) -> int:
+        try:
+            sys.stdout.flush()
+        except (OSError, ValueError):
+            _silence_stdout()
+        print(shorten(f"{prog}: error: {message}"), file=sys.stderr)
+        return status
+
     try:
         return int(args.func(args) or 0)
     except UserError as exc:
-        print(f"decodesched {args.command}: error: {exc}", file=sys.stderr)
-        return 2
+        return fail(str(exc))
+    except BrokenPipeError:
+        _silence_stdout()
+        return fail("standard output was closed by its reader (broken pipe)")
+    except OSError as exc:
+        return fail(_os_message(exc))
+    except csv.Error as exc:
+        return fail(f"unreadable CSV ({exc})")
+    except ValueError as exc:
+        if not _INT_ERRORS.search(str(exc)):
+            raise
+        return fail(str(exc))
     except KeyboardInterrupt:
-        print(f"decodesched {args.command}: interrupted", file=sys.stderr)
+        print(f"{prog}: interrupted", file=sys.stderr)
         return 130
+
+
+# ValueErrors that are bad input, not bugs: Python's integer-parsing limits.
+_INT_ERRORS = re.compile(r"invalid literal for int|Exceeds the limit \(\d+ digits\)|integer string conversion")
 
 
 if __name__ == "__main__":  # pragma: no cover

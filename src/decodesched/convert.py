@@ -57,8 +57,8 @@ from typing import Sequence
 
 import numpy as np
 
-from .errors import UserError
-from .trace import Trace, TraceError, load_trace
+from .errors import OutputError, UserError
+from .trace import Trace, TraceError, load_trace, parse_decimal, show
 
 FORMATS = ("azure", "mooncake")
 DEFAULT_PRIORITY_CLASSES = (0, 1, 2)
@@ -110,7 +110,8 @@ def detect_format(path: str | os.PathLike) -> str:
         return "mooncake"
     _check_file(path)
     with open(path, "rb") as fh:
-        start = fh.read(4096).lstrip()
+        start = fh.read(4096)
+    start = start.removeprefix(b"\xef\xbb\xbf").lstrip()  # a UTF-8 BOM (spreadsheets write one)
     if start.startswith(b"{"):
         return "mooncake"
     if start.upper().startswith(b"TIMESTAMP"):
@@ -148,16 +149,16 @@ def read_azure(path: str | os.PathLike) -> RawTrace:
     prompts: list[int] = []
     outputs: list[int] = []
     try:
-        with open(path, encoding="utf-8", newline="") as fh:
+        with open(path, encoding="utf-8-sig", newline="") as fh:
             header = fh.readline()
             if not header.strip():
                 raise UserError(f"{path}: empty file (expected the header TIMESTAMP,ContextTokens,GeneratedTokens)")
-            cols = [c.strip().lstrip("\ufeff") for c in header.strip().split(",")]
+            cols = [c.strip() for c in header.strip().split(",")]
             want = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
             missing = [c for c in want if c not in cols]
             if missing:
                 raise UserError(f"{path}: not an Azure LLM trace: missing column(s) {', '.join(missing)} "
-                                f"(header {','.join(cols)})")
+                                f"(header {show(','.join(cols), 80)})")
             it, ic, ig = (cols.index(c) for c in want)
             for lineno, line in enumerate(fh, start=2):
                 if not line.strip():
@@ -178,9 +179,12 @@ def read_azure(path: str | os.PathLike) -> RawTrace:
 
 def _int_field(text: str, path: Path, lineno: int, col: str) -> int:
     try:
-        v = int(text.strip())
-    except ValueError:
-        raise UserError(f"{path}: line {lineno}, column {col}: expected a whole number of tokens, got {text.strip()!r}") from None
+        v = parse_decimal(text)
+    except ValueError as exc:
+        if str(exc) == "too many digits":
+            raise UserError(f"{path}: line {lineno}, column {col}: token count {show(text.strip())} is too large") from None
+        raise UserError(f"{path}: line {lineno}, column {col}: expected a whole number of tokens, "
+                        f"got {show(text.strip())}") from None
     if v < 0:
         raise UserError(f"{path}: line {lineno}, column {col}: negative token count {v}")
     if v > 2**40:
@@ -197,11 +201,11 @@ def _parse_timestamps(stamps: list[str], path: Path) -> np.ndarray:
             try:
                 np.datetime64(s, "ns")
             except ValueError:
-                raise UserError(f"{path}: line {i + 2}, column TIMESTAMP: not a date and time: {stamps[i]!r}") from None
+                raise UserError(f"{path}: line {i + 2}, column TIMESTAMP: not a date and time: {show(stamps[i])}") from None
         raise UserError(f"{path}: unreadable TIMESTAMP column") from None  # pragma: no cover
     if np.isnat(t).any():
         i = int(np.flatnonzero(np.isnat(t))[0])
-        raise UserError(f"{path}: line {i + 2}, column TIMESTAMP: not a date and time: {stamps[i]!r}")
+        raise UserError(f"{path}: line {i + 2}, column TIMESTAMP: not a date and time: {show(stamps[i])}")
     ns = t.astype(np.int64)
     return (ns - ns.min()).astype(np.float64) / 1e9
 
@@ -223,7 +227,7 @@ def read_mooncake(path: str | os.PathLike, cache_min_blocks: int = DEFAULT_CACHE
     hits: list[bool] = []
     seen: set = set()
     try:
-        with open(path, encoding="utf-8") as fh:
+        with open(path, encoding="utf-8-sig") as fh:
             for lineno, line in enumerate(fh, start=1):
                 if not line.strip():
                     continue
@@ -231,14 +235,17 @@ def read_mooncake(path: str | os.PathLike, cache_min_blocks: int = DEFAULT_CACHE
                     rec = json.loads(line)
                 except json.JSONDecodeError as exc:
                     raise UserError(f"{path}: line {lineno}: not JSON ({exc.msg})") from None
+                except (ValueError, RecursionError):  # e.g. an integer of more than 4,300 digits
+                    raise UserError(f"{path}: line {lineno}: not JSON this reader accepts (a number too long, "
+                                    "or nesting too deep)") from None
                 if not isinstance(rec, dict):
                     raise UserError(f"{path}: line {lineno}: expected a JSON object")
                 for key in ("timestamp", "input_length", "output_length"):
                     if key not in rec:
                         raise UserError(f"{path}: line {lineno}: missing field {key!r}")
                 ts = rec["timestamp"]
-                if isinstance(ts, bool) or not isinstance(ts, (int, float)) or not math.isfinite(ts):
-                    raise UserError(f"{path}: line {lineno}, field timestamp: expected milliseconds, got {ts!r}")
+                if isinstance(ts, bool) or not isinstance(ts, (int, float)) or not _finite(ts):
+                    raise UserError(f"{path}: line {lineno}, field timestamp: expected milliseconds, got {show(ts)}")
                 ms.append(float(ts))
                 prompts.append(_json_int(rec["input_length"], path, lineno, "input_length"))
                 outputs.append(_json_int(rec["output_length"], path, lineno, "output_length"))
@@ -260,9 +267,17 @@ def read_mooncake(path: str | os.PathLike, cache_min_blocks: int = DEFAULT_CACHE
                     np.asarray(hits, np.bool_), str(path), "mooncake")
 
 
+def _finite(x) -> bool:
+    try:
+        return math.isfinite(x) and abs(x) < 1e300
+    except OverflowError:  # an int too large for a float
+        return False
+
+
 def _json_int(v, path: Path, lineno: int, key: str) -> int:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or (isinstance(v, float) and not v.is_integer()):
-        raise UserError(f"{path}: line {lineno}, field {key}: expected a whole number of tokens, got {v!r}")
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not _finite(v) or \
+            (isinstance(v, float) and not v.is_integer()):
+        raise UserError(f"{path}: line {lineno}, field {key}: expected a whole number of tokens, got {show(v)}")
     v = int(v)
     if v < 0:
         raise UserError(f"{path}: line {lineno}, field {key}: negative token count {v}")
@@ -314,6 +329,8 @@ def to_trace(
     """
     if (load is None) == (steps_per_second is None):
         raise UserError("give exactly one of --load and --steps-per-second")
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= seed < 2**128:
+        raise UserError(f"--seed must be a whole number from 0 to 2**128 - 1, got {show(seed)}")
     if len(raw) == 0:
         raise UserError("the trace has no requests")
     if steps_per_second is None:
@@ -399,6 +416,9 @@ def write_trace(trace: Trace, out: str | os.PathLike, meta: dict) -> Path:
             json.dump(body, fh, indent=2, sort_keys=True)
             fh.write("\n")
         trace.to_csv(out)
+    except OutputError:  # already one line naming the file
+        _restore(side, old_side)
+        raise
     except FileNotFoundError as exc:
         _restore(side, old_side)
         raise UserError(f"{out}: cannot write: {exc}") from None

@@ -6,7 +6,6 @@ allocates the outputs, and turns them into tables, metrics and files.
 
 from __future__ import annotations
 
-import csv
 import os
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -14,7 +13,6 @@ from functools import cached_property
 import numpy as np
 
 from . import metrics as _metrics
-from ._io import atomic_writer
 from .errors import UserError
 from .policy import Policy, policy_name
 from .kernels import enums as E
@@ -231,20 +229,13 @@ class SimulationResult:
         return _metrics.aggregate(self.trace, self.requests, self.n_events, self.clock)
 
     def write_events(self, path: str | os.PathLike) -> None:
-        """Write the events CSV (SPEC section 4) atomically."""
-        ev = self.events
-        cols = [ev[c].tolist() for c in EVENT_COLUMNS]
-        idx_victim = EVENT_COLUMNS.index("preempted_request_id")
-        idx_missed = EVENT_COLUMNS.index("deadline_missed")
-        cols[idx_victim] = [v if h else "" for v, h in zip(cols[idx_victim], ev["has_victim"].tolist())]
-        cols[idx_missed] = ["true" if m else "false" for m in cols[idx_missed]]
-        with atomic_writer(path) as fh:
-            w = csv.writer(fh, lineterminator="\n")
-            w.writerow(EVENT_COLUMNS)
-            w.writerows(zip(*cols))
+        """Write the events table (SPEC section 4) atomically: CSV, or Parquet for a ``.parquet`` path."""
+        from .tables_io import write_events
+
+        write_events(path, self._need_events(), self.trace)
 
     def write_requests(self, path: str | os.PathLike) -> None:
-        """Write the requests CSV (SPEC section 4) atomically."""
+        """Write the requests table (SPEC section 4) atomically: CSV, or Parquet for a ``.parquet`` path."""
         _metrics.write_request_table(path, self.requests)
 
     def to_pandas(self, table: str = "requests"):

@@ -10,12 +10,10 @@ unservable and unfinished counts stand beside them.
 
 from __future__ import annotations
 
-import csv
 import math
 
 import numpy as np
 
-from ._io import atomic_writer
 from .kernels import enums as E
 from .trace import TRACE_COLUMNS, Trace
 
@@ -197,44 +195,11 @@ REQUEST_CSV_COLUMNS = TRACE_COLUMNS + (
 
 
 def write_request_table(path, req: dict) -> None:
-    """The requests CSV of SPEC section 4; empty cells where a value does not exist."""
+    """The requests table of SPEC section 4 (CSV, or Parquet for a ``.parquet`` path); empty cells
+    where a value does not exist."""
+    from .tables_io import write_requests
 
-    def steps(a):
-        return ["" if v < 0 else v for v in a.tolist()]
-
-    def num(a):
-        return ["" if math.isnan(v) else (int(v) if float(v).is_integer() else round(v, 6)) for v in a.tolist()]
-
-    def flag(a):
-        return ["true" if v else "false" for v in a.tolist()]
-
-    cols = {
-        "request_id": req["request_id"].tolist(),
-        "arrival_step": req["arrival_step"].tolist(),
-        "prompt_len": req["prompt_len"].tolist(),
-        "max_new_tokens": req["max_new_tokens"].tolist(),
-        "priority": req["priority"].tolist(),
-        "cache_hit": flag(req["cache_hit"]),
-        "required_blocks": req["required_blocks"].tolist(),
-        "deadline_step": ["" if v is None else v for v in req["deadline_step"].tolist()],
-        "preemptible": flag(req["preemptible"]),
-        "first_step": steps(req["first_step"]),
-        "first_token_step": steps(req["first_token_step"]),
-        "finish_step": steps(req["finish_step"]),
-        "wait_steps": req["wait_steps"].tolist(),
-        "preemptions": req["preemptions"].tolist(),
-        "status": req["status"].tolist(),
-        "queue_wait": num(req["queue_wait"]),
-        "ttft": num(req["ttft"]),
-        "tpot": num(req["tpot"]),
-        "e2e": num(req["e2e"]),
-        "deadline_met": [("true" if m else "false") if h else "" for m, h in
-                         zip(req["deadline_met"].tolist(), req["has_deadline"].tolist())],
-    }
-    with atomic_writer(path) as fh:
-        w = csv.writer(fh, lineterminator="\n")
-        w.writerow(REQUEST_CSV_COLUMNS)
-        w.writerows(zip(*(cols[c] for c in REQUEST_CSV_COLUMNS)))
+    write_requests(path, req)
 
 
 def _fmt(v: float, scale: float | None) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import math
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
@@ -38,8 +39,30 @@ MAX_STEP = 2**53  # arrival_step, deadline_step, |priority|
 MAX_TOTAL = 2**61  # last arrival + all work steps; capacity + all blocks
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
-_TRUE = {"true", "1", "t", "yes"}
-_FALSE = {"false", "0", "f", "no"}
+# The accepted spellings (docs/files.md): booleans true/false in any letter case, or 1/0; integers
+# as ASCII decimal digits with an optional leading '-' (no '+', '_', spaces inside, or other scripts'
+# digits); spaces around a field are ignored.  Longer digit strings than any int64 are refused early.
+_TRUE = {"true", "1"}
+_FALSE = {"false", "0"}
+_INT_RE = re.compile(r"-?[0-9]+", re.ASCII)
+MAX_INT_DIGITS = 19
+MAX_FIELD = 4096  # characters of one CSV field; no valid trace field comes near it
+
+
+def parse_decimal(text: str) -> int:
+    """A strict decimal integer (see the spelling rules above); ValueError otherwise."""
+    s = text.strip()
+    if not _INT_RE.fullmatch(s):
+        raise ValueError("not a decimal integer")
+    if len(s.lstrip("-").lstrip("0")) > MAX_INT_DIGITS:
+        raise ValueError("too many digits")
+    return int(s)
+
+
+def show(value, limit: int = 40) -> str:
+    """`repr(value)`, shortened to about `limit` characters for error messages."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 12] + "\u2026" + text[-10:] + f" ({len(text)} chars)"
 
 
 class TraceError(UserError):
@@ -250,27 +273,45 @@ def _read_parquet(path: Path) -> tuple[dict[str, list], float | None]:
 
 def _from_csv(path: Path, steps_per_second: float | None, label: str) -> Trace:
     try:
-        with open(path, newline="", encoding="utf-8") as fh:
+        with open(path, newline="", encoding="utf-8-sig") as fh:  # -sig: a spreadsheet's BOM is accepted
             reader = csv.reader(fh)
             try:
                 header = next(reader)
             except StopIteration:
                 raise TraceError(f"{path}: empty file (expected the header {','.join(TRACE_COLUMNS)})") from None
+            except csv.Error as exc:
+                raise TraceError(f"{path}: line 1: {_csv_problem(exc)}") from None
             header = [h.strip() for h in header]
             _check_header(header, str(path))
             cols: dict[str, list] = {h: [] for h in header}
-            for lineno, rec in enumerate(reader, start=2):
+            row = 0
+            while True:
+                try:
+                    rec = next(reader)
+                except StopIteration:
+                    break
+                except csv.Error as exc:
+                    raise TraceError(f"{path}: line {reader.line_num}: {_csv_problem(exc)}") from None
+                lineno = reader.line_num
                 if not rec or all(not x.strip() for x in rec):
                     continue
+                row += 1
                 if len(rec) != len(header):
-                    raise TraceError(
-                        f"{path}: row {lineno - 1} (line {lineno}): {len(rec)} fields, expected {len(header)}"
-                    )
+                    raise TraceError(f"{path}: row {row} (line {lineno}): {len(rec)} fields, expected {len(header)}")
                 for h, x in zip(header, rec):
+                    if len(x) > MAX_FIELD:
+                        raise TraceError(f"{path}: line {lineno}, column {h}: a field of {len(x)} characters "
+                                         f"(at most {MAX_FIELD})")
                     cols[h].append(x.strip())
     except UnicodeDecodeError as exc:
         raise TraceError(f"{path}: not a UTF-8 text file ({exc.reason})") from None
     return _from_columns(cols, str(path), steps_per_second, label, row_offset=1)
+
+
+def _csv_problem(exc: csv.Error) -> str:
+    if "field limit" in str(exc):
+        return f"a field longer than {csv.field_size_limit():,} characters"
+    return f"unreadable CSV ({exc})"
 
 
 def _check_header(header: list[str], where: str) -> None:
@@ -303,14 +344,14 @@ def _parse_int(x, where: str, col: str) -> int:
     if isinstance(x, (float, np.floating)):
         if math.isfinite(x) and float(x).is_integer():
             return int(x)
-        raise TraceError(f"{where}, column {col}: expected an integer, got {x!r}")
+        raise TraceError(f"{where}, column {col}: expected an integer, got {show(x)}")
     if isinstance(x, str):
-        s = x.strip()
         try:
-            return int(s, 10)
-        except ValueError:
-            raise TraceError(f"{where}, column {col}: expected an integer, got {x!r}") from None
-    raise TraceError(f"{where}, column {col}: expected an integer, got {x!r}")
+            return parse_decimal(x)
+        except ValueError as exc:
+            what = "does not fit in int64" if str(exc) == "too many digits" else "expected an integer"
+            raise TraceError(f"{where}, column {col}: {what}, got {show(x)}") from None
+    raise TraceError(f"{where}, column {col}: expected an integer, got {show(x)}")
 
 
 def _parse_bool(x, where: str, col: str) -> bool:
@@ -320,7 +361,7 @@ def _parse_bool(x, where: str, col: str) -> bool:
         return bool(x)
     if isinstance(x, str) and x.strip().lower() in _TRUE | _FALSE:
         return x.strip().lower() in _TRUE
-    raise TraceError(f"{where}, column {col}: expected true/false (or 1/0), got {x!r}")
+    raise TraceError(f"{where}, column {col}: expected true/false (or 1/0), got {show(x)}")
 
 
 def _from_columns(cols: dict, where: str, steps_per_second: float | None, label: str, row_offset: int = 0) -> Trace:

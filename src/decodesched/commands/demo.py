@@ -7,9 +7,11 @@ KV capacity, prints a summary table and writes ``DIR/ttft_cdf.png`` and ``DIR/su
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -17,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import convert as cv
+from ..cli import int_arg
 from ..errors import UserError
 
 # Full trace at load 0.8 with 2,000 KV blocks: policies differ clearly in tail TTFT, starvation and
@@ -49,12 +52,12 @@ def add_parser(subparsers) -> None:
     p.add_argument("--load", type=float, default=DEFAULT_LOAD, metavar="L",
                    help="offered load, work steps per step of wall time (default %(default)s; near 1.0 the "
                         "backlog, and the run time, grow sharply)")
-    p.add_argument("--kv-blocks", type=int, default=DEFAULT_KV_BLOCKS, metavar="N",
+    p.add_argument("--kv-blocks", type=int_arg, default=DEFAULT_KV_BLOCKS, metavar="N",
                    help="free KV blocks (16 tokens each) at the start (default %(default)s)")
-    p.add_argument("--requests", type=int, default=None, metavar="N",
+    p.add_argument("--requests", type=int_arg, default=None, metavar="N",
                    help="use only the first N requests of the trace (default: all 19,366)")
-    p.add_argument("--aging-interval", type=int, default=4, metavar="K", help="steps per aging level (default 4)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the priority/deadline rules (default %(default)s)")
+    p.add_argument("--aging-interval", type=int_arg, default=4, metavar="K", help="steps per aging level (default 4)")
+    p.add_argument("--seed", type=int_arg, default=0, help="seed of the priority/deadline rules (default %(default)s)")
     p.add_argument("--out", default="decodesched-demo", metavar="DIR",
                    help="folder for ttft_cdf.png and summary.csv (default ./%(default)s)")
     p.set_defaults(func=run)
@@ -82,15 +85,26 @@ def check_args(args) -> Path:
         anc = anc.parent
     if not anc.is_dir():
         raise UserError(f"{out}: cannot create the folder ({anc} is not a folder)")
+    if not os.access(anc, os.W_OK):  # a read-only file system or folder: say so before the work, not after
+        raise UserError(f"{out}: cannot write in {anc} (read-only or no permission)")
     return out
 
 
 def run(args) -> int:
-    from ..engine import simulate
-    from ..metrics import format_table
+    from .._io import immediate_interrupt
+    from .._numba_cache import compile_notice, early_compile_notice
 
     out = check_args(args)
     t0 = time.perf_counter()
+    early_compile_notice("fast_nb", "replay_fast_nb", "the replay kernel")  # before Numba is imported
+    from ..engine import replay_kernel, simulate
+    from ..metrics import format_table
+    from .warmup import TINY_TRACE
+
+    if compile_notice(replay_kernel("fast"), "the replay kernel"):
+        with immediate_interrupt():  # compile now, on a tiny trace, so that no policy's time includes it
+            simulate(TINY_TRACE, "aging", 2, 2, record_events=False)
+        _say(f"demo: compiled in {time.perf_counter() - t0:.0f} s (cached for later runs)")
     src = cv.bundled_trace_path()
     _say(f"demo: converting {src.name} at offered load {args.load:g} ...")
     raw = cv.read_azure(src)
@@ -105,8 +119,9 @@ def run(args) -> int:
     results, seconds = {}, {}
     for k, policy in enumerate(DEMO_POLICIES, start=1):
         t = time.perf_counter()
-        results[policy] = simulate(trace, policy=policy, free_kv_blocks=args.kv_blocks,
-                                   aging_interval=args.aging_interval, record_events=False)
+        with immediate_interrupt():
+            results[policy] = simulate(trace, policy=policy, free_kv_blocks=args.kv_blocks,
+                                       aging_interval=args.aging_interval, record_events=False)
         seconds[policy] = time.perf_counter() - t
         _say(f"demo: [{k}/{len(DEMO_POLICIES)}] {policy}: {results[policy].n_events} steps "
              f"in {seconds[policy]:.1f} s")
@@ -117,11 +132,13 @@ def run(args) -> int:
     png = render_ttft_cdf({p: r.requests["ttft"] for p, r in results.items()}, sps, title)
     summary = summary_csv(metrics, seconds, sps)
 
-    out.mkdir(parents=True, exist_ok=True)
-    from .._io import atomic_writer
+    from .._io import atomic_writer, check_outputs
 
     png_path, csv_path = out / "ttft_cdf.png", out / "summary.csv"
+    created = [p for p in (out, *out.parents) if not p.exists()]
+    out.mkdir(parents=True, exist_ok=True)
     try:
+        check_outputs([png_path, csv_path])
         with atomic_writer(png_path, "wb") as fh:
             fh.write(png)
         try:
@@ -130,8 +147,11 @@ def run(args) -> int:
         except BaseException:
             png_path.unlink(missing_ok=True)  # both files or neither
             raise
-    except OSError as exc:
-        raise UserError(f"{out}: cannot write the demo output ({exc.strerror or exc})") from None
+    except BaseException:
+        for p in created:  # the folders this run made, innermost first
+            with contextlib.suppress(OSError):
+                p.rmdir()
+        raise
 
     print(title + (f"; times in seconds ({sps:.4g} steps/s)" if sps else "; times in steps"))
     print(format_table(metrics))

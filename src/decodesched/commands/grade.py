@@ -42,7 +42,7 @@ def run(args) -> int:
         raise UserError("give SUBMISSIONS and --out DIR (or --selfcheck)")
     if args.jobs < 0:
         raise UserError("--jobs must be >= 0")
-    if args.timeout <= 0 or args.memory_mb < 64:
+    if not 0 < args.timeout < float("inf") or args.memory_mb < 64:  # `not 0 <` also refuses nan
         raise UserError("--timeout must be > 0 and --memory-mb >= 64")
     src = Path(args.submissions)
     if not src.is_dir():

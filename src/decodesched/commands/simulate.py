@@ -3,11 +3,11 @@
 
 from __future__ import annotations
 
+import sys
 import time
-from pathlib import Path
 
+from ..cli import int_arg
 from ..engine import ENGINES, POLICIES, simulate
-from ..errors import UserError
 from ..metrics import format_table
 from ..trace import load_trace
 
@@ -22,39 +22,40 @@ def add_parser(sub) -> None:
     )
     p.add_argument("trace", metavar="TRACE", help="canonical trace CSV or .parquet")
     p.add_argument("--policy", required=True, choices=POLICIES)
-    p.add_argument("--kv-blocks", type=int, required=True, metavar="N", help="free KV blocks at the start")
-    p.add_argument("--aging-interval", type=int, default=4, metavar="K", help="steps per priority level (default 4)")
-    p.add_argument("--max-steps", type=int, default=None, metavar="N", help="stop after N steps that ran")
-    p.add_argument("--events", metavar="PATH", help="write the event log CSV here")
-    p.add_argument("--requests", metavar="PATH", help="write the per-request CSV here")
+    p.add_argument("--kv-blocks", type=int_arg, required=True, metavar="N", help="free KV blocks at the start")
+    p.add_argument("--aging-interval", type=int_arg, default=4, metavar="K", help="steps per priority level (default 4)")
+    p.add_argument("--max-steps", type=int_arg, default=None, metavar="N", help="stop after N steps that ran")
+    p.add_argument("--events", metavar="PATH", help="write the event log here: CSV, or Parquet for a .parquet "
+                   "name (needs the data extra); - for standard output")
+    p.add_argument("--requests", metavar="PATH", help="write the per-request table here (CSV or .parquet; - for "
+                   "standard output)")
     p.add_argument("--engine", choices=ENGINES, default="fast", help="fast (default) or the scan baseline")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
-    for path in (args.events, args.requests):
-        if path is None:
-            continue
-        if Path(path).resolve() == Path(args.trace).resolve():
-            raise UserError(f"{path}: refusing to overwrite the input trace")
-        if not Path(path).resolve().parent.is_dir():
-            raise UserError(f"{path}: no such directory {Path(path).parent}")
-        if Path(path).is_dir():
-            raise UserError(f"{path}: is a directory")
-    trace = load_trace(args.trace)
-    start = time.perf_counter()
-    result = simulate(trace, args.policy, args.kv_blocks, args.aging_interval, args.max_steps,
-                      record_events=args.events is not None, engine=args.engine)
-    elapsed = time.perf_counter() - start
-    try:
-        if args.events:
-            result.write_events(args.events)
-        if args.requests:
-            result.write_requests(args.requests)
-    except (FileNotFoundError, IsADirectoryError, PermissionError) as exc:
-        raise UserError(f"cannot write output: {exc}") from None
-    print(f"{trace.name}: {len(trace)} requests, policy {args.policy}, {args.kv_blocks} KV blocks, "
-          f"aging interval {args.aging_interval}; {result.n_events} steps in {elapsed:.2f} s ({result.stop_reason})")
-    print(format_table({args.policy: result.metrics}))
-    return 0
+    from .._io import STDOUT, check_outputs, immediate_interrupt
+    from .._numba_cache import compile_notice, early_compile_notice
 
+    check_outputs([args.events, args.requests], [args.trace])
+    trace = load_trace(args.trace)
+    what = f"the {args.engine} replay kernel"
+    early_compile_notice(f"{args.engine}_nb", f"replay_{args.engine}_nb", what)  # before Numba is imported
+    from ..engine import replay_kernel
+
+    compile_notice(replay_kernel(args.engine), what)
+    start = time.perf_counter()
+    with immediate_interrupt():
+        result = simulate(trace, args.policy, args.kv_blocks, args.aging_interval, args.max_steps,
+                          record_events=args.events is not None, engine=args.engine)
+    elapsed = time.perf_counter() - start
+    if args.events:
+        result.write_events(args.events)
+    if args.requests:
+        result.write_requests(args.requests)
+    out = sys.stderr if STDOUT in (args.events, args.requests) else sys.stdout  # keep a streamed table clean
+    print(f"{trace.name}: {len(trace)} requests, policy {args.policy}, {args.kv_blocks} KV blocks, "
+          f"aging interval {args.aging_interval}; {result.n_events} steps in {elapsed:.2f} s ({result.stop_reason})",
+          file=out)
+    print(format_table({args.policy: result.metrics}), file=out)
+    return 0

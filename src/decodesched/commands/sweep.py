@@ -107,6 +107,9 @@ def _arg_error(msg: str):
 
 
 def _check_out(out: str, traces: list[str]) -> None:
+    from .._io import check_outputs
+
+    check_outputs([out], traces)  # an input trace, its .meta.json sidecar, a device, FIFO or symlink loop
     path = Path(out)
     if any(os.path.abspath(out) == os.path.abspath(t) for t in traces):
         raise UserError(f"{out}: refusing to overwrite an input trace")

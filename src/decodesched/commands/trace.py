@@ -9,8 +9,10 @@ from pathlib import Path
 import numpy as np
 
 from .. import convert as cv
+from .._io import check_outputs
+from ..cli import int_arg
 from ..errors import UserError
-from ..trace import load_trace
+from ..trace import load_trace, parse_decimal, show
 
 CONVERT_RULES = f"""\
 conversion rules (seeded: the same source, options and --seed give the same trace):
@@ -54,9 +56,9 @@ def add_parser(subparsers) -> None:
     scale = c.add_mutually_exclusive_group()
     scale.add_argument("--load", type=float, metavar="L", help="target offered load (work steps per step), e.g. 1.0")
     scale.add_argument("--steps-per-second", type=float, metavar="S", help="time scale: scheduler steps per second")
-    c.add_argument("--block-size", type=int, default=cv.DEFAULT_BLOCK_SIZE, metavar="N",
+    c.add_argument("--block-size", type=int_arg, default=cv.DEFAULT_BLOCK_SIZE, metavar="N",
                    help="tokens per KV block (default %(default)s)")
-    c.add_argument("--seed", type=int, default=0, help="seed of the priority/deadline draws (default %(default)s)")
+    c.add_argument("--seed", type=int_arg, default=0, help="seed of the priority/deadline draws (default %(default)s)")
     c.add_argument("--priority-classes", type=_int_list, default=cv.DEFAULT_PRIORITY_CLASSES, metavar="A,B,..",
                    help="priority values to draw from (default %s)" % ",".join(map(str, cv.DEFAULT_PRIORITY_CLASSES)))
     c.add_argument("--priority-weights", type=_float_list, default=None, metavar="W,W,..",
@@ -68,9 +70,9 @@ def add_parser(subparsers) -> None:
                    help="deadline budget in multiples of the request's own work steps (default %(default)s)")
     c.add_argument("--protected-classes", type=_int_list_or_none, default=None, metavar="A,B,..|none",
                    help="classes that cannot be preempted (default: the largest class; 'none' for no class)")
-    c.add_argument("--cache-min-blocks", type=int, default=cv.DEFAULT_CACHE_MIN_BLOCKS, metavar="K",
+    c.add_argument("--cache-min-blocks", type=int_arg, default=cv.DEFAULT_CACHE_MIN_BLOCKS, metavar="K",
                    help="mooncake: a hit needs the first K hash_ids seen before (default %(default)s)")
-    c.add_argument("--requests", type=int, default=None, metavar="N", help="convert only the first N requests")
+    c.add_argument("--requests", type=int_arg, default=None, metavar="N", help="convert only the first N requests")
     c.add_argument("--out", required=True, metavar="OUT.csv", help="the canonical trace CSV to write")
     c.set_defaults(func=run_convert)
 
@@ -92,9 +94,9 @@ def run(args) -> int:  # the module contract: dispatch to the chosen action
 
 def _int_list(text: str) -> tuple[int, ...]:
     try:
-        vals = tuple(int(x) for x in text.split(",") if x.strip())
+        vals = tuple(parse_decimal(x) for x in text.split(",") if x.strip())
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected whole numbers separated by commas, got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"expected whole numbers separated by commas, got {show(text)}") from None
     if not vals:
         raise argparse.ArgumentTypeError("expected at least one number")
     return vals
@@ -108,7 +110,7 @@ def _float_list(text: str) -> tuple[float, ...]:
     try:
         vals = tuple(float(x) for x in text.split(",") if x.strip())
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected numbers separated by commas, got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"expected numbers separated by commas, got {show(text)}") from None
     if not vals:
         raise argparse.ArgumentTypeError("expected at least one number")
     return vals
@@ -143,6 +145,7 @@ def run_convert(args) -> int:
         raise UserError(f"{out}: the folder {out.parent} does not exist")
     if src.exists() and out.exists() and out.resolve() == src.resolve():
         raise UserError(f"{out}: would overwrite the source trace; choose another --out")
+    check_outputs([out, cv.meta_path(out)], [src])
     if args.requests is not None and args.requests < 1:
         raise UserError(f"--requests must be >= 1, got {args.requests}")
     fmt = args.format or cv.detect_format(src)

@@ -72,10 +72,27 @@ def tasks(cuda: bool = False):
     return out
 
 
+def cache_location() -> str:
+    """Where the replay kernels' compiled code is cached (see `decodesched._numba_cache`)."""
+    from .._numba_locators import _NowhereLocator, _ReadOnlyLocator
+    from ..kernels.fast_nb import replay_fast_nb
+
+    cache = getattr(replay_fast_nb, "_cache", None)
+    locator = getattr(getattr(cache, "_impl", None), "locator", None)
+    if locator is None:
+        return "nowhere (caching is off)"
+    where = locator.get_cache_path()
+    if isinstance(locator, _NowhereLocator):
+        return "nowhere (no writable folder; set NUMBA_CACHE_DIR)"
+    if isinstance(locator, _ReadOnlyLocator):
+        return f"{where} (shipped, read-only: loaded, never written)"
+    return where
+
+
 def run(args) -> int:
     import numba
 
-    print(f"Numba {numba.__version__}, cache in {os.environ.get('NUMBA_CACHE_DIR') or 'kernels/__pycache__ beside the sources'}")
+    print(f"Numba {numba.__version__}, cache in {cache_location()}")
     total = time.perf_counter()
     for label, dispatchers, thunk in tasks(args.cuda):
         before = _counters(dispatchers)

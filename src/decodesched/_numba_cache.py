@@ -1,0 +1,151 @@
+"""Where the kernels' Numba cache lives (imported by ``decodesched/__init__.py`` before any kernel).
+
+Numba's own rule caches beside the sources (``kernels/__pycache__``) whenever that folder is
+writable.  For an installed package that is wrong: pip owns site-packages, and a leftover
+``decodesched/kernels/__pycache__`` there turns ``decodesched`` into an empty namespace package after
+a later ``pip install -e``.  So, for the package's own kernels only, the cache is chosen as follows:
+
+1. ``NUMBA_CACHE_DIR`` when it is set and writable (Numba's own rule);
+2. beside the sources, when they are a source checkout (not under site-packages) and writable;
+3. a compiled cache shipped beside the sources (read-only or not), when it is valid for this
+   Numba and these sources: loaded from, never written to;
+4. the user's cache folder (``~/.cache/decodesched`` on Linux, the platform's equivalent elsewhere);
+5. nowhere: the kernels compile in every process, and one notice line says so.
+
+Functions of other packages keep Numba's rules.  This module imports no Numba (so that the CLI can
+say "compiling ..." within a second of starting); the locators themselves are in `_numba_locators`.  ``NUMBA_CACHE_LOCATOR_CLASSES`` (Numba's own
+override) is respected as is; ``NUMBA_CACHE_LOCATOR_CLASSES=InTreeCacheLocator decodesched warmup``
+is how an administrator ships a compiled cache beside an installed package (see docs/install.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import os
+import site
+import sys
+import sysconfig
+import tempfile
+from pathlib import Path
+
+COMPILE_SECONDS = "20-60 s"  # a cold compile of the fast replay kernel on a busy two-core machine
+
+
+@functools.lru_cache(maxsize=1)
+def _kernels_dir() -> Path:
+    """The folder of ``decodesched.kernels``, found without importing it."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("decodesched.kernels")
+    return Path(list(spec.submodule_search_locations)[0]).resolve()
+
+
+def _installed(path: Path) -> bool:
+    """Whether `path` lies in a package tree that pip manages (site-packages, dist-packages)."""
+    roots = set()
+    for key in ("purelib", "platlib"):
+        with contextlib.suppress(KeyError):
+            roots.add(Path(sysconfig.get_paths()[key]).resolve())
+    with contextlib.suppress(AttributeError):
+        roots.update(Path(p).resolve() for p in site.getsitepackages())
+    with contextlib.suppress(AttributeError):
+        roots.add(Path(site.getusersitepackages()).resolve())
+    if any(root == path or root in path.parents for root in roots):
+        return True
+    return any(part in ("site-packages", "dist-packages") for part in path.parts)
+
+
+def user_cache_dir() -> Path:
+    """The user's cache folder for decodesched: ``$XDG_CACHE_HOME/decodesched`` or
+    ``~/.cache/decodesched`` on Linux, ``~/Library/Caches/decodesched`` on macOS,
+    ``%LOCALAPPDATA%\\decodesched\\Cache`` on Windows (the folders Numba's own user-wide cache uses)."""
+    if sys.platform == "win32":
+        base = os.environ.get("LOCALAPPDATA") or os.path.expanduser("~\\AppData\\Local")
+        return Path(base) / "decodesched" / "Cache"
+    if sys.platform == "darwin":
+        return Path(os.path.expanduser("~/Library/Caches")) / "decodesched"
+    return Path(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")) / "decodesched"
+
+
+def cache_subpath(py_file: str) -> str:
+    """Numba's per-folder subpath inside a cache root: the folder's name and a hash of its path."""
+    folder = os.path.dirname(os.path.abspath(py_file))
+    return "_".join([os.path.split(folder)[-1], hashlib.sha1(folder.encode()).hexdigest()])
+
+
+def _writable(path: Path) -> bool:
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=path).close()
+    except OSError:
+        return False
+    return True
+
+
+_notices: set[str] = set()
+
+
+def _notice(msg: str) -> None:
+    if msg not in _notices:
+        _notices.add(msg)
+        print(f"decodesched: {msg}", file=sys.stderr, flush=True)
+
+
+def install() -> None:
+    """Put decodesched's cache locator first in Numba's list (imports Numba; see `_numba_locators`)."""
+    from . import _numba_locators
+
+    _numba_locators.install()
+
+
+def candidate_folders(py_file: str) -> list[Path]:
+    """Every folder the rules above may pick for kernels of `py_file`."""
+    out = []
+    if os.environ.get("NUMBA_CACHE_DIR"):
+        out.append(Path(os.environ["NUMBA_CACHE_DIR"]) / cache_subpath(py_file))
+    out.append(Path(py_file).parent / "__pycache__")
+    out.append(user_cache_dir() / cache_subpath(py_file))
+    return out
+
+
+def early_compile_notice(module: str = "fast_nb", function: str = "replay_fast_nb",
+                         what: str = "the replay kernel") -> bool:
+    """Before Numba is even imported: when no cache folder holds an index of `function`, it will
+    surely compile; say so now.  (A stale index is caught later by `compile_notice`.)"""
+    py_file = str(_kernels_dir() / f"{module}.py")
+    for folder in candidate_folders(py_file):
+        with contextlib.suppress(OSError):
+            if any(folder.glob(f"{module}.*{function}-*.nbi")):
+                return False
+    _notice(compile_message(what))
+    return True
+
+
+def compile_message(what: str) -> str:
+    return f"compiling {what} (first run only, about {COMPILE_SECONDS}; `decodesched warmup` does it ahead)..."
+
+
+def dispatcher_cold(dispatcher) -> bool:
+    """True when `dispatcher` has no machine code in this process and none in its cache (it will compile)."""
+    if getattr(dispatcher, "overloads", None):
+        return False
+    cache = getattr(dispatcher, "_cache", None)
+    cache_file = getattr(cache, "_cache_file", None)
+    if cache_file is None:
+        return True
+    try:
+        return not cache_file._load_index()
+    except Exception:
+        return True
+
+
+def compile_notice(dispatcher, what: str = "the replay kernel") -> bool:
+    """Say once on stderr that `dispatcher` is about to compile (when it has no cached machine code).
+
+    Returns whether it will compile, so that callers can keep the compile out of their timings."""
+    if not dispatcher_cold(dispatcher):
+        return False
+    _notice(compile_message(what))
+    return True

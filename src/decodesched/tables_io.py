@@ -1,0 +1,367 @@
+"""The events and requests tables on disk: CSV or Parquet (by extension), written in chunks straight
+from the kernels' arrays, and read back exactly.
+
+Writing formats a chunk of rows at a time with NumPy (no Python loop over rows: see
+`format_csv_rows`), so memory stays bounded by the chunk.  A ``.parquet`` / ``.pq`` path writes
+Parquet (one row group per `PARQUET_CHUNK_ROWS` rows; needs the ``data`` extra, pyarrow); anything else, ``-`` (standard output) included, writes CSV.  `read_table` reads either
+back into the same NumPy columns: nullable columns come back as masked arrays.
+
+CSV spelling (docs/files.md): integers in decimal, booleans ``true``/``false``, an empty field for a
+missing value, integral floats as integers and other floats in their shortest exact form.
+"""
+
+from __future__ import annotations
+
+import csv
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ._io import atomic_writer
+from .errors import UserError
+from .kernels import enums as E
+
+CHUNK_ROWS = 1 << 15  # CSV rows per chunk: its byte matrix (about 3 MB) stays in the CPU caches
+PARQUET_CHUNK_ROWS = 1 << 20  # rows per Parquet row group
+PARQUET_SUFFIXES = (".parquet", ".pq")
+
+# Column kinds: int, int? (nullable), bool, bool?, float? (NaN = missing), str.
+EVENT_SCHEMA = (
+    ("step", "int"), ("request_id", "int"), ("phase", "str"), ("action", "str"), ("prompt_len", "int"),
+    ("generated_len", "int"), ("max_new_tokens", "int"), ("wait_steps", "int"), ("free_kv_blocks", "int"),
+    ("preempted_request_id", "int?"), ("deadline_missed", "bool"),
+)
+REQUEST_SCHEMA = (
+    ("request_id", "int"), ("arrival_step", "int"), ("prompt_len", "int"), ("max_new_tokens", "int"),
+    ("priority", "int"), ("cache_hit", "bool"), ("required_blocks", "int"), ("deadline_step", "int?"),
+    ("preemptible", "bool"), ("first_step", "int?"), ("first_token_step", "int?"), ("finish_step", "int?"),
+    ("wait_steps", "int"), ("preemptions", "int"), ("status", "str"), ("queue_wait", "float?"),
+    ("ttft", "float?"), ("tpot", "float?"), ("e2e", "float?"), ("deadline_met", "bool?"),
+)
+
+
+def is_parquet(path) -> bool:
+    return str(path) != "-" and Path(path).suffix.lower() in PARQUET_SUFFIXES
+
+
+# -- columns of one chunk ------------------------------------------------------------------------
+
+@dataclass
+class Col:
+    """One column of a chunk: `values` (int64, bool, float64 or a str array of codes into `vocab`)
+    and `missing` (a bool mask, or None)."""
+
+    kind: str
+    values: np.ndarray
+    missing: np.ndarray | None = None
+    vocab: tuple[str, ...] | None = None  # for kind "str": values are codes into vocab
+
+
+def _event_chunk(event_log: np.ndarray, trace, lo: int, hi: int) -> list[Col]:
+    ev = event_log[lo:hi]
+    rows = ev[:, E.EV_ROW]
+    victim = ev[:, E.EV_VICTIM_ROW]
+    action = ev[:, E.EV_ACTION]
+    none = victim == E.NO_ROW
+    return [
+        Col("int", ev[:, E.EV_STEP]),
+        Col("int", trace.request_id[rows]),
+        Col("str", (action != E.ACTION_PREFILL_TO_DECODE).astype(np.int64), vocab=("prefill", "decode")),
+        Col("str", action, vocab=tuple(E.ACTION_NAMES)),
+        Col("int", trace.prompt_len[rows]),
+        Col("int", ev[:, E.EV_GENERATED]),
+        Col("int", trace.max_new_tokens[rows]),
+        Col("int", ev[:, E.EV_WAIT]),
+        Col("int", ev[:, E.EV_FREE]),
+        Col("int?", trace.request_id[np.where(none, 0, victim)], none),
+        Col("bool", ev[:, E.EV_MISSED].astype(bool)),
+    ]
+
+
+def _request_chunk(req: dict, lo: int, hi: int) -> list[Col]:
+    cols = []
+    for name, kind in REQUEST_SCHEMA:
+        v = req[name][lo:hi]
+        if name == "deadline_step":
+            missing = ~req["has_deadline"][lo:hi]
+            if v.dtype == object:
+                v = v.copy()
+                v[missing] = 0
+            cols.append(Col(kind, v.astype(np.int64), missing))
+        elif name in ("first_step", "first_token_step", "finish_step"):
+            cols.append(Col(kind, v, v < 0))
+        elif name == "deadline_met":
+            cols.append(Col(kind, v.astype(bool), ~req["has_deadline"][lo:hi]))
+        elif kind == "str":
+            vocab, codes = np.unique(v.astype(str), return_inverse=True)
+            cols.append(Col(kind, codes.astype(np.int64), vocab=tuple(vocab.tolist())))
+        elif kind == "float?":
+            v = v.astype(np.float64)
+            cols.append(Col(kind, v, np.isnan(v)))
+        else:
+            cols.append(Col(kind, v))
+    return cols
+
+
+# -- CSV formatting ------------------------------------------------------------------------------
+
+_POW10 = np.array([10**i for i in range(20)], dtype=np.uint64)
+_COMMA, _NL, _MINUS, _ZERO = ord(","), ord("\n"), ord("-"), ord("0")
+
+
+def _magnitudes(v: np.ndarray):
+    """(magnitude as uint64, negative mask or None) of int64 values (INT64_MIN included)."""
+    v = v.astype(np.int64, copy=False)
+    mag = v.astype(np.uint64)  # two's complement: -x as uint64 is 2**64 - x
+    neg = v < 0
+    if not neg.any():
+        return mag, None
+    mag[neg] = (~mag[neg]) + np.uint64(1)
+    return mag, neg
+
+
+def _digits(mag: np.ndarray) -> np.ndarray:
+    """Number of decimal digits of each uint64 (1 for 0)."""
+    nd = np.ones(mag.shape, dtype=np.int64)
+    top = mag.max() if mag.size else 0
+    for p in _POW10[1:]:
+        if p > top:
+            break
+        nd += mag >= p
+    return nd
+
+
+def _write_int(mat: np.ndarray, end: int, mag: np.ndarray, neg) -> None:
+    """Right-align the decimal digits of `mag` (and '-' where `neg`) in columns before `end`."""
+    ten = np.uint64(10)
+    r = mag
+    width = int(_digits(r.max(keepdims=True))[0]) if r.size else 1
+    for j in range(width):
+        q = r // ten
+        digit = (r - q * ten).astype(np.uint8) + np.uint8(_ZERO)
+        if j:
+            digit *= r > 0  # no leading zeros: a zero byte is padding, dropped at the end
+        mat[:, end - 1 - j] = digit
+        r = q
+    if neg is not None:
+        rows = np.flatnonzero(neg)
+        mat[rows, end - 1 - _digits(mag[rows])] = _MINUS
+
+
+class _Field:
+    """How one column of a chunk fills its fixed-width slot of the row matrix (zero bytes = padding)."""
+
+    def __init__(self, col: Col):
+        n = col.values.shape[0]
+        self.col = col
+        self.missing = col.missing if col.missing is not None and col.missing.any() else None
+        if col.kind in ("int", "int?"):
+            self.mag, self.neg = _magnitudes(np.where(self.missing, 0, col.values) if self.missing is not None
+                                             else col.values)
+            self.width = self._int_width()
+        elif col.kind in ("bool", "bool?", "str"):
+            words = [s.encode() for s in col.vocab] if col.kind == "str" else [b"false", b"true", b""]
+            self.codes = col.values.astype(np.int64, copy=False) if col.kind == "str" else \
+                np.where(self.missing, 2, col.values.astype(np.int64)) if self.missing is not None else \
+                col.values.astype(np.int64)
+            self.width = max(1, *(len(w) for w in words))
+            self.table = np.zeros((len(words), self.width), dtype=np.uint8)
+            for i, w in enumerate(words):
+                self.table[i, : len(w)] = np.frombuffer(w, dtype=np.uint8)
+        elif col.kind == "float?":
+            v = col.values
+            ok = ~np.isnan(v)
+            integral = ok & (np.floor(v) == v) & (np.abs(v) < 2.0**63)
+            self.frac = np.flatnonzero(ok & ~integral)
+            self.blank = ~integral  # zeroed before the non-integral text goes in
+            self.mag, self.neg = _magnitudes(np.where(integral, v, 0).astype(np.int64))
+            self.width = self._int_width()
+            if self.frac.size:
+                raw = np.char.encode(v[self.frac].astype(str), "ascii")  # NumPy's shortest round-trip text
+                self.text = np.frombuffer(raw.tobytes(), dtype=np.uint8).reshape(self.frac.size, raw.dtype.itemsize)
+                self.width = max(self.width, self.text.shape[1])
+        else:  # pragma: no cover - the schemas above use only these kinds
+            raise ValueError(col.kind)
+        self.n = n
+
+    def _int_width(self) -> int:
+        width = int(_digits(self.mag.max(keepdims=True))[0]) if self.mag.size else 1
+        return width + (self.neg is not None)
+
+    def fill(self, mat: np.ndarray, start: int) -> None:
+        end = start + self.width
+        kind = self.col.kind
+        if kind in ("bool", "bool?", "str"):
+            mat[:, start:end] = self.table[self.codes]
+            return
+        _write_int(mat, end, self.mag, self.neg)
+        if kind == "float?":
+            mat[self.blank, start:end] = 0
+            if self.frac.size:
+                mat[self.frac, start:start + self.text.shape[1]] = self.text
+        elif self.missing is not None:
+            mat[self.missing, start:end] = 0
+
+
+def format_csv_rows(cols: list[Col]) -> np.ndarray:
+    """The CSV lines of one chunk as a uint8 buffer (no header).
+
+    Each row is first laid out in fixed-width slots of a (rows, width) byte matrix, one NumPy
+    operation per column and digit position, with zero bytes as padding; dropping the zeros then
+    leaves the CSV text (no field contains a zero byte)."""
+    fields = [_Field(c) for c in cols]
+    n = cols[0].values.shape[0] if cols else 0
+    width = sum(f.width + 1 for f in fields)
+    mat = np.zeros((n, width), dtype=np.uint8)
+    start = 0
+    for f in fields:
+        f.fill(mat, start)
+        start += f.width
+        mat[:, start] = _COMMA
+        start += 1
+    if n:
+        mat[:, -1] = _NL
+    flat = mat.reshape(-1)
+    return flat[flat != 0]
+
+
+# -- writers -------------------------------------------------------------------------------------
+
+def _arrow_column(col: Col):
+    import pyarrow as pa
+
+    if col.kind == "str":
+        words = pa.array(list(col.vocab), type=pa.string())
+        return words.take(pa.array(col.values, type=pa.int64()))
+    mask = col.missing if col.missing is not None and col.missing.any() else None
+    typ = {"int": pa.int64(), "int?": pa.int64(), "bool": pa.bool_(), "bool?": pa.bool_(),
+           "float?": pa.float64()}[col.kind]
+    return pa.array(col.values, type=typ, mask=mask)
+
+
+def _write(path, schema, n_rows: int, chunk) -> None:
+    names = [name for name, _ in schema]
+    if is_parquet(path):
+        try:
+            import pyarrow as pa
+            import pyarrow.parquet as pq
+        except ImportError:
+            raise UserError(f"{path}: writing Parquet needs pyarrow: pip install 'decodesched[data]'") from None
+        typ = {"int": pa.int64(), "int?": pa.int64(), "bool": pa.bool_(), "bool?": pa.bool_(),
+               "float?": pa.float64(), "str": pa.string()}
+        arrow_schema = pa.schema([pa.field(n, typ[k], nullable=k.endswith("?")) for n, k in schema])
+        with atomic_writer(path, "wb") as fh:
+            with pq.ParquetWriter(fh, arrow_schema) as writer:
+                for lo in range(0, max(n_rows, 1), PARQUET_CHUNK_ROWS):
+                    hi = min(lo + PARQUET_CHUNK_ROWS, n_rows)
+                    arrays = [_arrow_column(c) for c in chunk(lo, hi)]
+                    writer.write_table(pa.Table.from_arrays(arrays, schema=arrow_schema))
+        return
+    with atomic_writer(path, "wb") as fh:
+        fh.write((",".join(names) + "\n").encode())
+        for lo in range(0, n_rows, CHUNK_ROWS):
+            fh.write(memoryview(format_csv_rows(chunk(lo, min(lo + CHUNK_ROWS, n_rows)))))
+
+
+def write_events(path, event_log: np.ndarray, trace) -> None:
+    """The events table (docs/files.md) of a kernel's (n, EV_NCOLS) log, CSV or Parquet by extension."""
+    _write(path, EVENT_SCHEMA, int(event_log.shape[0]), lambda lo, hi: _event_chunk(event_log, trace, lo, hi))
+
+
+def write_requests(path, req: dict) -> None:
+    """The requests table (docs/files.md) of a `metrics.request_table`, CSV or Parquet by extension."""
+    n = int(req["request_id"].shape[0])
+    _write(path, REQUEST_SCHEMA, n, lambda lo, hi: _request_chunk(req, lo, hi))
+
+
+# -- readers -------------------------------------------------------------------------------------
+
+def read_table(path) -> dict[str, np.ndarray]:
+    """An events or requests file (CSV or Parquet) as columns: int64, bool, float64 or str arrays;
+    nullable int and bool columns as `numpy.ma.MaskedArray`, missing floats as NaN."""
+    path = Path(path)
+    if is_parquet(path):
+        return _read_parquet(path)
+    with open(path, newline="", encoding="utf-8") as fh:
+        reader = csv.reader(fh)
+        header = next(reader, None)
+        if header is None:
+            raise UserError(f"{path}: empty file")
+        schema = _schema_of(header, path)
+        raw = [[] for _ in header]
+        for rec in reader:
+            if len(rec) != len(header):
+                raise UserError(f"{path}: line {reader.line_num}: {len(rec)} fields, expected {len(header)}")
+            for store, x in zip(raw, rec):
+                store.append(x)
+    return {name: _parse_column(values, kind) for (name, kind), values in zip(schema, raw)}
+
+
+def _schema_of(header: list[str], path) -> tuple:
+    for schema in (EVENT_SCHEMA, REQUEST_SCHEMA):
+        if header == [n for n, _ in schema]:
+            return schema
+    raise UserError(f"{path}: not an events or requests table (header {','.join(header)[:120]})")
+
+
+def _parse_column(values: list[str], kind: str):
+    a = np.array(values, dtype=str)
+    missing = a == ""
+    if kind == "str":
+        return a.astype(object).astype(str)
+    if kind.startswith("bool"):
+        out = a == "true"
+        return np.ma.MaskedArray(out, mask=missing) if kind.endswith("?") else out
+    if kind.startswith("int"):
+        out = np.where(missing, "0", a).astype(np.int64) if a.size else np.zeros(0, np.int64)
+        return np.ma.MaskedArray(out, mask=missing) if kind.endswith("?") else out
+    out = np.full(a.shape, np.nan)
+    if (~missing).any():
+        out[~missing] = a[~missing].astype(np.float64)
+    return out
+
+
+def _read_parquet(path: Path) -> dict[str, np.ndarray]:
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise UserError(f"{path}: reading Parquet needs pyarrow: pip install 'decodesched[data]'") from None
+    table = pq.read_table(path)
+    schema = _schema_of(table.column_names, path)
+    out = {}
+    for name, kind in schema:
+        col = table.column(name)
+        missing = np.asarray(col.is_null().to_numpy(zero_copy_only=False), dtype=bool)
+        if kind == "str":
+            out[name] = np.array(col.to_pylist(), dtype=str)
+        elif kind == "float?":
+            out[name] = np.asarray(col.to_numpy(zero_copy_only=False), dtype=np.float64)
+        else:
+            dtype = np.int64 if kind.startswith("int") else bool
+            filled = col.fill_null(0 if dtype is np.int64 else False)
+            values = np.asarray(filled.to_numpy(zero_copy_only=False), dtype=dtype)
+            out[name] = np.ma.MaskedArray(values, mask=missing) if kind.endswith("?") else values
+    return out
+
+
+def tables_equal(a: dict, b: dict) -> bool:
+    """Whether two tables from `read_table` hold the same values (NaN equal to NaN, masks equal)."""
+    if list(a) != list(b):
+        return False
+    for k in a:
+        x, y = a[k], b[k]
+        if np.ma.isMaskedArray(x) or np.ma.isMaskedArray(y):
+            if not (np.array_equal(np.ma.getmaskarray(x), np.ma.getmaskarray(y))
+                    and np.array_equal(np.ma.filled(x, 0), np.ma.filled(y, 0))):
+                return False
+        elif x.dtype.kind == "f":
+            if not np.array_equal(x, y, equal_nan=True):
+                return False
+        elif not np.array_equal(x, y):
+            return False
+    return True
+
+
+__all__ = ["write_events", "write_requests", "read_table", "tables_equal", "format_csv_rows", "is_parquet",
+           "EVENT_SCHEMA", "REQUEST_SCHEMA", "CHUNK_ROWS", "PARQUET_CHUNK_ROWS"]

@@ -1,0 +1,227 @@
+"""Every output goes through `_io.atomic_writer`: regular files atomically; directories, devices, FIFOs
+and sockets refused; symlinks written through (never replaced); inputs, sidecars and duplicate outputs
+refused; read-only file systems, full disks, missing folders and closed pipes one line, exit 2, no
+temporary file.  Device nodes and private mounts need root (skipped otherwise)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import stat
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from decodesched import tables_io
+from decodesched._io import atomic_writer, check_outputs
+from decodesched.cli import main
+from decodesched.errors import OutputError, UserError
+from decodesched.trace import TRACE_COLUMNS
+
+ROOT = os.geteuid() == 0
+UNSHARE = shutil.which("unshare") is not None and ROOT
+
+TRACE = ["1,0,4,3,0,false,2,,true", "2,1,2,2,2,true,2,8,true", "3,1,3,1,1,false,2,,true"]
+
+
+@pytest.fixture
+def trace_csv(tmp_path):
+    p = tmp_path / "trace.csv"
+    p.write_text(",".join(TRACE_COLUMNS) + "\n" + "\n".join(TRACE) + "\n")
+    (tmp_path / "trace.csv.meta.json").write_text('{"steps_per_second": 10.0}\n')
+    return p
+
+
+def simulate(trace, *extra):
+    return main(["simulate", str(trace), "--policy", "aging", "--kv-blocks", "4", *extra])
+
+
+def one_line(err: str) -> str:
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert "Traceback" not in err and len(lines[0]) <= 300
+    return lines[0]
+
+
+def no_temp_files(folder) -> bool:
+    return not [p for p in os.listdir(folder) if p.endswith(".tmp")]
+
+
+def test_regular_file_replaced_atomically_keeping_its_mode(tmp_path):
+    target = tmp_path / "out.csv"
+    target.write_text("old\n")
+    target.chmod(0o640)
+    with atomic_writer(target) as fh:
+        fh.write("new\n")
+    assert target.read_text() == "new\n" and stat.S_IMODE(target.stat().st_mode) == 0o640
+    with pytest.raises(RuntimeError):
+        with atomic_writer(target) as fh:
+            fh.write("partial")
+            raise RuntimeError("boom")
+    assert target.read_text() == "new\n" and no_temp_files(tmp_path)
+
+
+def test_symlink_is_written_through_and_stays_a_link(tmp_path):
+    real = tmp_path / "real.csv"
+    real.write_text("old\n")
+    link = tmp_path / "link.csv"
+    link.symlink_to(real)
+    with atomic_writer(link) as fh:
+        fh.write("new\n")
+    assert link.is_symlink() and os.readlink(link) == str(real) and real.read_text() == "new\n"
+    dangling = tmp_path / "dangling.csv"
+    dangling.symlink_to(tmp_path / "later.csv")
+    with atomic_writer(dangling) as fh:
+        fh.write("x\n")
+    assert dangling.is_symlink() and (tmp_path / "later.csv").read_text() == "x\n"
+
+
+def test_symlink_loop_and_link_to_a_folder_are_refused(tmp_path):
+    loop = tmp_path / "loop"
+    loop.symlink_to(loop)
+    with pytest.raises(OutputError):
+        with atomic_writer(loop) as fh:
+            fh.write("x")
+    (tmp_path / "d").mkdir()
+    to_dir = tmp_path / "to_dir"
+    to_dir.symlink_to(tmp_path / "d")
+    with pytest.raises(OutputError, match="is a directory"):
+        with atomic_writer(to_dir) as fh:
+            fh.write("x")
+    assert to_dir.is_symlink() and no_temp_files(tmp_path)
+
+
+def test_directory_fifo_and_socket_are_refused_and_left_alone(tmp_path):
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    sock_path = tmp_path / "sock"
+    sock = socket.socket(socket.AF_UNIX)
+    sock.bind(str(sock_path))
+    try:
+        for target, word in ((tmp_path, "directory"), (fifo, "FIFO"), (sock_path, "socket")):
+            with pytest.raises(OutputError, match=word):
+                with atomic_writer(target) as fh:
+                    fh.write("x")
+        assert stat.S_ISFIFO(os.stat(fifo).st_mode) and stat.S_ISSOCK(os.stat(sock_path).st_mode)
+    finally:
+        sock.close()
+    assert no_temp_files(tmp_path)
+
+
+@pytest.mark.skipif(not ROOT, reason="mknod needs root")
+@pytest.mark.parametrize("minor", [3, 7])  # a private /dev/null and /dev/full
+def test_device_nodes_are_refused_by_every_writer(tmp_path, trace_csv, capsys, minor):
+    dev = tmp_path / "dev"
+    os.mknod(dev, 0o666 | stat.S_IFCHR, os.makedev(1, minor))
+    assert simulate(trace_csv, "--events", str(dev)) == 2
+    assert "device" in one_line(capsys.readouterr().err)
+    assert main(["sweep", str(trace_csv), "--policy", "aging", "--kv-blocks", "4", "--out", str(dev)]) == 2
+    assert main(["trace", "convert", "bundled", "--load", "1", "--requests", "20", "--out", str(dev)]) == 2
+    capsys.readouterr()
+    assert stat.S_ISCHR(os.stat(dev).st_mode) and os.stat(dev).st_rdev == os.makedev(1, minor)
+    assert sorted(os.listdir(tmp_path)) == ["dev", "trace.csv", "trace.csv.meta.json"]
+
+
+def test_outputs_that_are_inputs_sidecars_or_each_other_are_refused(tmp_path, trace_csv, capsys):
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    side = str(trace_csv) + ".meta.json"
+    link = tmp_path / "alias.csv"
+    link.symlink_to(trace_csv)
+    cases = [
+        ["--events", str(trace_csv)],
+        ["--events", str(link)],
+        ["--requests", side],
+        ["--events", str(tmp_path / "x.csv"), "--requests", str(tmp_path / "." / "x.csv")],
+        ["--events", "-", "--requests", "-"],
+    ]
+    for extra in cases:
+        assert simulate(trace_csv, *extra) == 2, extra
+        one_line(capsys.readouterr().err)
+    assert main(["sweep", str(trace_csv), "--policy", "aging", "--kv-blocks", "4", "--out", side]) == 2
+    assert "sidecar" in one_line(capsys.readouterr().err)
+    link.unlink()
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+    with pytest.raises(UserError):
+        check_outputs([tmp_path / "a.csv", tmp_path / "a.csv"])
+    check_outputs([tmp_path / "a.csv", tmp_path / "b.csv", None], [trace_csv])
+
+
+def test_missing_folder_is_one_line(tmp_path, trace_csv, capsys):
+    assert simulate(trace_csv, "--requests", str(tmp_path / "nope" / "rq.csv")) == 2
+    assert "no such directory" in one_line(capsys.readouterr().err)
+    assert not (tmp_path / "nope").exists()
+
+
+def test_dash_streams_a_table_to_stdout_and_the_summary_to_stderr(trace_csv, capsys):
+    assert simulate(trace_csv, "--events", "-") == 0
+    out, err = capsys.readouterr()
+    assert out.splitlines()[0] == ",".join(name for name, _ in tables_io.EVENT_SCHEMA)
+    assert "queue_wait P50" in err and "queue_wait" not in out
+
+
+def test_closed_pipe_is_one_line_and_exit_2(trace_csv):
+    p = subprocess.Popen([sys.executable, "-m", "decodesched.cli", "simulate", str(trace_csv), "--policy", "fcfs",
+                          "--kv-blocks", "4", "--events", "-"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    p.stdout.close()  # the reader goes away before anything is written, as `| head -0` would
+    err = p.stderr.read().decode()
+    assert p.wait(timeout=300) == 2
+    assert "pipe" in one_line(err)
+
+
+RUN_IN_MOUNT = textwrap.dedent("""
+    set -e
+    mkdir -p "$MNT"
+    mount -t tmpfs -o "$OPTS" tmpfs "$MNT"
+    cp "$TRACE" "$MNT/trace.csv" 2>/dev/null || true
+    [ -n "$READONLY" ] && mount -o remount,ro "$MNT"
+    set +e
+    "$PY" -m decodesched.cli "$@" 2>"$MNT.err"
+    echo "rc=$?" >> "$MNT.err"
+    ls -A "$MNT" > "$MNT.ls"
+""")
+
+
+def run_in_private_mount(tmp_path, opts, readonly, args):
+    mnt = tmp_path / "mnt"
+    env = dict(os.environ, MNT=str(mnt), OPTS=opts, READONLY="1" if readonly else "", PY=sys.executable,
+               TRACE=str(tmp_path / "trace.csv"))
+    subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", RUN_IN_MOUNT, "sh", *args],
+                   env=env, check=True, timeout=600)
+    err = (tmp_path / "mnt.err").read_text().strip().splitlines()
+    return err[:-1], int(err[-1].split("=")[1]), (tmp_path / "mnt.ls").read_text().split()
+
+
+@pytest.mark.skipif(not UNSHARE, reason="needs root and unshare for a private mount")
+def test_read_only_file_system_is_one_line_and_leaves_nothing(tmp_path, trace_csv):
+    mnt = tmp_path / "mnt"
+    err, rc, listing = run_in_private_mount(
+        tmp_path, "size=1m", True, ["simulate", str(trace_csv), "--policy", "fcfs", "--kv-blocks", "4",
+                                    "--events", str(mnt / "ev.csv")])
+    assert rc == 2 and len(err) == 1 and "read-only file system" in err[0], err
+    assert listing == ["trace.csv"]
+
+
+@pytest.mark.skipif(not UNSHARE, reason="needs root and unshare for a private mount")
+def test_full_disk_is_one_line_and_leaves_no_temp_file(tmp_path):
+    big = tmp_path / "trace.csv"  # enough events to overflow a 64 KiB file system
+    rows = [f"{i},{i},8,40,{i % 3},false,1,,true" for i in range(200)]
+    big.write_text(",".join(TRACE_COLUMNS) + "\n" + "\n".join(rows) + "\n")
+    mnt = tmp_path / "mnt"
+    err, rc, listing = run_in_private_mount(
+        tmp_path, "size=64k", False, ["simulate", str(big), "--policy", "fcfs", "--kv-blocks", "400",
+                                      "--events", str(mnt / "ev.csv")])
+    assert rc == 2 and len(err) == 1 and "no space left" in err[0], err
+    assert listing == ["trace.csv"]
+
+
+@pytest.mark.skipif(not UNSHARE, reason="needs root and unshare for a private mount")
+def test_demo_on_a_read_only_file_system_says_so_before_working(tmp_path):
+    (tmp_path / "trace.csv").write_text(",".join(TRACE_COLUMNS) + "\n" + "\n".join(TRACE) + "\n")
+    mnt = tmp_path / "mnt"
+    err, rc, listing = run_in_private_mount(tmp_path, "size=1m", True,
+                                            ["demo", "--requests", "20", "--out", str(mnt / "demo")])
+    assert rc == 2 and len(err) == 1 and "read-only" in err[0], err
+    assert listing == ["trace.csv"]
