@@ -281,3 +281,52 @@ def test_model_rejects_what_it_rejected_before():
         DecodeSchedulerSim(policy="sjf")
     with pytest.raises(ValueError, match="aging_interval > 0"):
         DecodeSchedulerSim(policy=SJF, aging_interval=0)
+
+
+def test_simulate_command_runs_a_policy_from_a_file(tmp_path, capsys):
+    """`decodesched simulate --policy path.py:attr` replays the user's Policy: its event log equals
+    the Python API's, and a bad spec is one line with exit 2."""
+    from decodesched.cli import main
+    from decodesched.tables_io import read_table
+
+    (tmp_path / "pol.py").write_text(textwrap.dedent("""
+        import numba
+        from decodesched import Policy
+
+        @numba.njit
+        def key(r, clock):
+            return (r.phase, r.max_new_tokens - r.generated_len)
+
+        @numba.njit
+        def priority(r, clock):
+            return r.priority
+
+        SJF = Policy("file_sjf", key=key, effective_priority=priority)
+    """))
+    rng = np.random.default_rng(7)
+    n = 40
+    trace = {"request_id": np.arange(n), "arrival_step": np.sort(rng.integers(0, 30, n)),
+             "prompt_len": rng.integers(1, 9, n), "max_new_tokens": rng.integers(1, 9, n),
+             "priority": rng.integers(-2, 3, n), "cache_hit": rng.integers(0, 2, n).astype(bool),
+             "required_blocks": rng.integers(1, 5, n), "deadline_step": [None] * n, "preemptible": [True] * n}
+    from decodesched import load_trace
+
+    path = tmp_path / "t.csv"
+    lines = ["request_id,arrival_step,prompt_len,max_new_tokens,priority,cache_hit,required_blocks,deadline_step,"
+             "preemptible"]
+    for i in range(n):
+        lines.append(",".join(str(int(trace[c][i])) for c in ("request_id", "arrival_step", "prompt_len",
+                                                               "max_new_tokens", "priority"))
+                     + f",{'true' if trace['cache_hit'][i] else 'false'},{int(trace['required_blocks'][i])},,true")
+    path.write_text("\n".join(lines) + "\n")
+    spec = f"{tmp_path / 'pol.py'}:SJF"
+    events = tmp_path / "events.csv"
+    assert main(["simulate", str(path), "--policy", spec, "--kv-blocks", "6", "--events", str(events)]) == 0
+    assert "file_sjf" in capsys.readouterr().out
+    expected = simulate(load_trace(path), resolve_policy(spec), free_kv_blocks=6).events
+    got = read_table(events)
+    for column in ("step", "request_id", "action", "wait_steps", "free_kv_blocks"):
+        assert np.array_equal(np.asarray(got[column]), np.asarray(expected[column])), column
+    assert main(["simulate", str(path), "--policy", f"{tmp_path / 'pol.py'}:key", "--kv-blocks", "6"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "not a decodesched.Policy" in err[0]

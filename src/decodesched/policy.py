@@ -142,6 +142,16 @@ class Policy:
                 self._kernel = _CompileNotice(make_replay_kernel(kernel_key, kernel_eff), self.name)
             return self._kernel
 
+    def compile(self) -> None:
+        """Compile this user policy's kernel now (one one-request replay), so that later timings are
+        replay only; a built-in policy's kernels are cached and need nothing."""
+        if self._code is None:
+            from .engine import simulate
+
+            simulate({"request_id": [0], "arrival_step": [0], "prompt_len": [1], "max_new_tokens": [1],
+                      "priority": [0], "cache_hit": [False], "required_blocks": [1], "deadline_step": [None],
+                      "preemptible": [True]}, self, free_kv_blocks=1)
+
     def __repr__(self) -> str:
         return f"Policy({self.name!r})"
 
