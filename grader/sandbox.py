@@ -56,6 +56,8 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .limits import load_factor
+
 LAUNCHER = Path(__file__).with_name("_launcher.py")
 MARKER_VAR = "DECODESCHED_SANDBOX"
 FILE_SIZE_LIMIT = 64 * 1024 * 1024
@@ -76,6 +78,7 @@ class Outcome:
     wall_s: float
     cpu_s: float = 0.0
     cpu_exceeded: bool = False
+    wall_exceeded: bool = False  # stopped by the wall-clock backstop (no progress), not by a CPU limit
     output_truncated: bool = False
     leftovers_killed: int = 0  # processes still alive after the command ended (killed by us)
     protected_writes: list = field(default_factory=list)  # files it created in hidden folders (root only)
@@ -121,7 +124,8 @@ def _chown_tree(root: Path, uid: int, gid: int) -> None:
 
 # ----------------------------------------------------------------------------- /proc scanning
 def _proc_stat(pid: int):
-    """(ppid, pgid, sid, rss_pages) of a process, or None."""
+    """(ppid, pgid, sid, rss_pages, cpu_ticks) of a process, or None; cpu_ticks counts its own CPU time
+    and that of its children it has waited for (utime + stime + cutime + cstime)."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as fh:
             raw = fh.read()
@@ -129,9 +133,12 @@ def _proc_stat(pid: int):
         return None
     rest = raw[raw.rfind(b")") + 2:].split()
     try:
-        return int(rest[1]), int(rest[2]), int(rest[3]), int(rest[21])
+        return int(rest[1]), int(rest[2]), int(rest[3]), int(rest[21]), sum(int(x) for x in rest[11:15])
     except (IndexError, ValueError):
         return None
+
+
+_CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
 def _proc_uid(pid: int) -> int | None:
@@ -192,7 +199,8 @@ class _Members:
         self.me = os.getpid()
 
     def scan(self, with_rss: bool = False):
-        pids, rss = [], 0
+        """The run's live pids; with `with_rss`, also their summed resident memory (bytes) and CPU time (s)."""
+        pids, rss, ticks = [], 0, 0
         for name in os.listdir("/proc"):
             if not name.isdigit():
                 continue
@@ -210,7 +218,8 @@ class _Members:
             if mine:
                 pids.append(pid)
                 rss += st[3]
-        return (pids, rss * os.sysconf("SC_PAGE_SIZE")) if with_rss else pids
+                ticks += st[4]
+        return (pids, rss * os.sysconf("SC_PAGE_SIZE"), ticks / _CLK_TCK) if with_rss else pids
 
     def kill_all(self) -> int:
         killed = 0
@@ -308,6 +317,47 @@ def covered_dirs() -> list[str]:
     return out
 
 
+@dataclass
+class _Watch:
+    tree_cpu_s: float = 0.0
+    cpu_exceeded: bool = False
+    wall_exceeded: bool = False
+    memory_exceeded: bool = False
+
+
+def _watch(alive, members: _Members, start: float, *, timeout_s: float, cpu_s: float, mem_bytes: int,
+           notes: list) -> _Watch:
+    """Watch a run until it ends or breaks a limit: the CPU time and resident memory of all its processes
+    together (every 0.1 s), and the wall-clock backstop, stretched by the measured load (every second)."""
+    w = _Watch()
+    next_scan = next_load = 0.0
+    factor = 1.0
+    while alive():
+        now = time.monotonic()
+        if now >= next_load:
+            next_load = now + 1.0
+            factor = max(factor, load_factor())  # only ever more generous during one run
+        if now - start > timeout_s * factor:
+            w.wall_exceeded = True
+            notes.append(f"wall-clock backstop of {timeout_s * factor:.0f} s reached "
+                         f"({w.tree_cpu_s:.1f} s of CPU used)")
+            break
+        if now >= next_scan:
+            next_scan = now + 0.1
+            _, rss, cpu = members.scan(with_rss=True)
+            w.tree_cpu_s = max(w.tree_cpu_s, cpu)
+            if rss > mem_bytes:
+                w.memory_exceeded = True
+                notes.append(f"resident memory {rss / 2**20:.0f} MiB over the {mem_bytes // 2**20} MiB limit")
+                break
+            if w.tree_cpu_s > cpu_s + 0.5:
+                w.cpu_exceeded = True
+                notes.append(f"CPU limit of {cpu_s:g} s reached (all the run's processes together)")
+                break
+        time.sleep(0.02)
+    return w
+
+
 def run_isolated(
     argv,
     *,
@@ -381,22 +431,8 @@ def run_isolated(
         out_t.start()
         err_t.start()
         members = _Members(proc.pid, marker, uid)
-        timed_out = memory_exceeded = False
-        next_mem = 0.0
-        while proc.poll() is None:
-            now = time.monotonic()
-            if now - start > timeout_s:
-                timed_out = True
-                notes.append(f"wall-clock limit of {timeout_s:g} s reached")
-                break
-            if now >= next_mem:
-                next_mem = now + 0.1
-                _, rss = members.scan(with_rss=True)
-                if rss > mem_bytes:
-                    memory_exceeded = True
-                    notes.append(f"resident memory {rss / 2**20:.0f} MiB over the {memory_mb} MiB limit")
-                    break
-            time.sleep(0.02)
+        watch = _watch(lambda: proc.poll() is None, members, start, timeout_s=timeout_s, cpu_s=cpu_s,
+                       mem_bytes=mem_bytes, notes=notes)
         if proc.poll() is None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(proc.pid, signal.SIGKILL)
@@ -424,10 +460,11 @@ def run_isolated(
             sig = -rc if rc is not None and rc < 0 else None
             returncode = None if sig else rc
             notes.append("launcher ended without a report")
-        cpu_used = float(report.get("cpu_s", 0.0))
-        cpu_exceeded = sig == signal.SIGXCPU or (sig == signal.SIGKILL and cpu_used >= cpu_soft)
-        if cpu_exceeded:
+        cpu_used = max(float(report.get("cpu_s", 0.0)), watch.tree_cpu_s)
+        cpu_exceeded = watch.cpu_exceeded or sig == signal.SIGXCPU or (sig == signal.SIGKILL and cpu_used >= cpu_soft)
+        if cpu_exceeded and not watch.cpu_exceeded:
             notes.append(f"CPU limit of {cpu_soft} s reached")
+        memory_exceeded = watch.memory_exceeded
         stderr = err_t.value()
         if not memory_exceeded and sig is None and returncode not in (0, None):
             # Out of address space: Python and numpy report MemoryError; C++ reports bad_alloc.
@@ -437,7 +474,7 @@ def run_isolated(
                 notes.append("ran out of memory (address-space limit)")
         return Outcome(
             returncode=returncode,
-            timed_out=timed_out or cpu_exceeded,
+            timed_out=watch.wall_exceeded or cpu_exceeded,
             memory_exceeded=memory_exceeded,
             signal=sig,
             stdout=out_t.value(),
@@ -445,6 +482,7 @@ def run_isolated(
             wall_s=wall,
             cpu_s=cpu_used,
             cpu_exceeded=cpu_exceeded,
+            wall_exceeded=watch.wall_exceeded,
             output_truncated=out_t.total > max_output_bytes or err_t.total > max_output_bytes,
             leftovers_killed=int(report.get("leftovers", 0)) + killed,
             protected_writes=[str(p) for p in report.get("protected_writes", [])][:20],
@@ -459,27 +497,3 @@ def run_isolated(
             with contextlib.suppress(OSError):
                 _chown_tree(cwd, 0, 0)
             _release_uid(uid)
-
-
-@dataclass(frozen=True)
-class Limits:
-    """Per-submission limits, passed from the grade command down to every sandboxed run.
-
-    ``hide`` lists paths the untrusted code must not see (root only; see the module docstring).
-    ``run_isolated(argv, cwd=cwd, **limits.kwargs())`` applies them.
-    """
-
-    timeout_s: float = 60.0
-    cpu_s: float = 60.0
-    memory_mb: int = 1024
-    max_output_bytes: int = 1_000_000
-    hide: tuple = ()
-
-    def kwargs(self) -> dict:
-        return {
-            "timeout_s": self.timeout_s,
-            "cpu_s": self.cpu_s,
-            "memory_mb": self.memory_mb,
-            "max_output_bytes": self.max_output_bytes,
-            "hide": self.hide,
-        }
