@@ -97,8 +97,10 @@ class KernelReport:
     notes: list = field(default_factory=list)
 
 
-def kernel_run(sub: Submission, nb: dict, template: Path, workroot: Path, marker_prefix: str, limits: Limits) -> KernelReport:
-    """Real `nbgrader autograde` of one submission in a private course, under the sandbox."""
+def kernel_run(sub: Submission, nb: dict, template: Path, workroot: Path, marker_prefix: str, limits: Limits,
+               server: sandbox.ForkServer | None = None) -> KernelReport:
+    """Real `nbgrader autograde` of one submission in a private course, under the sandbox (forked by
+    `server`, a pre-started nbgrader, when given)."""
     rep = KernelReport()
     course = Path(tempfile.mkdtemp(prefix=f"k-{sub.student_id}-", dir=workroot))
     shutil.copy2(template / "nbgrader_config.py", course / "nbgrader_config.py")
@@ -114,6 +116,7 @@ def kernel_run(sub: Submission, nb: dict, template: Path, workroot: Path, marker
     out = sandbox.run_isolated(
         _nbgrader_argv("autograde", spec.ASSIGNMENT, f"--student={sub.student_id}", "--force", "--log-level=WARN"),
         cwd=course, **{**limits.kwargs(), "max_output_bytes": 200_000}, address_space=False, marker=marker,
+        server=server,
     )
     if out.memory_exceeded:
         rep.status = "memory"

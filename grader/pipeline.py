@@ -27,6 +27,7 @@ For every submission, in parallel (``jobs`` worker threads, each driving sandbox
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
 import hashlib
 import os
 import shutil
@@ -45,7 +46,9 @@ from .evidence import altered_cells, static_evidence
 from .limits import Limits, load_factor
 from .notebook import (STUDENT_ID_RE, InvalidSubmission, Submission, collect_submissions, load_notebook,
                        solution_source, student_code_cells)
-from .outputs import feedback_html, grades_csv_text, update_gradebook
+from .feedback import feedback_html
+from .outputs import grades_csv_text, update_gradebook
+from .sandbox import ForkServer
 from .status import decide
 from .verdict import verdict_for_source
 
@@ -60,6 +63,7 @@ class Result:
     lines: dict  # grade_id -> [feedback lines]
     notes: list = field(default_factory=list)  # status reasons, shown in the feedback
     seconds: float = 0.0
+    pictures: dict = field(default_factory=dict)  # grade_id -> verdict.schedule_picture of its first failure
 
 
 @dataclass
@@ -83,7 +87,8 @@ def _zero_cells():
     return {c.grade_id: 0.0 for c in spec.CELLS}
 
 
-def grade_one(sub: Submission, course: Course, template: Path, workroot: Path, options: Options, limits: Limits) -> Result:
+def grade_one(sub: Submission, course: Course, template: Path, workroot: Path, options: Options, limits: Limits,
+              server=None) -> Result:
     start = time.monotonic()
     base = dict(student_id=sub.student_id, max_score=float(spec.MAX_SCORE))
     if sub.problem:
@@ -104,7 +109,7 @@ def grade_one(sub: Submission, course: Course, template: Path, workroot: Path, o
     kernel = None
     if options.run_nbgrader:
         kernel = cf.ThreadPoolExecutor(1, thread_name_prefix=f"kernel-{sub.student_id}")
-        kernel_future = kernel.submit(kernel_run, sub, nb, template, workroot, options.marker_prefix, limits)
+        kernel_future = kernel.submit(kernel_run, sub, nb, template, workroot, options.marker_prefix, limits, server)
     try:
         verdict = verdict_for_source(source, limits=limits, hide=limits.hide)
     finally:
@@ -131,8 +136,9 @@ def grade_one(sub: Submission, course: Course, template: Path, workroot: Path, o
         score = float(cv.score) if cv is not None else 0.0
         cells[c.grade_id] = round(min(max(score, 0.0), float(c.points)), 4)
         lines[c.grade_id] = [str(x) for x in (cv.lines if cv is not None else [])]
+    pictures = {k: v.picture for k, v in verdict.cells.items() if v.picture}
     return Result(status=status, score=round(sum(cells.values()), 4), cells=cells, lines=lines, notes=notes,
-                  seconds=time.monotonic() - start, **base)
+                  seconds=time.monotonic() - start, pictures=pictures, **base)
 
 
 def default_hide(course: Course, submissions: Path, out_dir: Path) -> tuple:
@@ -161,15 +167,17 @@ def grade(submissions, out_dir, *, course=None, options: Options | None = None) 
     workroot = Path(tempfile.mkdtemp(prefix="decodesched-grade-")).resolve()
     os.chmod(workroot, 0o711)  # private uids must reach their own folder, but list nothing
     results: list[Result] = []
-    try:
+    with contextlib.ExitStack() as stack:
+        stack.callback(shutil.rmtree, workroot, ignore_errors=True)
+        # The fork server imports nbgrader while the template is built; every kernel run is forked from it.
+        server = stack.enter_context(ForkServer(options.marker_prefix + "forkserver")) if options.run_nbgrader else None
         template = build_template(course_obj, workroot, options.cell_timeout()) if options.run_nbgrader else workroot
-        with Progress(len(subs), "grading", enabled=options.progress) as bar, cf.ThreadPoolExecutor(jobs) as pool:
-            futs = {pool.submit(_grade_safely, s, course_obj, template, workroot, options, limits): s for s in subs}
-            for fut in cf.as_completed(futs):
-                results.append(fut.result())
-                bar.advance()
-    finally:
-        shutil.rmtree(workroot, ignore_errors=True)
+        bar = stack.enter_context(Progress(len(subs), "grading", enabled=options.progress))
+        pool = stack.enter_context(cf.ThreadPoolExecutor(jobs))
+        futs = {pool.submit(_grade_safely, s, course_obj, template, workroot, options, limits, server): s for s in subs}
+        for fut in cf.as_completed(futs):
+            results.append(fut.result())
+            bar.advance()
     results.sort(key=lambda r: r.student_id)
     fb = out_dir / "feedback"
     fb.mkdir(exist_ok=True)
@@ -183,10 +191,10 @@ def grade(submissions, out_dir, *, course=None, options: Options | None = None) 
     return results
 
 
-def _grade_safely(sub, course, template, workroot, options, limits) -> Result:
+def _grade_safely(sub, course, template, workroot, options, limits, server) -> Result:
     """One student's failure never stops the run: an unexpected grader error is reported as crashed."""
     try:
-        return grade_one(sub, course, template, workroot, options, limits)
+        return grade_one(sub, course, template, workroot, options, limits, server)
     except Exception as exc:  # noqa: BLE001
         import traceback
 

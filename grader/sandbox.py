@@ -47,6 +47,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -59,6 +60,7 @@ from pathlib import Path
 from .limits import load_factor
 
 LAUNCHER = Path(__file__).with_name("_launcher.py")
+FORKSERVER = Path(__file__).with_name("forkserver.py")
 MARKER_VAR = "DECODESCHED_SANDBOX"
 FILE_SIZE_LIMIT = 64 * 1024 * 1024
 UID_BASE = 1_900_000_000  # private uids for sandboxed runs (root only); no real account lives here
@@ -199,8 +201,13 @@ class _Members:
         self.me = os.getpid()
 
     def scan(self, with_rss: bool = False):
-        """The run's live pids; with `with_rss`, also their summed resident memory (bytes) and CPU time (s)."""
+        """The run's live pids; with `with_rss`, also their summed resident memory (bytes) and CPU time (s).
+
+        The periodic watchdog scans (`with_rss`, as root) match by session and private uid only: reading
+        every process's environment ten times a second cost more CPU than a submission. The scans that
+        kill (`kill_all`) also match the environment marker."""
         pids, rss, ticks = [], 0, 0
+        by_marker = not (with_rss and self.uid is not None)
         for name in os.listdir("/proc"):
             if not name.isdigit():
                 continue
@@ -213,7 +220,7 @@ class _Members:
             mine = st[2] == self.sid or st[1] == self.sid
             if not mine and self.uid is not None:
                 mine = _proc_uid(pid) == self.uid
-            if not mine:
+            if not mine and by_marker:
                 mine = _has_marker(pid, self.needle)
             if mine:
                 pids.append(pid)
@@ -358,6 +365,121 @@ def _watch(alive, members: _Members, start: float, *, timeout_s: float, cpu_s: f
     return w
 
 
+class _Process:
+    """The launcher of one run, started fresh (``python -I -S _launcher.py``) or forked by a `ForkServer`;
+    the small part of `subprocess.Popen` that `run_isolated` uses."""
+
+    def __init__(self, pid, stdout, stderr, popen=None, pidfd=None):
+        self.pid, self.stdout, self.stderr = pid, stdout, stderr
+        self._popen, self._pidfd = popen, pidfd
+        self.returncode = None
+
+    @classmethod
+    def start(cls, spec, status_w, marker, server=None):
+        if server is not None:
+            with contextlib.suppress(OSError, ValueError, KeyError):
+                return server.spawn(spec, status_w)
+        popen = subprocess.Popen(
+            [sys.executable, "-I", "-S", str(LAUNCHER), json.dumps(spec), str(status_w)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            pass_fds=(status_w,),
+            start_new_session=True,
+            env={"PATH": "/usr/bin:/bin", MARKER_VAR: marker + "-launcher"},
+        )
+        return cls(popen.pid, popen.stdout, popen.stderr, popen=popen)
+
+    def poll(self):
+        if self._popen is not None:
+            self.returncode = self._popen.poll()
+            return self.returncode
+        if self._pidfd is not None and select.select([self._pidfd], [], [], 0)[0]:
+            os.close(self._pidfd)
+            self._pidfd = None
+        return None if self._pidfd is not None else -1  # the fork server's child: its status comes by report
+
+    def wait(self, timeout: float = 60.0):
+        if self._popen is not None:
+            self.returncode = self._popen.wait()
+            return self.returncode
+        if self._pidfd is not None:
+            select.select([self._pidfd], [], [], timeout)
+        return self.poll()
+
+
+class ForkServer:
+    """A started `forkserver.py` (one per grade run): `run_isolated(..., server=it)` forks its runs there.
+
+    Use as a context manager; closing it ends the server. Thread-safe.
+    """
+
+    def __init__(self, marker: str = "forkserver"):
+        import socket
+
+        self._socket = socket
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self._proc = subprocess.Popen(
+            [sys.executable, "-I", str(FORKSERVER), str(theirs.fileno())],
+            pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL, start_new_session=True,
+            env={"PATH": os.pathsep.join((os.path.dirname(sys.executable), "/usr/bin", "/bin")),
+                 "PYTHONWARNINGS": "ignore", MARKER_VAR: marker},
+        )
+        theirs.close()
+        self._sock = mine
+        self._lock = threading.Lock()
+        self._ready = False
+
+    def _wait_ready(self):
+        if not self._ready:
+            self._sock.settimeout(300)
+            try:
+                if self._sock.recv(16) != b"ready":
+                    raise OSError("the fork server did not start")
+            finally:
+                self._sock.settimeout(None)
+            self._ready = True
+
+    def spawn(self, spec: dict, status_w: int) -> _Process:
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        try:
+            with self._lock:
+                self._wait_ready()
+                self._socket.send_fds(self._sock, [json.dumps(spec).encode()], [out_w, err_w, status_w])
+                msg, fds, _, _ = self._socket.recv_fds(self._sock, 4096, 1)
+        except BaseException:
+            os.close(out_r)
+            os.close(err_r)
+            raise
+        finally:
+            os.close(out_w)
+            os.close(err_w)
+        if not fds:
+            os.close(out_r)
+            os.close(err_r)
+            raise OSError("the fork server answered " + msg.decode("utf-8", "replace")[:200])
+        return _Process(json.loads(msg)["pid"], os.fdopen(out_r, "rb", buffering=0),
+                        os.fdopen(err_r, "rb", buffering=0), pidfd=fds[0])
+
+    def close(self):
+        with contextlib.suppress(OSError):
+            self._sock.close()
+        try:
+            self._proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self._proc.pid, signal.SIGKILL)
+            self._proc.wait()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
 def run_isolated(
     argv,
     *,
@@ -371,13 +493,16 @@ def run_isolated(
     address_space: bool = True,
     marker: str | None = None,
     expose=(),
+    server: ForkServer | None = None,
 ) -> Outcome:
     """Run `argv` in `cwd` under the limits above; never raises for anything the command does.
 
     `env` is added to the scrubbed environment. `hide` lists paths made invisible to the command
     (root only). `address_space=False` skips ``RLIMIT_AS`` (Jupyter kernels map far more virtual
     memory than they use; the resident-memory watchdog still applies). `marker` lets the caller
-    choose the run's marker (default: a fresh uuid) to look for leftovers afterwards.
+    choose the run's marker (default: a fresh uuid) to look for leftovers afterwards. `server`, a
+    started `ForkServer`, launches the run by forking it (same sandbox, no interpreter start-up;
+    ``python -m nbgrader ...`` then runs in the pre-imported process).
     """
     cwd = Path(cwd).resolve()
     marker = marker or uuid.uuid4().hex
@@ -416,15 +541,7 @@ def run_isolated(
     try:
         if root:
             _chown_tree(cwd, uid, uid)
-        proc = subprocess.Popen(
-            [sys.executable, "-I", "-S", str(LAUNCHER), json.dumps(spec), str(status_w)],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            pass_fds=(status_w,),
-            start_new_session=True,
-            env={"PATH": "/usr/bin:/bin", MARKER_VAR: marker + "-launcher"},
-        )
+        proc = _Process.start(spec, status_w, marker, server)
         os.close(status_w)
         status_w = None
         out_t, err_t = _Tail(proc.stdout, max_output_bytes), _Tail(proc.stderr, max_output_bytes)
@@ -456,7 +573,7 @@ def run_isolated(
         sig = report.get("signal")
         if not report:
             # The launcher itself was killed (by us on timeout, or by the command without root).
-            rc = proc.returncode
+            rc = proc.returncode  # None for a fork-server child: only its report says how it ended
             sig = -rc if rc is not None and rc < 0 else None
             returncode = None if sig else rc
             notes.append("launcher ended without a report")

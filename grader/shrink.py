@@ -97,9 +97,12 @@ def shrink_candidates(trace: dict) -> list[dict]:
     return out
 
 
-def shrink(trace: dict, diff: str, rerun, budget_s: float = 120.0, max_rounds: int = 60):
+def shrink(trace: dict, diff: str, rerun, budget_s: float = 120.0, max_rounds: int = 60, got=None):
     """Greedy shrinking: keep the smallest candidate that still fails, until none does (at most
-    `max_rounds` rounds; `budget_s` of wall clock is only a backstop)."""
+    `max_rounds` rounds; `budget_s` of wall clock is only a backstop).
+
+    Returns ``(trace, diff, got)``: the smallest failing trace, its first difference, and the
+    submission's observations on it (`got` as given when nothing smaller fails)."""
     deadline = time.monotonic() + budget_s
     for round_no in range(max_rounds):
         if time.monotonic() > deadline:
@@ -121,8 +124,8 @@ def shrink(trace: dict, diff: str, rerun, budget_s: float = 120.0, max_rounds: i
             sc_["expected"] = expected_for(sc_["ops"])
             dd = compare(sc_, obs[sc_["id"]])
             if dd and not dd.startswith("did not") and (best is None or size(t) < size(best[0])):
-                best = (t, dd)
+                best = (t, dd, obs[sc_["id"]])
         if best is None:
             break
-        trace, diff = best
-    return trace, diff
+        trace, diff, got = best
+    return trace, diff, got

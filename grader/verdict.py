@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from .compare import compare, setup_text, trace_table
 from .limits import Limits
 from .observe import collect_observations, run_harness, why_stopped, default_hide
-from .scenarios import N_RANDOM_TRACES, build_scenarios
+from .scenarios import N_RANDOM_TRACES, build_scenarios, expected_for, trace_scenario
 from .shrink import shrink, size
 from .spec import CELLS
 
@@ -100,10 +100,11 @@ def judge(scenarios: list[dict], observations, *, rerun=None, shrink_budget_s: f
         score = 0.0 if total == 0 else min(float(cell.points), round(cell.points * passed / total, 2))
         if passed < total and score >= cell.points:
             score = max(0.0, cell.points - 0.01)
-        lines = []
+        lines, picture = [], None
         if cell.grade_id == "hidden_differential":
             if failures:
-                lines.extend(_differential_lines(failures, total, rerun, shrink_budget_s))
+                more, picture = _differential_lines(failures, total, rerun, shrink_budget_s, obs_by_id)
+                lines.extend(more)
             else:
                 lines.append(f"all {total} random traces match the reference engine event for event")
         else:
@@ -111,29 +112,53 @@ def judge(scenarios: list[dict], observations, *, rerun=None, shrink_budget_s: f
                 lines.append(f"FAIL {s['what']}: {d}")
                 if k == 0:
                     lines.append("  setup / 场景: " + setup_text(s))
+                    picture = schedule_picture(s, obs_by_id.get(s["id"]), d)
             if len(failures) > MAX_LINES_PER_CELL:
                 lines.append(f"... and {len(failures) - MAX_LINES_PER_CELL} more failing checks")
             if not failures:
                 lines.append(f"all {total} checks passed")
-        verdicts[cell.grade_id] = CellVerdict(score=score, max_score=float(cell.points), lines=lines)
+        verdicts[cell.grade_id] = CellVerdict(score=score, max_score=float(cell.points), lines=lines, picture=picture)
     return verdicts
 
 
-def _differential_lines(failures, total, rerun, budget_s) -> list[str]:
+def _differential_lines(failures, total, rerun, budget_s, obs_by_id) -> tuple[list[str], dict | None]:
     lines = [f"FAIL {len(failures)} of {total} random traces differ from the reference engine"]
     not_run = [s for s, d in failures if d.startswith("did not run")]
     ran = [(s, d) for s, d in failures if not d.startswith("did not run")]
     if not ran:
         lines.append(f"{len(not_run)} traces did not run to the end (crash, time or memory limit)")
-        return lines
+        return lines, None
     s, d = min(ran, key=lambda item: size(item[0]["trace"]))
-    trace, diff = s["trace"], d
+    trace, diff, got = s["trace"], d, obs_by_id.get(s["id"])
     if rerun is not None:
-        trace, diff = shrink(trace, diff, rerun, budget_s)
+        trace, diff, got = shrink(trace, diff, rerun, budget_s, got=got)
     lines.append("smallest failing trace / 最小失败轨迹:")
     lines.extend(trace_table(trace))
     lines.append("first difference / 第一个分歧: " + diff)
-    return lines
+    small = trace_scenario("shrunk", trace)
+    small["expected"] = expected_for(small["ops"])
+    return lines, schedule_picture(small, got, diff)
+
+
+def schedule_picture(scenario: dict, got, diff: str) -> dict:
+    """What the feedback draws for a failing scenario: the expected and the submitted schedule (the
+    events of its steps, in order), the trace when it is a random one, and the first difference.
+    Plain observations only: no test source."""
+    return {"trace": scenario.get("trace"), "expected": schedule_events(scenario["expected"]),
+            "got": schedule_events(got if isinstance(got, list) else []), "diff": diff}
+
+
+def schedule_events(observations: list) -> list:
+    """The events of a scenario's ``step``/``run``/``replay`` observations, in order (non-events as given)."""
+    events = []
+    for ob in observations or []:
+        if isinstance(ob, dict) and isinstance(ob.get("events"), list):
+            events.extend(ob["events"])
+        elif isinstance(ob, dict) and "action" in ob:
+            events.append(ob)
+        elif isinstance(ob, list):
+            events.extend(e for e in ob if isinstance(e, dict) and "action" in e)
+    return events[:200]
 
 
 def verdict_for_source(source, *, limits: Limits | dict | None = None, seed: int = 0, shrink_failures: bool = True,

@@ -175,11 +175,11 @@ def test_shrink_reduces_values_while_it_still_fails():
         return {s["id"]: ([] if any(r["max_new_tokens"] >= 2 for r in s["trace"]["rows"]) else scenarios.expected_for(s["ops"]))
                 for s in more}
 
-    small, diff = shrink.shrink(trace, "x", student)
+    small, diff, got = shrink.shrink(trace, "x", student)
     assert len(small["rows"]) == 1
     r = small["rows"][0]
     assert r["max_new_tokens"] == 2 and r["prompt_len"] == 1 and r["required_blocks"] == 1 and r["priority"] == 0
-    assert diff
+    assert diff and got == student([scenarios.trace_scenario("again", small)])["again"]
 
 
 def test_messages_say_expected_and_got():
