@@ -15,6 +15,9 @@ timeout later still leaves the earlier observations)::
     ...
     {"done": N}
 
+With ``"serve": FIFO`` in the job, the harness then reads more batches of scenarios from that FIFO
+(one JSON list per line) and answers each with its result lines and ``{"batch": K}``, until EOF.
+
 Every observed value is normalised with strict types: ``None``, ``bool``, ``int``, ``str`` and
 lists/dicts of them (exact types, so an object whose ``==`` is always true cannot pass).  Anything
 else becomes the string ``"<bad type: Name>"``, which the judge treats as wrong (and, when the
@@ -501,24 +504,42 @@ def main(argv):
         line["load_timeouts"] = slow_lines + skip
     emit(line)
     ns = module.__dict__
-    count = 0
-    for scenario in job["scenarios"]:
-        start = _monotonic()
-        _arm(budget)
-        try:
-            obs = run_scenario(ns, scenario["ops"])
-        except ScenarioTimeout:
-            obs = [{"timeout": True}]
-        finally:
-            _disarm()
-        restore_builtins()
-        line = {"id": scenario["id"], "obs": obs, "wall_ms": _int((_monotonic() - start) * 1000)}
-        changed = changed_builtins()
-        if changed:
-            line["builtins_changed"] = changed
-        emit(line)
-        count += 1
-    emit({"done": count})
+
+    def run_all(scenarios):
+        count = 0
+        for scenario in scenarios:
+            start = _monotonic()
+            _arm(budget)
+            try:
+                obs = run_scenario(ns, scenario["ops"])
+            except ScenarioTimeout:
+                obs = [{"timeout": True}]
+            finally:
+                _disarm()
+            restore_builtins()
+            line = {"id": scenario["id"], "obs": obs, "wall_ms": _int((_monotonic() - start) * 1000)}
+            changed = changed_builtins()
+            if changed:
+                line["builtins_changed"] = changed
+            emit(line)
+            count += 1
+        return count
+
+    emit({"done": run_all(job["scenarios"])})
+    serve = job.get("serve")
+    if serve:
+        # More batches (shrinking a failing trace) arrive on a FIFO, one JSON list of scenarios per line;
+        # each answered by its result lines and {"batch": N}. The grader closes the FIFO to end us.
+        with open(serve, encoding="utf-8") as more:
+            batch = 0
+            for text in more:
+                batch += 1
+                try:
+                    scenarios = json.loads(text)
+                except ValueError:
+                    break
+                run_all(scenarios)
+                emit({"batch": batch})
     sys.stdout = real_stdout
     os.close(fd)
     return 0

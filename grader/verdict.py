@@ -177,7 +177,15 @@ def verdict_for_source(source, *, limits: Limits | dict | None = None, seed: int
         return Verdict(cells=cells, status="invalid", total=0.0, max_total=max_total,
                        notes=["the solution cell is missing or empty"])
     scenarios = build_scenarios(seed, n_random)
-    obs, runs = collect_observations(source, scenarios, limits, hide)
+    obs, runs, session = collect_observations(source, scenarios, limits, hide, serve=shrink_failures)
+    try:
+        return _verdict(source, scenarios, obs, runs, session, limits, hide, shrink_failures, max_total)
+    finally:
+        if session is not None:
+            session.close()
+
+
+def _verdict(source, scenarios, obs, runs, session, limits, hide, shrink_failures, max_total) -> Verdict:
     outcomes = [r.outcome for r in runs]
     timed_out = any(getattr(o, "timed_out", False) for o in outcomes)
     memory = any(getattr(o, "memory_exceeded", False) for o in outcomes)
@@ -191,6 +199,8 @@ def verdict_for_source(source, *, limits: Limits | dict | None = None, seed: int
     mem_in_obs = mem_in_obs or "MemoryError" in load_errors
 
     def rerun(more):
+        if session is not None and session.alive():
+            return session.run(more)
         small = replace(limits, cpu_s=min(limits.cpu_s, 20.0))
         return run_harness(source, more, limits=small, hide=hide).obs
 
