@@ -80,6 +80,12 @@ def serve(sock):
             importlib.import_module(name)
         except Exception:  # noqa: BLE001 - a missing optional module only costs its import later
             pass
+    try:  # SQLAlchemy sets up nbgrader's ORM mappers on first use: once here, not in every child
+        from sqlalchemy.orm import configure_mappers
+
+        configure_mappers()
+    except Exception:  # noqa: BLE001
+        pass
     sock.send(b"ready")
     while True:
         ready, _, _ = select.select([sock], [], [], 0.5)

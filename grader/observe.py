@@ -70,7 +70,9 @@ def _parse(raw: bytes, scenarios: list[dict]):
 
 
 def _prepare(source: str, scenarios: list[dict], limits: Limits, skip_lines, serve: bool) -> str:
-    tmp = tempfile.mkdtemp(prefix="dsched-verdict-")
+    from .sandbox import scratch_root
+
+    tmp = tempfile.mkdtemp(prefix="dsched-verdict-", dir=scratch_root())
     os.chmod(tmp, 0o700)
     shutil.copyfile(HARNESS, os.path.join(tmp, "harness.py"))
     sys_path = []

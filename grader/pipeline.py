@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from decodesched._io import Progress, atomic_writer
+from decodesched.errors import UserError
 
 from . import spec
 from .autograde import build_template, kernel_run
@@ -48,7 +49,7 @@ from .notebook import (STUDENT_ID_RE, InvalidSubmission, Submission, collect_sub
                        solution_source, student_code_cells)
 from .feedback import feedback_html
 from .outputs import grades_csv_text, update_gradebook
-from .sandbox import ForkServer
+from .sandbox import ForkServer, scratch_root
 from .status import decide
 from .verdict import verdict_for_source
 
@@ -87,7 +88,7 @@ def _zero_cells():
     return {c.grade_id: 0.0 for c in spec.CELLS}
 
 
-def grade_one(sub: Submission, course: Course, template: Path, workroot: Path, options: Options, limits: Limits,
+def grade_one(sub: Submission, course: Course, template: cf.Future, workroot: Path, options: Options, limits: Limits,
               server=None) -> Result:
     start = time.monotonic()
     base = dict(student_id=sub.student_id, max_score=float(spec.MAX_SCORE))
@@ -109,7 +110,8 @@ def grade_one(sub: Submission, course: Course, template: Path, workroot: Path, o
     kernel = None
     if options.run_nbgrader:
         kernel = cf.ThreadPoolExecutor(1, thread_name_prefix=f"kernel-{sub.student_id}")
-        kernel_future = kernel.submit(kernel_run, sub, nb, template, workroot, options.marker_prefix, limits, server)
+        kernel_future = kernel.submit(lambda: kernel_run(sub, nb, template.result(), workroot, options.marker_prefix,
+                                                         limits, server))
     try:
         verdict = verdict_for_source(source, limits=limits, hide=limits.hide)
     finally:
@@ -164,20 +166,24 @@ def grade(submissions, out_dir, *, course=None, options: Options | None = None) 
     jobs = options.jobs or os.cpu_count() or 1
     limits = Limits(cpu_s=options.timeout_s, memory_mb=options.memory_mb,
                     hide=default_hide(course_obj, Path(submissions), out_dir))
-    workroot = Path(tempfile.mkdtemp(prefix="decodesched-grade-")).resolve()
+    workroot = Path(tempfile.mkdtemp(prefix="decodesched-grade-", dir=scratch_root())).resolve()
     os.chmod(workroot, 0o711)  # private uids must reach their own folder, but list nothing
     results: list[Result] = []
     with contextlib.ExitStack() as stack:
         stack.callback(shutil.rmtree, workroot, ignore_errors=True)
-        # The fork server imports nbgrader while the template is built; every kernel run is forked from it.
+        # The fork server imports nbgrader while the template is built, and the verdicts start at once:
+        # only the kernel runs wait for the template (`template` is a future).
         server = stack.enter_context(ForkServer(options.marker_prefix + "forkserver")) if options.run_nbgrader else None
-        template = build_template(course_obj, workroot, options.cell_timeout()) if options.run_nbgrader else workroot
+        prep = stack.enter_context(cf.ThreadPoolExecutor(1, thread_name_prefix="template"))
+        template = prep.submit(build_template, course_obj, workroot, options.cell_timeout()) if options.run_nbgrader else None
         bar = stack.enter_context(Progress(len(subs), "grading", enabled=options.progress))
         pool = stack.enter_context(cf.ThreadPoolExecutor(jobs))
         futs = {pool.submit(_grade_safely, s, course_obj, template, workroot, options, limits, server): s for s in subs}
         for fut in cf.as_completed(futs):
             results.append(fut.result())
             bar.advance()
+        if template is not None and isinstance(template.exception(), UserError):
+            raise template.exception()  # e.g. the gradebook lacks the assignment: no outputs at all
     results.sort(key=lambda r: r.student_id)
     fb = out_dir / "feedback"
     fb.mkdir(exist_ok=True)

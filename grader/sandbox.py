@@ -91,6 +91,16 @@ class Outcome:
         return self.returncode == 0 and not (self.timed_out or self.memory_exceeded) and self.signal is None
 
 
+def scratch_root() -> str | None:
+    """Where the private folders of sandboxed runs go: /dev/shm when usable (memory: the throwaway
+    gradebook copies commit dozens of times per run, and each commit is an fsync on a disk), else
+    the default temporary folder."""
+    shm = "/dev/shm"
+    if os.path.isdir(shm) and not os.path.islink(shm) and os.access(shm, os.W_OK | os.X_OK):
+        return shm
+    return None
+
+
 def is_root() -> bool:
     return os.geteuid() == 0
 
@@ -141,6 +151,25 @@ def _proc_stat(pid: int):
 
 
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def _tree(root: int) -> list[int]:
+    """`root` and all its descendants, from the kernel's children lists ([] when `root` is gone)."""
+    out, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        try:
+            tasks = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        out.append(pid)
+        for tid in tasks:
+            try:
+                with open(f"/proc/{pid}/task/{tid}/children", "rb") as fh:
+                    todo.extend(int(x) for x in fh.read().split())
+            except (OSError, ValueError):
+                pass
+    return out
 
 
 def _proc_uid(pid: int) -> int | None:
@@ -203,21 +232,21 @@ class _Members:
     def scan(self, with_rss: bool = False):
         """The run's live pids; with `with_rss`, also their summed resident memory (bytes) and CPU time (s).
 
-        The periodic watchdog scans (`with_rss`, as root) match by session and private uid only: reading
-        every process's environment ten times a second cost more CPU than a submission. The scans that
-        kill (`kill_all`) also match the environment marker."""
+        The periodic watchdog scans (`with_rss`) walk the launcher's process tree (it is a subreaper:
+        every orphan of the run re-parents to it) through ``/proc/PID/task/TID/children``: listing all
+        of /proc ten times a second per run cost more CPU than grading. The scans that kill
+        (`kill_all`) list every process and also match the private uid and the environment marker."""
         pids, rss, ticks = [], 0, 0
-        by_marker = not (with_rss and self.uid is not None)
-        for name in os.listdir("/proc"):
-            if not name.isdigit():
-                continue
-            pid = int(name)
+        tree = _tree(self.sid) if with_rss else None
+        candidates = tree if tree else [int(n) for n in os.listdir("/proc") if n.isdigit()]
+        by_marker = not (with_rss and (tree or self.uid is not None))
+        for pid in candidates:
             if pid == self.me:
                 continue
             st = _proc_stat(pid)
             if st is None:
                 continue
-            mine = st[2] == self.sid or st[1] == self.sid
+            mine = bool(tree) or st[2] == self.sid or st[1] == self.sid
             if not mine and self.uid is not None:
                 mine = _proc_uid(pid) == self.uid
             if not mine and by_marker:
