@@ -11,8 +11,11 @@ small stdlib-only launcher (``_launcher.py``) and returns an `Outcome`. What it 
   root), or the session id. Background processes that double-fork and `setsid` still die.
 * **Limits.** ``RLIMIT_CPU`` (cpu_s; SIGXCPU, then SIGKILL), ``RLIMIT_AS`` per process
   (``memory_mb``, unless ``address_space=False``), a watchdog on the *sum* of resident memory of all
-  the run's processes (``memory_mb``), ``RLIMIT_FSIZE`` (64 MiB per file), ``RLIMIT_CORE`` = 0, a
-  wall clock (timeout_s), and as root ``RLIMIT_NPROC`` for the private uid (fork bombs).
+  the run's processes (``memory_mb``), the *sum* of the CPU time of all the run's processes (cpu_s;
+  the launcher's process tree, watched every 0.1 s), ``RLIMIT_FSIZE`` (64 MiB per file),
+  ``RLIMIT_CORE`` = 0, a wall-clock backstop (timeout_s, stretched by the measured load while the run
+  lasts; only a run that makes no progress should ever meet it), and as root ``RLIMIT_NPROC`` for the
+  private uid (fork bombs). ``Outcome.cpu_exceeded`` / ``wall_exceeded`` say which one stopped it.
 * **Output.** stdout and stderr are drained by threads as they come (no pipe deadlock, however
   much is printed) and only the last ``max_output_bytes`` of each are kept.
 * **Environment.** The child gets a scrubbed environment: a minimal ``PATH``, ``HOME=cwd``,
@@ -35,8 +38,7 @@ Extra isolation when the grader runs as root (as in CI and on the grading machin
   or the repository elsewhere on the machine, and whatever other runs left in ``/tmp``, are out of
   sight.
 
-Not isolated (documented limits): the network; the CPU time of other runs (we rely on the wall
-clock and ``--jobs``); the system folders and the venv, which stay readable. Without root, the command runs as the grader's own user: it can then read and write
+Not isolated (documented limits): the network; the system folders and the venv, which stay readable. Without root, the command runs as the grader's own user: it can then read and write
 whatever the grader can, and the pipeline's own checks (strict JSON verdicts computed outside,
 gradebook rewritten from verdicts, output written only after every run ended) are what protect
 the grades.
@@ -44,6 +46,7 @@ the grades.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import json
 import os
@@ -361,6 +364,10 @@ class _Watch:
     memory_exceeded: bool = False
 
 
+STALL_S = 12.0  # a run whose processes together got less than STALL_SHARE of a core for this long ...
+STALL_SHARE = 0.02  # ... is asleep (a blocked or sleeping submission), not starved, and is stopped
+
+
 def _watch(alive, members: _Members, start: float, *, timeout_s: float, cpu_s: float, mem_bytes: int,
            notes: list) -> _Watch:
     """Watch a run until it ends or breaks a limit: the CPU time and resident memory of all its processes
@@ -368,6 +375,7 @@ def _watch(alive, members: _Members, start: float, *, timeout_s: float, cpu_s: f
     w = _Watch()
     next_scan = next_load = 0.0
     factor = 1.0
+    samples = collections.deque()  # (wall, tree CPU) of the last STALL_S seconds
     while alive():
         now = time.monotonic()
         if now >= next_load:
@@ -382,6 +390,15 @@ def _watch(alive, members: _Members, start: float, *, timeout_s: float, cpu_s: f
             next_scan = now + 0.1
             _, rss, cpu = members.scan(with_rss=True)
             w.tree_cpu_s = max(w.tree_cpu_s, cpu)
+            samples.append((now, w.tree_cpu_s))
+            while samples and samples[0][0] < now - STALL_S:
+                samples.popleft()
+            if now - start > STALL_S + 1 and samples and now - samples[0][0] > STALL_S * 0.8 \
+                    and w.tree_cpu_s - samples[0][1] < STALL_SHARE * (now - samples[0][0]):
+                w.wall_exceeded = True  # asleep, not starved: even on a busy machine a runnable process gets more
+                notes.append(f"no progress: under {STALL_SHARE:.0%} of a core for {STALL_S:g} s "
+                             f"({w.tree_cpu_s:.1f} s of CPU used in all)")
+                break
             if rss > mem_bytes:
                 w.memory_exceeded = True
                 notes.append(f"resident memory {rss / 2**20:.0f} MiB over the {mem_bytes // 2**20} MiB limit")

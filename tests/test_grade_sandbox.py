@@ -177,3 +177,10 @@ def test_fork_server_runs_are_sandboxed_like_fresh_ones(tmp_path):
     assert version.ok and version.stdout.strip(), version.stderr[-500:]  # nbgrader ran in the forked process
     assert looping.timed_out and looping.cpu_exceeded
     assert sandbox.find_sandboxed("test-forkserver") == [] and sandbox.find_sandboxed("m-forked") == []
+
+
+def test_a_run_that_makes_no_progress_is_stopped_long_before_the_backstop(tmp_path):
+    out = _run(tmp_path, "import time\nwhile True:\n    try:\n        time.sleep(600)\n    except BaseException:\n        pass\n",
+               cpu_s=30, timeout_s=600)
+    assert out.timed_out and out.wall_exceeded and not out.cpu_exceeded
+    assert out.wall_s < sandbox.STALL_S * 4 and any("no progress" in n for n in out.notes)
