@@ -122,10 +122,16 @@ def kernel_run(sub: Submission, nb: dict, template: Path, workroot: Path, marker
         rep.status = "timeout"
         rep.notes.append("kernel: " + "; ".join(out.notes or ["time limit"]))
     elif out.signal is not None or out.returncode != 0:
-        rep.status = "crashed"
         err = out.stderr.decode("utf-8", "replace")
-        why = "the kernel died" if ("DeadKernel" in err or "Kernel died" in err) else "nbgrader autograde failed"
-        rep.notes.append(f"kernel: {why} (exit {out.returncode}, signal {out.signal})")
+        if "Timeout waiting for execute reply" in err or "CellTimeoutError" in err:
+            # nbgrader gave up on a cell it could not interrupt (a loop in compiled code): a time limit,
+            # whichever of nbgrader's give-up and our CPU limit comes first on this machine
+            rep.status = "timeout"
+            rep.notes.append("kernel: a cell ran past the per-cell time limit and could not be interrupted")
+        else:
+            rep.status = "crashed"
+            why = "the kernel died" if ("DeadKernel" in err or "Kernel died" in err) else "nbgrader autograde failed"
+            rep.notes.append(f"kernel: {why} (exit {out.returncode}, signal {out.signal})")
     if out.protected_writes:
         rep.tampered.append("wrote into protected folders: " + ", ".join(out.protected_writes[:3]))
     if out.leftovers_killed:
