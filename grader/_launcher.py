@@ -198,12 +198,18 @@ def _cover(dirs, keep):
                 os.close(fd)
 
 
-def main():
-    spec = json.loads(sys.argv[1])
-    status_fd = int(sys.argv[2])
-    os.set_inheritable(status_fd, False)
-    me = os.getpid()
+def _exec(spec):
+    """Start the untrusted command: replace this (sandboxed, limited) process with it."""
+    os.execvpe(spec["argv"][0], spec["argv"], spec["env"])
 
+
+def launch(spec, status_fd, start=_exec):
+    """Everything above, in this process (which must lead its own session); never returns.
+
+    `start(spec)` runs in the sandboxed child once the limits and the uid are in place: by default it
+    execs ``spec["argv"]``; the fork server (`forkserver.py`) passes one that runs nbgrader in-process.
+    """
+    me = os.getpid()
     traps = []
     if spec.get("uid") is not None:  # root: private mount namespace
         hide = spec.get("hide", [])
@@ -239,7 +245,10 @@ def main():
                     resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
             os.chdir(spec["cwd"])
             os.umask(0o077)
-            os.execvpe(spec["argv"][0], spec["argv"], spec["env"])
+            start(spec)
+            os._exit(0)
+        except SystemExit as exc:
+            os._exit(exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1))
         except BaseException as exc:  # noqa: BLE001 - report and die, never fall back to our code
             try:
                 os.write(2, f"sandbox: could not start {spec['argv'][0]!r}: {exc}\n".encode())
@@ -267,6 +276,13 @@ def main():
     except OSError:
         pass
     os._exit(0)
+
+
+def main():
+    spec = json.loads(sys.argv[1])
+    status_fd = int(sys.argv[2])
+    os.set_inheritable(status_fd, False)
+    launch(spec, status_fd)
 
 
 if __name__ == "__main__":

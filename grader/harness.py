@@ -1,6 +1,6 @@
 """Run a student's solution cell on scenarios and write plain observations.  STDLIB ONLY.
 
-Usage (started by `decodesched.grader.checks`, inside `grader.sandbox.run_isolated`)::
+Usage (started by `decodesched.grader.observe`, inside `grader.sandbox.run_isolated`)::
 
     python -I -S harness.py IN.json OUT.jsonl
 
@@ -14,6 +14,9 @@ timeout later still leaves the earlier observations)::
     {"id": "...", "obs": [observation per op, ...]}
     ...
     {"done": N}
+
+With ``"serve": FIFO`` in the job, the harness then reads more batches of scenarios from that FIFO
+(one JSON list per line) and answers each with its result lines and ``{"batch": K}``, until EOF.
 
 Every observed value is normalised with strict types: ``None``, ``bool``, ``int``, ``str`` and
 lists/dicts of them (exact types, so an object whose ``==`` is always true cannot pass).  Anything
@@ -54,15 +57,22 @@ _set = set
 _RecursionError = RecursionError
 _os_write = os.write
 _monotonic = time.monotonic
+_process_time = time.process_time
 _setitimer = signal.setitimer
 _ITIMER_REAL = signal.ITIMER_REAL
+_SIGALRM = signal.SIGALRM
 _ITIMER_PROF = signal.ITIMER_PROF
-WALL_FACTOR = 2.0  # a check may use `budget` seconds of CPU, or twice that of wall clock
+WALL_FACTOR = 2.0  # a check that makes no progress is stopped after this many times its CPU budget
+MIN_PROGRESS = 0.05  # "progress": the check got at least this share of a core since it started
+WALL_CAP = 40.0  # a starved check is stopped anyway after this many times its CPU budget of wall clock
+_ARMED = [0.0, 0.0, 0.0]  # budget, monotonic and process time when the check started
 
 
 def _arm(seconds):
-    """Interrupt the running check after `seconds` of CPU time (robust to a loaded machine), or after
-    WALL_FACTOR times as long on the wall clock (a check that sleeps)."""
+    """Interrupt the running check after `seconds` of CPU time: the limit that decides, the same on a
+    quiet and on a busy machine. The wall clock only catches a check that sleeps: at WALL_FACTOR times
+    the budget, a check that got CPU (it is starved by load, not sleeping) is given more time."""
+    _ARMED[0], _ARMED[1], _ARMED[2] = seconds, _monotonic(), _process_time()
     _setitimer(_ITIMER_PROF, seconds)
     _setitimer(_ITIMER_REAL, seconds * WALL_FACTOR)
 
@@ -70,6 +80,16 @@ def _arm(seconds):
 def _disarm():
     _setitimer(_ITIMER_PROF, 0)
     _setitimer(_ITIMER_REAL, 0)
+
+
+def _progressing():
+    """At the wall-clock alarm: True (and re-armed) when the check is running but starved by load."""
+    budget, wall0, cpu0 = _ARMED
+    wall = _monotonic() - wall0
+    if budget <= 0 or wall >= budget * WALL_CAP or _process_time() - cpu0 < MIN_PROGRESS * wall:
+        return False
+    _setitimer(_ITIMER_REAL, budget * WALL_FACTOR)
+    return True
 _BaseException = BaseException
 _ValueError = ValueError
 _MemoryError = MemoryError
@@ -430,7 +450,9 @@ def load_solution(source, namespace, budget_s, skip_lines=(), timed_out_lines=No
     return errors
 
 
-def _alarm(_signum, _frame):
+def _alarm(signum, _frame):
+    if signum == _SIGALRM and _progressing():
+        return
     raise ScenarioTimeout()
 
 
@@ -482,24 +504,42 @@ def main(argv):
         line["load_timeouts"] = slow_lines + skip
     emit(line)
     ns = module.__dict__
-    count = 0
-    for scenario in job["scenarios"]:
-        start = _monotonic()
-        _arm(budget)
-        try:
-            obs = run_scenario(ns, scenario["ops"])
-        except ScenarioTimeout:
-            obs = [{"timeout": True}]
-        finally:
-            _disarm()
-        restore_builtins()
-        line = {"id": scenario["id"], "obs": obs, "wall_ms": _int((_monotonic() - start) * 1000)}
-        changed = changed_builtins()
-        if changed:
-            line["builtins_changed"] = changed
-        emit(line)
-        count += 1
-    emit({"done": count})
+
+    def run_all(scenarios):
+        count = 0
+        for scenario in scenarios:
+            start = _monotonic()
+            _arm(budget)
+            try:
+                obs = run_scenario(ns, scenario["ops"])
+            except ScenarioTimeout:
+                obs = [{"timeout": True}]
+            finally:
+                _disarm()
+            restore_builtins()
+            line = {"id": scenario["id"], "obs": obs, "wall_ms": _int((_monotonic() - start) * 1000)}
+            changed = changed_builtins()
+            if changed:
+                line["builtins_changed"] = changed
+            emit(line)
+            count += 1
+        return count
+
+    emit({"done": run_all(job["scenarios"])})
+    serve = job.get("serve")
+    if serve:
+        # More batches (shrinking a failing trace) arrive on a FIFO, one JSON list of scenarios per line;
+        # each answered by its result lines and {"batch": N}. The grader closes the FIFO to end us.
+        with open(serve, encoding="utf-8") as more:
+            batch = 0
+            for text in more:
+                batch += 1
+                try:
+                    scenarios = json.loads(text)
+                except ValueError:
+                    break
+                run_all(scenarios)
+                emit({"batch": batch})
     sys.stdout = real_stdout
     os.close(fd)
     return 0

@@ -11,8 +11,11 @@ small stdlib-only launcher (``_launcher.py``) and returns an `Outcome`. What it 
   root), or the session id. Background processes that double-fork and `setsid` still die.
 * **Limits.** ``RLIMIT_CPU`` (cpu_s; SIGXCPU, then SIGKILL), ``RLIMIT_AS`` per process
   (``memory_mb``, unless ``address_space=False``), a watchdog on the *sum* of resident memory of all
-  the run's processes (``memory_mb``), ``RLIMIT_FSIZE`` (64 MiB per file), ``RLIMIT_CORE`` = 0, a
-  wall clock (timeout_s), and as root ``RLIMIT_NPROC`` for the private uid (fork bombs).
+  the run's processes (``memory_mb``), the *sum* of the CPU time of all the run's processes (cpu_s;
+  the launcher's process tree, watched every 0.1 s), ``RLIMIT_FSIZE`` (64 MiB per file),
+  ``RLIMIT_CORE`` = 0, a wall-clock backstop (timeout_s, stretched by the measured load while the run
+  lasts; only a run that makes no progress should ever meet it), and as root ``RLIMIT_NPROC`` for the
+  private uid (fork bombs). ``Outcome.cpu_exceeded`` / ``wall_exceeded`` say which one stopped it.
 * **Output.** stdout and stderr are drained by threads as they come (no pipe deadlock, however
   much is printed) and only the last ``max_output_bytes`` of each are kept.
 * **Environment.** The child gets a scrubbed environment: a minimal ``PATH``, ``HOME=cwd``,
@@ -35,8 +38,7 @@ Extra isolation when the grader runs as root (as in CI and on the grading machin
   or the repository elsewhere on the machine, and whatever other runs left in ``/tmp``, are out of
   sight.
 
-Not isolated (documented limits): the network; the CPU time of other runs (we rely on the wall
-clock and ``--jobs``); the system folders and the venv, which stay readable. Without root, the command runs as the grader's own user: it can then read and write
+Not isolated (documented limits): the network; the system folders and the venv, which stay readable. Without root, the command runs as the grader's own user: it can then read and write
 whatever the grader can, and the pipeline's own checks (strict JSON verdicts computed outside,
 gradebook rewritten from verdicts, output written only after every run ended) are what protect
 the grades.
@@ -44,9 +46,11 @@ the grades.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -56,7 +60,10 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .limits import load_factor
+
 LAUNCHER = Path(__file__).with_name("_launcher.py")
+FORKSERVER = Path(__file__).with_name("forkserver.py")
 MARKER_VAR = "DECODESCHED_SANDBOX"
 FILE_SIZE_LIMIT = 64 * 1024 * 1024
 UID_BASE = 1_900_000_000  # private uids for sandboxed runs (root only); no real account lives here
@@ -76,6 +83,7 @@ class Outcome:
     wall_s: float
     cpu_s: float = 0.0
     cpu_exceeded: bool = False
+    wall_exceeded: bool = False  # stopped by the wall-clock backstop (no progress), not by a CPU limit
     output_truncated: bool = False
     leftovers_killed: int = 0  # processes still alive after the command ended (killed by us)
     protected_writes: list = field(default_factory=list)  # files it created in hidden folders (root only)
@@ -84,6 +92,16 @@ class Outcome:
     @property
     def ok(self) -> bool:
         return self.returncode == 0 and not (self.timed_out or self.memory_exceeded) and self.signal is None
+
+
+def scratch_root() -> str | None:
+    """Where the private folders of sandboxed runs go: /dev/shm when usable (memory: the throwaway
+    gradebook copies commit dozens of times per run, and each commit is an fsync on a disk), else
+    the default temporary folder."""
+    shm = "/dev/shm"
+    if os.path.isdir(shm) and not os.path.islink(shm) and os.access(shm, os.W_OK | os.X_OK):
+        return shm
+    return None
 
 
 def is_root() -> bool:
@@ -121,7 +139,8 @@ def _chown_tree(root: Path, uid: int, gid: int) -> None:
 
 # ----------------------------------------------------------------------------- /proc scanning
 def _proc_stat(pid: int):
-    """(ppid, pgid, sid, rss_pages) of a process, or None."""
+    """(ppid, pgid, sid, rss_pages, cpu_ticks) of a process, or None; cpu_ticks counts its own CPU time
+    and that of its children it has waited for (utime + stime + cutime + cstime)."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as fh:
             raw = fh.read()
@@ -129,9 +148,31 @@ def _proc_stat(pid: int):
         return None
     rest = raw[raw.rfind(b")") + 2:].split()
     try:
-        return int(rest[1]), int(rest[2]), int(rest[3]), int(rest[21])
+        return int(rest[1]), int(rest[2]), int(rest[3]), int(rest[21]), sum(int(x) for x in rest[11:15])
     except (IndexError, ValueError):
         return None
+
+
+_CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def _tree(root: int) -> list[int]:
+    """`root` and all its descendants, from the kernel's children lists ([] when `root` is gone)."""
+    out, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        try:
+            tasks = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        out.append(pid)
+        for tid in tasks:
+            try:
+                with open(f"/proc/{pid}/task/{tid}/children", "rb") as fh:
+                    todo.extend(int(x) for x in fh.read().split())
+            except (OSError, ValueError):
+                pass
+    return out
 
 
 def _proc_uid(pid: int) -> int | None:
@@ -192,25 +233,32 @@ class _Members:
         self.me = os.getpid()
 
     def scan(self, with_rss: bool = False):
-        pids, rss = [], 0
-        for name in os.listdir("/proc"):
-            if not name.isdigit():
-                continue
-            pid = int(name)
+        """The run's live pids; with `with_rss`, also their summed resident memory (bytes) and CPU time (s).
+
+        The periodic watchdog scans (`with_rss`) walk the launcher's process tree (it is a subreaper:
+        every orphan of the run re-parents to it) through ``/proc/PID/task/TID/children``: listing all
+        of /proc ten times a second per run cost more CPU than grading. The scans that kill
+        (`kill_all`) list every process and also match the private uid and the environment marker."""
+        pids, rss, ticks = [], 0, 0
+        tree = _tree(self.sid) if with_rss else None
+        candidates = tree if tree else [int(n) for n in os.listdir("/proc") if n.isdigit()]
+        by_marker = not (with_rss and (tree or self.uid is not None))
+        for pid in candidates:
             if pid == self.me:
                 continue
             st = _proc_stat(pid)
             if st is None:
                 continue
-            mine = st[2] == self.sid or st[1] == self.sid
+            mine = bool(tree) or st[2] == self.sid or st[1] == self.sid
             if not mine and self.uid is not None:
                 mine = _proc_uid(pid) == self.uid
-            if not mine:
+            if not mine and by_marker:
                 mine = _has_marker(pid, self.needle)
             if mine:
                 pids.append(pid)
                 rss += st[3]
-        return (pids, rss * os.sysconf("SC_PAGE_SIZE")) if with_rss else pids
+                ticks += st[4]
+        return (pids, rss * os.sysconf("SC_PAGE_SIZE"), ticks / _CLK_TCK) if with_rss else pids
 
     def kill_all(self) -> int:
         killed = 0
@@ -308,6 +356,176 @@ def covered_dirs() -> list[str]:
     return out
 
 
+@dataclass
+class _Watch:
+    tree_cpu_s: float = 0.0
+    cpu_exceeded: bool = False
+    wall_exceeded: bool = False
+    memory_exceeded: bool = False
+
+
+STALL_S = 12.0  # a run whose processes together got less than STALL_SHARE of a core for this long ...
+STALL_SHARE = 0.02  # ... is asleep (a blocked or sleeping submission), not starved, and is stopped
+
+
+def _watch(alive, members: _Members, start: float, *, timeout_s: float, cpu_s: float, mem_bytes: int,
+           notes: list) -> _Watch:
+    """Watch a run until it ends or breaks a limit: the CPU time and resident memory of all its processes
+    together (every 0.1 s), and the wall-clock backstop, stretched by the measured load (every second)."""
+    w = _Watch()
+    next_scan = next_load = 0.0
+    factor = 1.0
+    samples = collections.deque()  # (wall, tree CPU) of the last STALL_S seconds
+    while alive():
+        now = time.monotonic()
+        if now >= next_load:
+            next_load = now + 1.0
+            factor = max(factor, load_factor())  # only ever more generous during one run
+        if now - start > timeout_s * factor:
+            w.wall_exceeded = True
+            notes.append(f"wall-clock backstop of {timeout_s * factor:.0f} s reached "
+                         f"({w.tree_cpu_s:.1f} s of CPU used)")
+            break
+        if now >= next_scan:
+            next_scan = now + 0.1
+            _, rss, cpu = members.scan(with_rss=True)
+            w.tree_cpu_s = max(w.tree_cpu_s, cpu)
+            samples.append((now, w.tree_cpu_s))
+            while samples and samples[0][0] < now - STALL_S:
+                samples.popleft()
+            if now - start > STALL_S + 1 and samples and now - samples[0][0] > STALL_S * 0.8 \
+                    and w.tree_cpu_s - samples[0][1] < STALL_SHARE * (now - samples[0][0]):
+                w.wall_exceeded = True  # asleep, not starved: even on a busy machine a runnable process gets more
+                notes.append(f"no progress: under {STALL_SHARE:.0%} of a core for {STALL_S:g} s "
+                             f"({w.tree_cpu_s:.1f} s of CPU used in all)")
+                break
+            if rss > mem_bytes:
+                w.memory_exceeded = True
+                notes.append(f"resident memory {rss / 2**20:.0f} MiB over the {mem_bytes // 2**20} MiB limit")
+                break
+            if w.tree_cpu_s > cpu_s + 0.5:
+                w.cpu_exceeded = True
+                notes.append(f"CPU limit of {cpu_s:g} s reached (all the run's processes together)")
+                break
+        time.sleep(0.02)
+    return w
+
+
+class _Process:
+    """The launcher of one run, started fresh (``python -I -S _launcher.py``) or forked by a `ForkServer`;
+    the small part of `subprocess.Popen` that `run_isolated` uses."""
+
+    def __init__(self, pid, stdout, stderr, popen=None, pidfd=None):
+        self.pid, self.stdout, self.stderr = pid, stdout, stderr
+        self._popen, self._pidfd = popen, pidfd
+        self.returncode = None
+
+    @classmethod
+    def start(cls, spec, status_w, marker, server=None):
+        if server is not None:
+            with contextlib.suppress(OSError, ValueError, KeyError):
+                return server.spawn(spec, status_w)
+        popen = subprocess.Popen(
+            [sys.executable, "-I", "-S", str(LAUNCHER), json.dumps(spec), str(status_w)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            pass_fds=(status_w,),
+            start_new_session=True,
+            env={"PATH": "/usr/bin:/bin", MARKER_VAR: marker + "-launcher"},
+        )
+        return cls(popen.pid, popen.stdout, popen.stderr, popen=popen)
+
+    def poll(self):
+        if self._popen is not None:
+            self.returncode = self._popen.poll()
+            return self.returncode
+        if self._pidfd is not None and select.select([self._pidfd], [], [], 0)[0]:
+            os.close(self._pidfd)
+            self._pidfd = None
+        return None if self._pidfd is not None else -1  # the fork server's child: its status comes by report
+
+    def wait(self, timeout: float = 60.0):
+        if self._popen is not None:
+            self.returncode = self._popen.wait()
+            return self.returncode
+        if self._pidfd is not None:
+            select.select([self._pidfd], [], [], timeout)
+        return self.poll()
+
+
+class ForkServer:
+    """A started `forkserver.py` (one per grade run): `run_isolated(..., server=it)` forks its runs there.
+
+    Use as a context manager; closing it ends the server. Thread-safe.
+    """
+
+    def __init__(self, marker: str = "forkserver"):
+        import socket
+
+        self._socket = socket
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self._proc = subprocess.Popen(
+            [sys.executable, "-I", str(FORKSERVER), str(theirs.fileno())],
+            pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL, start_new_session=True,
+            env={"PATH": os.pathsep.join((os.path.dirname(sys.executable), "/usr/bin", "/bin")),
+                 "PYTHONWARNINGS": "ignore", MARKER_VAR: marker},
+        )
+        theirs.close()
+        self._sock = mine
+        self._lock = threading.Lock()
+        self._ready = False
+
+    def _wait_ready(self):
+        if not self._ready:
+            self._sock.settimeout(300)
+            try:
+                if self._sock.recv(16) != b"ready":
+                    raise OSError("the fork server did not start")
+            finally:
+                self._sock.settimeout(None)
+            self._ready = True
+
+    def spawn(self, spec: dict, status_w: int) -> _Process:
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        try:
+            with self._lock:
+                self._wait_ready()
+                self._socket.send_fds(self._sock, [json.dumps(spec).encode()], [out_w, err_w, status_w])
+                msg, fds, _, _ = self._socket.recv_fds(self._sock, 4096, 1)
+        except BaseException:
+            os.close(out_r)
+            os.close(err_r)
+            raise
+        finally:
+            os.close(out_w)
+            os.close(err_w)
+        if not fds:
+            os.close(out_r)
+            os.close(err_r)
+            raise OSError("the fork server answered " + msg.decode("utf-8", "replace")[:200])
+        return _Process(json.loads(msg)["pid"], os.fdopen(out_r, "rb", buffering=0),
+                        os.fdopen(err_r, "rb", buffering=0), pidfd=fds[0])
+
+    def close(self):
+        with contextlib.suppress(OSError):
+            self._sock.close()
+        try:
+            self._proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self._proc.pid, signal.SIGKILL)
+            self._proc.wait()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
 def run_isolated(
     argv,
     *,
@@ -321,13 +539,16 @@ def run_isolated(
     address_space: bool = True,
     marker: str | None = None,
     expose=(),
+    server: ForkServer | None = None,
 ) -> Outcome:
     """Run `argv` in `cwd` under the limits above; never raises for anything the command does.
 
     `env` is added to the scrubbed environment. `hide` lists paths made invisible to the command
     (root only). `address_space=False` skips ``RLIMIT_AS`` (Jupyter kernels map far more virtual
     memory than they use; the resident-memory watchdog still applies). `marker` lets the caller
-    choose the run's marker (default: a fresh uuid) to look for leftovers afterwards.
+    choose the run's marker (default: a fresh uuid) to look for leftovers afterwards. `server`, a
+    started `ForkServer`, launches the run by forking it (same sandbox, no interpreter start-up;
+    ``python -m nbgrader ...`` then runs in the pre-imported process).
     """
     cwd = Path(cwd).resolve()
     marker = marker or uuid.uuid4().hex
@@ -366,37 +587,15 @@ def run_isolated(
     try:
         if root:
             _chown_tree(cwd, uid, uid)
-        proc = subprocess.Popen(
-            [sys.executable, "-I", "-S", str(LAUNCHER), json.dumps(spec), str(status_w)],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            pass_fds=(status_w,),
-            start_new_session=True,
-            env={"PATH": "/usr/bin:/bin", MARKER_VAR: marker + "-launcher"},
-        )
+        proc = _Process.start(spec, status_w, marker, server)
         os.close(status_w)
         status_w = None
         out_t, err_t = _Tail(proc.stdout, max_output_bytes), _Tail(proc.stderr, max_output_bytes)
         out_t.start()
         err_t.start()
         members = _Members(proc.pid, marker, uid)
-        timed_out = memory_exceeded = False
-        next_mem = 0.0
-        while proc.poll() is None:
-            now = time.monotonic()
-            if now - start > timeout_s:
-                timed_out = True
-                notes.append(f"wall-clock limit of {timeout_s:g} s reached")
-                break
-            if now >= next_mem:
-                next_mem = now + 0.1
-                _, rss = members.scan(with_rss=True)
-                if rss > mem_bytes:
-                    memory_exceeded = True
-                    notes.append(f"resident memory {rss / 2**20:.0f} MiB over the {memory_mb} MiB limit")
-                    break
-            time.sleep(0.02)
+        watch = _watch(lambda: proc.poll() is None, members, start, timeout_s=timeout_s, cpu_s=cpu_s,
+                       mem_bytes=mem_bytes, notes=notes)
         if proc.poll() is None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(proc.pid, signal.SIGKILL)
@@ -420,14 +619,15 @@ def run_isolated(
         sig = report.get("signal")
         if not report:
             # The launcher itself was killed (by us on timeout, or by the command without root).
-            rc = proc.returncode
+            rc = proc.returncode  # None for a fork-server child: only its report says how it ended
             sig = -rc if rc is not None and rc < 0 else None
             returncode = None if sig else rc
             notes.append("launcher ended without a report")
-        cpu_used = float(report.get("cpu_s", 0.0))
-        cpu_exceeded = sig == signal.SIGXCPU or (sig == signal.SIGKILL and cpu_used >= cpu_soft)
-        if cpu_exceeded:
+        cpu_used = max(float(report.get("cpu_s", 0.0)), watch.tree_cpu_s)
+        cpu_exceeded = watch.cpu_exceeded or sig == signal.SIGXCPU or (sig == signal.SIGKILL and cpu_used >= cpu_soft)
+        if cpu_exceeded and not watch.cpu_exceeded:
             notes.append(f"CPU limit of {cpu_soft} s reached")
+        memory_exceeded = watch.memory_exceeded
         stderr = err_t.value()
         if not memory_exceeded and sig is None and returncode not in (0, None):
             # Out of address space: Python and numpy report MemoryError; C++ reports bad_alloc.
@@ -437,7 +637,7 @@ def run_isolated(
                 notes.append("ran out of memory (address-space limit)")
         return Outcome(
             returncode=returncode,
-            timed_out=timed_out or cpu_exceeded,
+            timed_out=watch.wall_exceeded or cpu_exceeded,
             memory_exceeded=memory_exceeded,
             signal=sig,
             stdout=out_t.value(),
@@ -445,6 +645,7 @@ def run_isolated(
             wall_s=wall,
             cpu_s=cpu_used,
             cpu_exceeded=cpu_exceeded,
+            wall_exceeded=watch.wall_exceeded,
             output_truncated=out_t.total > max_output_bytes or err_t.total > max_output_bytes,
             leftovers_killed=int(report.get("leftovers", 0)) + killed,
             protected_writes=[str(p) for p in report.get("protected_writes", [])][:20],
@@ -459,27 +660,3 @@ def run_isolated(
             with contextlib.suppress(OSError):
                 _chown_tree(cwd, 0, 0)
             _release_uid(uid)
-
-
-@dataclass(frozen=True)
-class Limits:
-    """Per-submission limits, passed from the grade command down to every sandboxed run.
-
-    ``hide`` lists paths the untrusted code must not see (root only; see the module docstring).
-    ``run_isolated(argv, cwd=cwd, **limits.kwargs())`` applies them.
-    """
-
-    timeout_s: float = 60.0
-    cpu_s: float = 60.0
-    memory_mb: int = 1024
-    max_output_bytes: int = 1_000_000
-    hide: tuple = ()
-
-    def kwargs(self) -> dict:
-        return {
-            "timeout_s": self.timeout_s,
-            "cpu_s": self.cpu_s,
-            "memory_mb": self.memory_mb,
-            "max_output_bytes": self.max_output_bytes,
-            "hide": self.hide,
-        }

@@ -2,7 +2,7 @@
 
 Three kinds of solution cells go through the same verdict path as real submissions (a notebook is
 made from the release, its solution cell replaced, the cell read back by the pipeline's intake when
-available, then `grader.checks.verdict_for_source` in the sandbox):
+available, then `grader.verdict.verdict_for_source` in the sandbox):
 
 * the reference solution (`grader/solutions/reference.py`) and the seed chapter's own reference
   (`grader/solutions/seed_reference.py`, a completed seed) must score full marks, status graded;
@@ -26,7 +26,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import checks, mutants, spec
+from . import mutants, spec
+from .limits import Limits
+from .scenarios import build_scenarios
+from .verdict import verdict_for_source
 
 HERE = Path(__file__).resolve().parent
 REFERENCE = HERE / "solutions" / "reference.py"
@@ -102,7 +105,7 @@ def _through_intake(source: str, template: dict | None) -> str:
     if template is None:
         return source
     try:
-        from . import pipeline
+        from . import notebook as pipeline
     except ImportError:
         return source
     nb = copy.deepcopy(template)
@@ -117,9 +120,9 @@ def _through_intake(source: str, template: dict | None) -> str:
         return pipeline.solution_source(pipeline.load_notebook(path))
 
 
-def _judge_row(row: Row, source: str, limits: checks.Limits) -> Row:
+def _judge_row(row: Row, source: str, limits: Limits) -> Row:
     start = time.monotonic()
-    v = checks.verdict_for_source(source, limits=limits)
+    v = verdict_for_source(source, limits=limits)
     row.status, row.score = v.status, v.total
     row.cells = {k: c.score for k, c in v.cells.items()}
     row.seconds = time.monotonic() - start
@@ -147,9 +150,9 @@ def _judge_row(row: Row, source: str, limits: checks.Limits) -> Row:
     return row
 
 
-def run_selfcheck(jobs: int | None = None, *, limits: checks.Limits | None = None) -> SelfcheckTable:
+def run_selfcheck(jobs: int | None = None, *, limits: Limits | None = None) -> SelfcheckTable:
     start = time.monotonic()
-    limits = limits or checks.Limits(timeout_s=60.0, cpu_s=60.0, memory_mb=1024)
+    limits = limits or Limits(cpu_s=60.0, memory_mb=1024)
     template = _template_notebook()
     reference = REFERENCE.read_text(encoding="utf-8")
     items = [(Row("reference", "full", "the reference solution"), reference),
@@ -160,7 +163,7 @@ def run_selfcheck(jobs: int | None = None, *, limits: checks.Limits | None = Non
     for mutant in mutants.MUTANTS:
         items.append((Row(mutant.name, "loses", mutant.bug), mutant.source(reference)))
     jobs = jobs or os.cpu_count() or 1
-    checks.build_scenarios()  # build (and cache) the scenarios once, before the threads start
+    build_scenarios()  # build (and cache) the scenarios once, before the threads start
     rows: list[Row] = []
     with cf.ThreadPoolExecutor(max_workers=jobs) as pool:
         futs = [pool.submit(_judge_row, row, _through_intake(src, template), limits) for row, src in items]

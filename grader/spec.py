@@ -1,8 +1,8 @@
 """What is graded in the decode-scheduling assignment: one place for cell ids, points and titles.
 
 The notebook (`assignments/source/decode_scheduling/decode_scheduling.ipynb`), the verdict checks
-(`grader.checks`) and the grade pipeline all read these names.  Every graded cell in the notebook
-has exactly one entry here, in notebook order; `grader.checks.judge` returns one verdict per entry.
+(`grader.scenarios`, `grader.verdict`) and the grade pipeline all read these names.  Every graded cell in the notebook
+has exactly one entry here, in notebook order; `grader.verdict.judge` returns one verdict per entry.
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ NOTEBOOK = f"{ASSIGNMENT}.ipynb"
 # The nbgrader grade_id of the one code cell the student completes (RequestState + DecodeSchedulerSim).
 SOLUTION_CELL = "scheduler_solution"
 
-# The nbgrader course root in a source checkout (`assignments/`, with nbgrader_config.py).
+# The course template shipped with the package (`assignments/`: nbgrader_config.py and the source
+# notebook). Only ever read: `decodesched assignment init DIR` copies it into a course folder of one's own.
 COURSE_ROOT = Path(__file__).resolve().parent.parent / "assignments"
 SOURCE_NOTEBOOK = COURSE_ROOT / "source" / ASSIGNMENT / NOTEBOOK
 
@@ -34,7 +35,7 @@ CELLS: list[Cell] = [
     Cell("test_todo2_schedule_key", 3, False, "TODO 2", "the sort key / 排序键"),
     Cell("test_todo3_capacity", 3, False, "TODO 3", "admission and preemption / 准入与抢占"),
     Cell("test_todo4_step", 3, False, "TODO 4", "one step and the event log / 单步推进与事件"),
-    # Hidden tests: most of the points; judged outside the student's kernel by grader.checks.
+    # Hidden tests: most of the points; judged outside the student's kernel by grader.verdict.
     Cell("hidden_todo1_enqueue", 8, True, "TODO 1", "request state after enqueue / 入队后的请求状态"),
     Cell("hidden_input_errors", 6, True, "TODO 1", "input errors / 非法输入"),
     Cell("hidden_todo2_schedule_key", 14, True, "TODO 2",

@@ -7,9 +7,9 @@ import shutil
 import pytest
 
 from decodesched.cli import main
-from decodesched.commands import assignment
+
 from decodesched.errors import UserError
-from decodesched.grader import selfcheck, spec
+from decodesched.grader import release, selfcheck, spec
 
 nbgrader = pytest.importorskip("nbgrader")
 
@@ -19,7 +19,7 @@ def built(tmp_path_factory):
     course = tmp_path_factory.mktemp("course") / "assignments"
     shutil.copytree(spec.COURSE_ROOT, course, ignore=shutil.ignore_patterns("release", "gradebook.db", "submitted",
                                                                             "autograded", "feedback"))
-    report = assignment.build_release(course, force=False)
+    report = release.build_release(course, force=False)
     return course, report
 
 
@@ -74,7 +74,7 @@ def _fake_release(source_nb):
 
 
 def test_check_release_accepts_a_clean_release():
-    assert len(assignment.check_release(_nb(), _fake_release(_nb()))) >= 4
+    assert len(release.check_release(_nb(), _fake_release(_nb()))) >= 4
 
 
 def _set_cell(nb, grade_id, fn):
@@ -98,7 +98,7 @@ def test_check_release_catches_leaks_and_changes(damage, message):
     rel = _fake_release(_nb())
     damage(rel)
     with pytest.raises(UserError, match=message):
-        assignment.check_release(_nb(), rel)
+        release.check_release(_nb(), rel)
 
 
 @pytest.mark.slow

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from decodesched import model
-from decodesched.grader import checks, harness, mutants, spec
+from decodesched.grader import compare, harness, limits, mutants, scenarios, shrink, spec, verdict
 
 ROOT = Path(__file__).resolve().parents[1]
 REFERENCE = (ROOT / "grader" / "solutions" / "reference.py").read_text(encoding="utf-8")
@@ -79,13 +79,13 @@ def test_normalise_is_strict():
 
 
 def test_same_distinguishes_bool_from_int_and_rejects_forged_values():
-    assert not checks._same(True, 1) and not checks._same(1, True) and not checks._same(None, 0)
-    assert checks._same([1, {"a": True}], [1, {"a": True}])
-    assert not checks._same(3, harness.normalise(_IntLike(3)))
+    assert not compare._same(True, 1) and not compare._same(1, True) and not compare._same(None, 0)
+    assert compare._same([1, {"a": True}], [1, {"a": True}])
+    assert not compare._same(3, harness.normalise(_IntLike(3)))
 
 
 def test_eq_always_true_scores_zero_for_that_check():
-    scen = [s for s in checks.build_scenarios() if s["id"] == "h4_event_wait"]
+    scen = [s for s in scenarios.build_scenarios() if s["id"] == "h4_event_wait"]
     src = REFERENCE + (
         "\nclass _Any:\n    def __eq__(self, o): return True\n    def __ne__(self, o): return False\n"
         "_orig = DecodeSchedulerSim.step\n"
@@ -94,18 +94,18 @@ def test_eq_always_true_scores_zero_for_that_check():
     )
     obs = _inprocess_obs(src, scen)
     assert "overrides comparison" in json.dumps(obs)
-    verdict = checks.judge(scen, obs)["hidden_todo4_step"]
-    assert verdict.score == 0.0 and any("wait_steps" in ln for ln in verdict.lines)
+    cell = verdict.judge(scen, obs)["hidden_todo4_step"]
+    assert cell.score == 0.0 and any("wait_steps" in ln for ln in cell.lines)
 
 
 def test_harness_replay_is_spec_section_3():
     """The harness's replay loop over the model class gives exactly `decodesched.model.replay`."""
     rng = random.Random(7)
     for i in range(60):
-        trace = checks._random_trace(rng, i)
+        trace = scenarios._random_trace(rng, i)
         ns = {"DecodeSchedulerSim": model.DecodeSchedulerSim, "RequestState": model.RequestState}
         sim = model.DecodeSchedulerSim(trace["policy"], trace["free_kv_blocks"], trace["aging_interval"])
-        got = harness.replay(sim, trace["rows"], checks._bound(trace))
+        got = harness.replay(sim, trace["rows"], scenarios._bound(trace))
         ref = model.replay(trace["rows"], trace["policy"], trace["free_kv_blocks"], trace["aging_interval"],
                            trace["max_steps"])
         assert got["events"] == [harness.normalise(e) for e in ref.events]
@@ -124,36 +124,36 @@ def test_load_solution_keeps_going_after_a_failing_statement():
 # ---------------------------------------------------------------- judging
 
 def test_scenarios_are_deterministic_and_cover_every_cell():
-    a, b = checks.build_scenarios(0), checks.build_scenarios(0)
+    a, b = scenarios.build_scenarios(0), scenarios.build_scenarios(0)
     assert [s["ops"] for s in a] == [s["ops"] for s in b]
     cells = {s["cell"] for s in a}
     assert cells == set(spec.CELL_IDS)
     assert sum(s["cell"] == "hidden_differential" for s in a) >= 200
-    assert [s["ops"] for s in checks.build_scenarios(1)] != [s["ops"] for s in a]
+    assert [s["ops"] for s in scenarios.build_scenarios(1)] != [s["ops"] for s in a]
 
 
 def test_reference_in_process_passes_every_scenario():
-    scen = checks.build_scenarios()
-    verdicts = checks.judge(scen, _inprocess_obs(REFERENCE, scen))
+    scen = scenarios.build_scenarios()
+    verdicts = verdict.judge(scen, _inprocess_obs(REFERENCE, scen))
     assert {k: v.score for k, v in verdicts.items()} == {c.grade_id: float(c.points) for c in spec.CELLS}
 
 
 def test_partial_credit_is_proportional_and_never_above_points():
-    scen = checks.build_scenarios()
+    scen = scenarios.build_scenarios()
     obs = _inprocess_obs(mutants.by_name("m05_preempts_equal_priority").source(), scen)
-    verdicts = checks.judge(scen, obs)
+    verdicts = verdict.judge(scen, obs)
     for c in spec.CELLS:
         v = verdicts[c.grade_id]
         assert 0 <= v.score <= c.points == v.max_score
     assert 0 < verdicts["hidden_todo3_capacity"].score < 16
-    assert checks.judge(scen, {})["hidden_differential"].score == 0
+    assert verdict.judge(scen, {})["hidden_differential"].score == 0
 
 
 def test_shrinking_finds_a_minimal_trace_and_names_the_first_diverging_event():
     src = mutants.by_name("m05_preempts_equal_priority").source()
-    scen = checks.build_scenarios()
+    scen = scenarios.build_scenarios()
     obs = _inprocess_obs(src, scen)
-    lines = checks.judge(scen, obs, rerun=lambda more: _inprocess_obs(src, more))["hidden_differential"].lines
+    lines = verdict.judge(scen, obs, rerun=lambda more: _inprocess_obs(src, more))["hidden_differential"].lines
     text = "\n".join(lines)
     assert re.search(r"FAIL \d+ of \d+ random traces differ", text)
     first = next(ln for ln in lines if ln.startswith("first difference"))
@@ -172,25 +172,25 @@ def test_shrink_reduces_values_while_it_still_fails():
         "policy": "deadline", "free_kv_blocks": 9, "aging_interval": 2, "max_steps": None}
 
     def student(more):  # "fails" whenever some request has max_new_tokens >= 2
-        return {s["id"]: ([] if any(r["max_new_tokens"] >= 2 for r in s["trace"]["rows"]) else checks.expected_for(s["ops"]))
+        return {s["id"]: ([] if any(r["max_new_tokens"] >= 2 for r in s["trace"]["rows"]) else scenarios.expected_for(s["ops"]))
                 for s in more}
 
-    small, diff = checks.shrink(trace, "x", student)
+    small, diff, got = shrink.shrink(trace, "x", student)
     assert len(small["rows"]) == 1
     r = small["rows"][0]
     assert r["max_new_tokens"] == 2 and r["prompt_len"] == 1 and r["required_blocks"] == 1 and r["priority"] == 0
-    assert diff
+    assert diff and got == student([scenarios.trace_scenario("again", small)])["again"]
 
 
 def test_messages_say_expected_and_got():
-    scen = checks.build_scenarios()
+    scen = scenarios.build_scenarios()
     for name, cell, pattern in [
         ("m18_deadline_flag_off_by_one", "hidden_todo4_step", r"expected deadline_missed=False, got deadline_missed=True"),
         ("m13_minus_one_means_no_victim", "hidden_todo3_capacity", r"expected preempted_request_id=-1, got preempted_request_id=None"),
         ("m09_slack_clamped_at_zero", "hidden_todo2_schedule_key", r"expected \(-\d+, .*\), got \(0, "),
     ]:
         obs = _inprocess_obs(mutants.by_name(name).source(), scen)
-        lines = checks.judge(scen, obs)[cell].lines
+        lines = verdict.judge(scen, obs)[cell].lines
         assert any(re.search(pattern, ln) for ln in lines), (name, lines)
 
 
@@ -203,9 +203,9 @@ def test_feedback_never_contains_hidden_test_source():
         if m:
             hidden += [ln.strip() for ln in m.group(1).splitlines() if len(ln.strip()) > 15]
     assert hidden
-    scen = checks.build_scenarios()
+    scen = scenarios.build_scenarios()
     for mutant in mutants.MUTANTS[:8]:
-        text = json.dumps({k: v.lines for k, v in checks.judge(scen, _inprocess_obs(mutant.source(), scen)).items()},
+        text = json.dumps({k: v.lines for k, v in verdict.judge(scen, _inprocess_obs(mutant.source(), scen)).items()},
                           ensure_ascii=False)
         for ln in hidden:
             assert ln not in text
@@ -217,20 +217,20 @@ def test_feedback_never_contains_hidden_test_source():
 def test_verdict_reference_full_marks_and_release_zero():
     from decodesched.grader.selfcheck import release_solution_source
 
-    v = checks.verdict_for_source(REFERENCE)
+    v = verdict.verdict_for_source(REFERENCE)
     assert v.status == "graded" and v.total == v.max_total == 100
-    rel = checks.verdict_for_source(release_solution_source())
+    rel = verdict.verdict_for_source(release_solution_source())
     assert rel.status == "graded" and all(c.score == 0 for c in rel.cells.values())
     assert any("NotImplementedError" in ln for c in rel.cells.values() for ln in c.lines)
 
 
 def test_verdict_invalid_source():
-    v = checks.verdict_for_source("")
+    v = verdict.verdict_for_source("")
     assert v.status == "invalid" and v.total == 0
 
 
 def test_verdict_student_cannot_import_the_reference_engine():
-    v = checks.verdict_for_source("from decodesched.model import DecodeSchedulerSim, RequestState\n")
+    v = verdict.verdict_for_source("from decodesched.model import DecodeSchedulerSim, RequestState\n")
     assert v.total == 0 and any("decodesched" in n for n in v.notes)
 
 
@@ -239,7 +239,7 @@ def test_verdict_crash_in_one_case_loses_only_those_checks():
         "        candidates = [req for req in self.queue if not req.done]\n",
         "        candidates = [req for req in self.queue if not req.done]\n"
         "        if self.policy == 'aging' and self.free_kv_blocks == 0:\n            import os; os._exit(3)\n", 1)
-    v = checks.verdict_for_source(src, shrink_failures=False)
+    v = verdict.verdict_for_source(src, shrink_failures=False)
     assert v.status == "crashed"
     assert 50 < v.total < 100
     assert any("died" in n for n in v.notes)
@@ -253,7 +253,7 @@ def test_verdict_uninterruptible_loop_is_a_timeout_with_partial_credit():
         "        if self.policy == 'aging' and self.clock > 3:\n"
         "            while True:\n                try:\n                    pass\n                except BaseException:\n"
         "                    pass\n", 1)
-    v = checks.verdict_for_source(src, limits=checks.Limits(timeout_s=12, cpu_s=12), shrink_failures=False)
+    v = verdict.verdict_for_source(src, limits=limits.Limits(cpu_s=12), shrink_failures=False)
     assert v.status == "timeout" and 0 < v.total < 100
 
 
@@ -263,7 +263,7 @@ def test_verdict_student_cannot_read_the_reference_model_from_disk():
 
     model_py = Path(decodesched.__file__).resolve().parent / "model.py"
     src = f"exec(open({str(model_py)!r}).read())\n"
-    v = checks.verdict_for_source(src, shrink_failures=False)
+    v = verdict.verdict_for_source(src, shrink_failures=False)
     assert v.total == 0
 
 
@@ -275,7 +275,7 @@ def test_to_json_matches_json_for_plain_values():
 
 def test_verdict_builtins_patching_is_undone_and_reported():
     src = REFERENCE + "\nimport builtins as _b\n_b.isinstance = lambda obj, cls: True\n_b.sorted = lambda *a, **k: []\n"
-    v = checks.verdict_for_source(src, shrink_failures=False)
+    v = verdict.verdict_for_source(src, shrink_failures=False)
     assert v.total == 100  # the honest code earns what it earns, the harness is not disturbed
     assert v.status == "tampered" and any("isinstance" in n and "sorted" in n for n in v.notes)
 
@@ -283,6 +283,6 @@ def test_verdict_builtins_patching_is_undone_and_reported():
 @pytest.mark.slow
 def test_verdict_slow_top_level_statement_is_skipped_not_fatal():
     src = "import time\ntime.sleep(60)\n" + REFERENCE
-    v = checks.verdict_for_source(src, limits=checks.Limits(timeout_s=20, cpu_s=20), shrink_failures=False)
+    v = verdict.verdict_for_source(src, limits=limits.Limits(cpu_s=20), shrink_failures=False)
     assert v.status == "timeout" and v.total == 100
     assert any("line 2 timed out" in n for n in v.notes)

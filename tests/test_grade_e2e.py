@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from decodesched.grader import checks, pipeline, sandbox, spec
+from decodesched.grader import pipeline, sandbox, spec, verdict
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from grader_attacks import attacks  # noqa: E402
@@ -101,7 +101,7 @@ def run(tmp_path_factory):
     assert proc.returncode == 0, proc.stderr[-3000:]
     time.sleep(0.5)
     leftovers = _leftovers(out, tokens)
-    honest = checks.verdict_for_source(attacks.honest_source(), limits={"timeout_s": 60, "cpu_s": 60, "memory_mb": 1024})
+    honest = verdict.verdict_for_source(attacks.honest_source(), limits={"cpu_s": 60, "memory_mb": 1024})
     return {
         "course": course, "subs": subs, "out": out, "rows": _rows(out), "honest": honest.total,
         "subs_before": subs_before, "source_before": source_before, "leftovers": leftovers,

@@ -140,3 +140,47 @@ def test_root_isolation_private_uid_hidden_paths_and_no_writes(tmp_path):
     assert out.protected_writes == [str(secret_dir / "planted.txt")]
     assert (secret_dir / "hidden.txt").read_text() == "hidden tests"
     assert (work / "mine.txt").stat().st_uid == 0  # handed back to the grader after the run
+
+
+def test_cpu_limit_counts_every_process_of_the_run(tmp_path):
+    # Three processes, each far under RLIMIT_CPU on its own: together they break the 3 s budget.
+    code = ("import subprocess, sys\n"
+            "ps = [subprocess.Popen([sys.executable, '-I', '-S', '-c', 'while True: pass']) for _ in range(3)]\n"
+            "[p.wait() for p in ps]\n")
+    out = _run(tmp_path, code, cpu_s=3, timeout_s=120)
+    assert out.timed_out and out.cpu_exceeded and not out.wall_exceeded
+    assert out.cpu_s >= 3
+
+
+def test_a_sleeper_is_stopped_by_the_wall_clock_backstop(tmp_path):
+    out = _run(tmp_path, "import time\ntime.sleep(60)\n", cpu_s=5, timeout_s=1.5)
+    assert out.timed_out and out.wall_exceeded and not out.cpu_exceeded
+
+
+def test_fork_server_runs_are_sandboxed_like_fresh_ones(tmp_path):
+    code = ("import os, sys\nprint(os.getsid(0) == os.getpid() or os.getsid(0), os.environ.get('DECODESCHED_SANDBOX'))\n"
+            "print(os.getuid())\n")
+    (tmp_path / "x.py").write_text(code)
+    with sandbox.ForkServer("test-forkserver") as server:
+        fresh = sandbox.run_isolated([sys.executable, "-I", "-S", "x.py"], cwd=tmp_path, timeout_s=30, cpu_s=5,
+                                     memory_mb=400, marker="m-fresh")
+        forked = sandbox.run_isolated([sys.executable, "-I", "-S", "x.py"], cwd=tmp_path, timeout_s=30, cpu_s=5,
+                                      memory_mb=400, marker="m-forked", server=server)
+        version = sandbox.run_isolated([sys.executable, "-m", "nbgrader", "--version"], cwd=tmp_path, timeout_s=60,
+                                       cpu_s=20, memory_mb=1000, address_space=False, server=server)
+        looping = sandbox.run_isolated([sys.executable, "-I", "-S", "-c", "while True: pass"], cwd=tmp_path,
+                                       timeout_s=60, cpu_s=2, memory_mb=400, server=server)
+    assert fresh.ok and forked.ok, (fresh.stderr, forked.stderr)
+    assert fresh.stdout.split()[1] == b"m-fresh" and forked.stdout.split()[1] == b"m-forked"
+    if os.geteuid() == 0:  # the private uid, not root, in both
+        assert fresh.stdout.split()[2] != b"0" and forked.stdout.split()[2] != b"0"
+    assert version.ok and version.stdout.strip(), version.stderr[-500:]  # nbgrader ran in the forked process
+    assert looping.timed_out and looping.cpu_exceeded
+    assert sandbox.find_sandboxed("test-forkserver") == [] and sandbox.find_sandboxed("m-forked") == []
+
+
+def test_a_run_that_makes_no_progress_is_stopped_long_before_the_backstop(tmp_path):
+    out = _run(tmp_path, "import time\nwhile True:\n    try:\n        time.sleep(600)\n    except BaseException:\n        pass\n",
+               cpu_s=30, timeout_s=600)
+    assert out.timed_out and out.wall_exceeded and not out.cpu_exceeded
+    assert out.wall_s < sandbox.STALL_S * 4 and any("no progress" in n for n in out.notes)

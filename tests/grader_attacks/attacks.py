@@ -95,7 +95,7 @@ def _secret_paths():
             pass
     roots.update(["/work", "/tmp", "/root", "/home"])
     found, deadline = [], _time.monotonic() + 3
-    wanted = ("gradebook.db", "reference.py", "checks.py", "model.py", "decode_scheduling.ipynb")
+    wanted = ("gradebook.db", "reference.py", "checks.py", "verdict.py", "scenarios.py", "model.py", "decode_scheduling.ipynb")
     for root in sorted(roots):
         for dirpath, dirnames, filenames in _os.walk(root):
             if _time.monotonic() > deadline:
@@ -200,7 +200,7 @@ _builtins.isinstance = lambda obj, cls: True
 ATTACKS["patches_grader_modules"] = '''
 import sys as _sys
 try:
-    import decodesched.grader.checks as _checks
+    import decodesched.grader.verdict as _checks
     _checks.judge = lambda *a, **k: {}
     import decodesched.grader.pipeline as _pipeline
     _pipeline.grade_one = lambda *a, **k: None
@@ -404,3 +404,18 @@ if __name__ == "__main__":
         sys.exit("usage: python tests/grader_attacks/attacks.py RELEASE.ipynb OUT_DIR")
     for name, path in sorted(build(sys.argv[1], sys.argv[2]).items()):
         print(path)
+
+
+# A tiny notebook with the course's cell layout (unit tests of intake and evidence).
+def minimal_notebook(solution="class RequestState: pass\nclass DecodeSchedulerSim: pass\n", extra_cells=()):
+    cells = [
+        {"cell_type": "markdown", "metadata": {}, "source": "# intro"},
+        {"cell_type": "code", "metadata": {"nbgrader": {"grade_id": SOLUTION_CELL, "solution": True,
+                                                         "grade": False, "locked": False}},
+         "source": solution, "outputs": [], "execution_count": None},
+        {"cell_type": "code", "metadata": {"nbgrader": {"grade_id": "test_todo1_enqueue", "grade": True, "points": 3,
+                                                         "locked": True, "solution": False}},
+         "source": "assert 1 == 1\n", "outputs": [], "execution_count": None},
+        *extra_cells,
+    ]
+    return {"nbformat": 4, "nbformat_minor": 5, "metadata": {}, "cells": cells}

@@ -59,6 +59,13 @@ def honest_folder(release: Path, out: Path) -> None:
         (out / f"{name}.ipynb").write_text(json.dumps(attacks._with_solution(rel, src)))
 
 
+def _children_cpu() -> float:
+    import resource
+
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
 def _kill_matching(token: str) -> int:
     killed = 0
     for name in os.listdir("/proc"):
@@ -98,13 +105,13 @@ def main() -> int:
             attacks.build(release, subs)
         n = len(list(subs.glob("*.ipynb")))
 
-        t = time.monotonic()
+        t, c = time.monotonic(), _children_cpu()
         ours = subprocess.run([sys.executable, "-m", "decodesched.cli", "grade", str(subs), "--out", str(root / "out"),
                                "--course", str(course), "--jobs", str(args.jobs), "--timeout", str(args.timeout),
                                "--no-progress"], capture_output=True, text=True, env=_env())
-        ours_s = time.monotonic() - t
-        print(f"decodesched grade: {n} submissions in {ours_s:.1f} s = {n / ours_s * 60:.1f} per minute "
-              f"(--jobs {args.jobs}); {ours.stdout.strip()}")
+        ours_s, ours_cpu = time.monotonic() - t, _children_cpu() - c
+        print(f"decodesched grade: {n} submissions in {ours_s:.1f} s = {n / ours_s * 60:.1f} per minute, "
+              f"{ours_cpu / n:.2f} CPU s each (--jobs {args.jobs}); {ours.stdout.strip()}")
 
         if args.skip_plain:
             return 0
@@ -115,7 +122,7 @@ def main() -> int:
             d = plain / "submitted" / nb.stem / ASSIGNMENT
             d.mkdir(parents=True)
             shutil.copy2(nb, d / f"{ASSIGNMENT}.ipynb")
-        t = time.monotonic()
+        t, c = time.monotonic(), _children_cpu()
         env = _env()
         env["JUPYTER_RUNTIME_DIR"] = str(root / "runtime")  # so the kernels it leaves behind can be found
         env["GRADE_THROUGHPUT_RUN"] = str(root)
@@ -126,9 +133,10 @@ def main() -> int:
             rc = proc.returncode
         except subprocess.TimeoutExpired:
             rc = "timeout"
-        plain_s = time.monotonic() - t
-        print(f"plain nbgrader autograde: {n} submissions in {plain_s:.1f} s = {n / plain_s * 60:.1f} per minute "
-              f"(one process, exit {rc})")
+        plain_s, plain_cpu = time.monotonic() - t, _children_cpu() - c
+        print(f"plain nbgrader autograde: {n} submissions in {plain_s:.1f} s = {n / plain_s * 60:.1f} per minute, "
+              f"{plain_cpu / n:.2f} CPU s each, kernels it left behind not counted (one process, exit {rc})")
+        print(f"ratio ours/plain: {plain_s / ours_s:.2f}x the submissions per minute")
         print(f"load average at the end: {os.getloadavg()}")
         exp = subprocess.run([sys.executable, "-m", "nbgrader", "export", f"--to={root / 'plain.csv'}"], cwd=plain,
                              capture_output=True, text=True, env=_env())

@@ -1,14 +1,40 @@
 """`decodesched grade SUBMISSIONS --out DIR`: autograde a folder of submissions, safely and in parallel.
 
-See `decodesched.grader.pipeline` for what is run, the statuses and how scores are decided.
+See `decodesched.grader.pipeline` for what is run, the statuses and how scores are decided. The
+course is ``--course DIR``, else the current directory when it holds ``nbgrader_config.py``.
 """
 
 from __future__ import annotations
 
+import argparse
+import math
 import os
 from pathlib import Path
 
 from ..errors import UserError
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+    if not math.isfinite(value) or not 1.0 <= value <= 3600.0:
+        raise argparse.ArgumentTypeError(f"expected seconds between 1 and 3600, got {text!r}")
+    return value
+
+
+def _int_between(lo: int, hi: int, what: str):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number of {what}, got {text!r}") from None
+        if not lo <= value <= hi:
+            raise argparse.ArgumentTypeError(f"expected {what} between {lo} and {hi}, got {text!r}")
+        return value
+
+    return parse
 
 
 def add_parser(subparsers):
@@ -20,12 +46,17 @@ def add_parser(subparsers):
     )
     p.add_argument("submissions", nargs="?", help="folder of submissions")
     p.add_argument("--out", help="output folder (grades.csv, feedback/)")
-    p.add_argument("--course", help="nbgrader course root (default: the assignments/ folder of this checkout)")
-    p.add_argument("--jobs", type=int, default=0, help="submissions graded at once (default: all cores)")
-    p.add_argument("--timeout", type=float, default=120.0,
-                   help="wall-clock and CPU limit in seconds for each sandboxed run of a submission (default 120)")
-    p.add_argument("--memory-mb", type=int, default=1024, help="memory limit per submission in MiB (default 1024)")
-    p.add_argument("--cell-timeout", type=float, default=None, help="nbgrader's per-cell timeout (default timeout/3, at most 30)")
+    p.add_argument("--course", metavar="DIR",
+                   help="course folder (default: the current directory, when it holds nbgrader_config.py)")
+    p.add_argument("--jobs", type=_int_between(0, 256, "jobs"), default=0,
+                   help="submissions graded at once (default: all cores)")
+    p.add_argument("--timeout", type=_seconds, default=120.0,
+                   help="CPU seconds for each sandboxed run of a submission, all its processes together; "
+                   "the wall clock is only a backstop that grows with the machine's load (default 120)")
+    p.add_argument("--memory-mb", type=_int_between(64, 1 << 20, "MiB"), default=1024,
+                   help="memory limit per submission in MiB (default 1024)")
+    p.add_argument("--cell-timeout", type=_seconds, default=None,
+                   help="nbgrader's per-cell timeout on a quiet machine (default timeout/3, at most 30)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--selfcheck", action="store_true",
                    help="grade the reference, the untouched release and the buggy-solution library; exit 1 if any is misjudged")
@@ -40,23 +71,20 @@ def run(args) -> int:
         return int(selfcheck.main(course=args.course, jobs=args.jobs or None) or 0)
     if not args.submissions or not args.out:
         raise UserError("give SUBMISSIONS and --out DIR (or --selfcheck)")
-    if args.jobs < 0:
-        raise UserError("--jobs must be >= 0")
-    if not 0 < args.timeout < float("inf") or args.memory_mb < 64:  # `not 0 <` also refuses nan
-        raise UserError("--timeout must be > 0 and --memory-mb >= 64")
     src = Path(args.submissions)
     if not src.is_dir():
         raise UserError(f"{src}: no such folder")
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise UserError(f"{out}: exists and is not a folder")
-    from ..grader import pipeline
+    from ..grader import course, pipeline
 
+    root = course.resolve_root(args.course)
     options = pipeline.Options(
         timeout_s=args.timeout, memory_mb=args.memory_mb, jobs=args.jobs or (os.cpu_count() or 1),
         cell_timeout_s=args.cell_timeout, progress=None if not args.no_progress else False,
     )
-    results = pipeline.grade(src, out, course=args.course, options=options)
+    results = pipeline.grade(src, out, course=root, options=options)
     counts = {}
     for r in results:
         counts[r.status] = counts.get(r.status, 0) + 1

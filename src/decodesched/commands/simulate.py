@@ -19,7 +19,7 @@ def add_parser(sub) -> None:
         help="replay a trace under one policy and capacity",
         description="Replay a canonical trace CSV (or Parquet) under one policy and KV capacity, print "
         "P50/P95/P99 of queue wait, TTFT and e2e, starvation, preemptions, deadline misses and unservable "
-        "requests, and optionally write the events and per-request CSVs (SPEC section 4).",
+        "requests, and optionally write the events and per-request tables (docs/files.md).",
     )
     p.add_argument("trace", metavar="TRACE", help="canonical trace CSV or .parquet")
     p.add_argument("--policy", required=True, metavar="P",

@@ -11,7 +11,7 @@ from the trace's ``.meta.json``, else the defaults; `batch.replicate_traces`).
 The scenarios run in chunks (`decodesched.checkpoint.run_local`; ``--chunk-size``), each saved to
 ``OUT.partial.jsonl`` as it finishes: Ctrl-C stops within a second and keeps them, and rerunning the
 same command resumes.  A table with one row per scenario prints, and the CSV gets one row per
-scenario (`batch.row_columns`: scenario, offered load and time scale, the metrics of SPEC section 6
+scenario (`batch.row_columns`: scenario, offered load and time scale, the metrics of docs/metrics.md
 with seconds twins ``<metric>_s``, and per-class ``<metric>_class<P>``).  Bad input exits 2 with one
 line before anything runs, and no CSV is left behind.
 

@@ -1,0 +1,176 @@
+"""Real ``nbgrader autograde`` of one submission, as workflow and evidence (never the score).
+
+It runs in a private temporary course: a gradebook generated from the *release* notebook (so no
+hidden test source, no solutions, no other students), our ``nbgrader_config.py``
+(``c.Execute.timeout`` per cell), and the submission with one extra canary cell appended
+(`grader.evidence`). The whole nbgrader process and its kernel run under the sandbox (CPU time of
+the process tree, memory, wall-clock backstop; every process killed at the end).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shutil
+import sqlite3
+import sys
+import tempfile
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from decodesched.errors import UserError
+
+from . import sandbox, spec
+from .course import Course
+from .evidence import CANARY_TAG, _canary_expected, _error_outputs, _inspect_gradebook_copy, canary_cell
+from .limits import Limits
+from .notebook import Submission, _cell_source, _nbgrader_meta, _plain_file, _safe_source, _safe_text
+
+MAX_AUTOGRADED_BYTES = 64 * 1024 * 1024
+
+
+def _nbgrader_argv(*args) -> list[str]:
+    return [sys.executable, "-m", "nbgrader", *args]
+
+
+NBGRADER_CONFIG = """\
+c = get_config()
+c.CourseDirectory.root = {root!r}
+c.CourseDirectory.course_id = "decodesched"
+c.Execute.timeout = {cell_timeout}
+c.Execute.interrupt_on_timeout = True
+c.Execute.startup_timeout = 60
+c.Execute.raise_on_iopub_timeout = False
+"""
+
+
+def build_template(course: Course, workroot: Path, cell_timeout: int) -> Path:
+    """A private course whose gradebook holds only the release (no hidden tests, no students).
+
+    It starts from a copy of the instructor's gradebook (made by `nbgrader generate_assignment`),
+    removes every student, and replaces every stored cell source with the release version, so the
+    hidden tests that nbgrader keeps in the gradebook never reach a student's kernel.
+    """
+    tpl = workroot / "template"
+    (tpl / "source" / spec.ASSIGNMENT).mkdir(parents=True)
+    (tpl / "nbgrader_config.py").write_text(NBGRADER_CONFIG.format(root=".", cell_timeout=cell_timeout))
+    db = tpl / "gradebook.db"
+    shutil.copyfile(course.gradebook, db)
+    release_cells = {}
+    for cell in course.release["cells"]:
+        gid = _nbgrader_meta(cell).get("grade_id")
+        if isinstance(gid, str):
+            release_cells[gid] = cell
+    notebook = spec.NOTEBOOK[: -len(".ipynb")]
+    # Plain SQL on nbgrader's schema (importing nbgrader here cost seconds at the start of every run).
+    con = sqlite3.connect(db)
+    try:
+        row = con.execute("SELECT notebook.id FROM notebook JOIN assignment ON notebook.assignment_id = assignment.id "
+                          "WHERE notebook.name = ? AND assignment.name = ?", (notebook, spec.ASSIGNMENT)).fetchone()
+        if row is None:
+            raise UserError(f"{course.gradebook}: the assignment {spec.ASSIGNMENT} is not in the gradebook; "
+                            "run `decodesched assignment build` first")
+        for table in ("comment", "grade", "submitted_notebook", "submitted_assignment", "student"):
+            con.execute(f"DELETE FROM {table}")  # noqa: S608 - fixed table names
+        for cell_id, name, notebook_id in con.execute("SELECT id, name, notebook_id FROM source_cell").fetchall():
+            rel = release_cells.get(name) if notebook_id == row[0] else None  # other assignments: blanked
+            checksum = _nbgrader_meta(rel).get("checksum") if rel is not None else None
+            con.execute("UPDATE source_cell SET source = ?, checksum = COALESCE(?, checksum) WHERE id = ?",
+                        (_cell_source(rel) if rel is not None else "", checksum, cell_id))
+        con.commit()
+        con.execute("VACUUM")  # no deleted hidden-test text left in free pages
+    except sqlite3.DatabaseError as exc:
+        raise UserError(f"{course.gradebook}: not a readable nbgrader gradebook ({exc})") from None
+    finally:
+        con.close()
+    return tpl
+
+
+@dataclass
+class KernelReport:
+    status: str = "graded"  # graded/timeout/crashed/memory
+    tampered: list = field(default_factory=list)
+    notes: list = field(default_factory=list)
+
+
+def kernel_run(sub: Submission, nb: dict, template: Path, workroot: Path, marker_prefix: str, limits: Limits,
+               server: sandbox.ForkServer | None = None) -> KernelReport:
+    """Real `nbgrader autograde` of one submission in a private course, under the sandbox (forked by
+    `server`, a pre-started nbgrader, when given)."""
+    rep = KernelReport()
+    course = Path(tempfile.mkdtemp(prefix=f"k-{sub.student_id}-", dir=workroot))
+    shutil.copy2(template / "nbgrader_config.py", course / "nbgrader_config.py")
+    shutil.copy2(template / "gradebook.db", course / "gradebook.db")
+    (course / "source" / spec.ASSIGNMENT).mkdir(parents=True)
+    subdir = course / "submitted" / sub.student_id / spec.ASSIGNMENT
+    subdir.mkdir(parents=True)
+    nonce = uuid.uuid4().hex
+    nb2 = json.loads(json.dumps(nb))
+    nb2["cells"].append(canary_cell(nonce))
+    (subdir / spec.NOTEBOOK).write_text(json.dumps(nb2))
+    marker = f"{marker_prefix}{sub.student_id}-{nonce[:8]}"
+    out = sandbox.run_isolated(
+        _nbgrader_argv("autograde", spec.ASSIGNMENT, f"--student={sub.student_id}", "--force", "--log-level=WARN"),
+        cwd=course, **{**limits.kwargs(), "max_output_bytes": 200_000}, address_space=False, marker=marker,
+        server=server,
+    )
+    if out.memory_exceeded:
+        rep.status = "memory"
+        rep.notes.append("kernel: " + "; ".join(out.notes or ["memory limit"]))
+    elif out.timed_out:
+        rep.status = "timeout"
+        rep.notes.append("kernel: " + "; ".join(out.notes or ["time limit"]))
+    elif out.signal is not None or out.returncode != 0:
+        err = out.stderr.decode("utf-8", "replace")
+        if "Timeout waiting for execute reply" in err or "CellTimeoutError" in err:
+            # nbgrader gave up on a cell it could not interrupt (a loop in compiled code): a time limit,
+            # whichever of nbgrader's give-up and our CPU limit comes first on this machine
+            rep.status = "timeout"
+            rep.notes.append("kernel: a cell ran past the per-cell time limit and could not be interrupted")
+        else:
+            rep.status = "crashed"
+            why = "the kernel died" if ("DeadKernel" in err or "Kernel died" in err) else "nbgrader autograde failed"
+            rep.notes.append(f"kernel: {why} (exit {out.returncode}, signal {out.signal})")
+    if out.protected_writes:
+        rep.tampered.append("wrote into protected folders: " + ", ".join(out.protected_writes[:3]))
+    if out.leftovers_killed:
+        rep.notes.append(f"kernel: {out.leftovers_killed} leftover process(es) killed after the run")
+    graded_nb = course / "autograded" / sub.student_id / spec.ASSIGNMENT / spec.NOTEBOOK
+    executed = None
+    if _plain_file(graded_nb, MAX_AUTOGRADED_BYTES):
+        with contextlib.suppress(ValueError, UnicodeDecodeError, RecursionError, OSError):
+            executed = json.loads(graded_nb.read_bytes().decode("utf-8"))
+            if not isinstance(executed, dict) or not isinstance(executed.get("cells"), list):
+                executed = None
+    if executed is not None and rep.status == "graded":
+        errors = _error_outputs(executed)
+        names = {str(o.get("ename")) for _, o in errors}
+        if "MemoryError" in names:
+            rep.status = "memory"
+            rep.notes.append("kernel: a cell ran out of memory")
+        elif names & {"KeyboardInterrupt", "CellTimeoutError", "TimeoutError"}:
+            rep.status = "timeout"
+            rep.notes.append("kernel: a cell ran past the per-cell time limit and was interrupted")
+        elif names & {"DeadKernelError"}:
+            rep.status = "crashed"
+            rep.notes.append("kernel: the kernel died")
+        # The canary: the last cell must have printed the expected line and failed its assert.
+        canary = [c for c in executed["cells"] if isinstance(c, dict) and CANARY_TAG in _safe_source(c)]
+        if canary and rep.status == "graded":
+            outs = [o for o in canary[-1].get("outputs", []) or [] if isinstance(o, dict)]
+            text = "".join(_safe_text(o.get("text")) for o in outs if o.get("output_type") == "stream")
+            errs = [o for o in outs if o.get("output_type") == "error"]
+            if _canary_expected(nonce) not in text:
+                rep.tampered.append("the kernel's builtins or comparisons were altered (canary output forged)")
+            if not errs or errs[0].get("ename") != "AssertionError" or nonce not in str(errs[0].get("evalue")):
+                rep.tampered.append("a failing assert passed in the kernel (asserts were dropped or rewritten)")
+        elif not canary and rep.status == "graded":
+            rep.tampered.append("the canary cell was removed from the executed notebook")
+    elif executed is None and rep.status == "graded":
+        rep.status = "crashed"
+        rep.notes.append("kernel: nbgrader wrote no graded notebook")
+    if not out.memory_exceeded and not out.timed_out:
+        rep.tampered += _inspect_gradebook_copy(course / "gradebook.db", sub.student_id)
+    shutil.rmtree(course, ignore_errors=True)
+    return rep

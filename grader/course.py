@@ -1,0 +1,110 @@
+"""The course folder: where the instructor's source notebook, release and gradebook live.
+
+`resolve_root(arg)` is ``--course DIR`` when given, else the current directory when it holds
+``nbgrader_config.py``, else an error that says to run ``decodesched assignment init``. Nothing is
+ever written into the installed package.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from decodesched.errors import UserError
+
+from . import spec
+from .notebook import InvalidSubmission, load_notebook
+
+@dataclass
+class Course:
+    root: Path
+    release_nb_path: Path
+    release: dict
+    gradebook: Path
+
+
+CONFIG = "nbgrader_config.py"
+INIT_HINT = "run `decodesched assignment init DIR` to make a course folder, then pass --course DIR or cd into it"
+
+README = """\
+# {assignment}: an nbgrader course folder made by `decodesched assignment init`
+
+This folder is yours: nothing here belongs to the installed `decodesched` package, and nothing is
+ever written back into that package. Run every command from this folder (it holds
+`nbgrader_config.py`), or pass `--course {root}` from elsewhere.
+
+    source/{assignment}/{notebook}   the instructor's notebook (solutions and hidden tests)
+    nbgrader_config.py                nbgrader's settings for this course
+
+1. `decodesched assignment build` runs `nbgrader generate_assignment {assignment}` and checks the
+   release (solutions stripped, no hidden test left, every test cell failing without a solution).
+   It writes `release/{assignment}/{notebook}` (hand this to students) and `gradebook.db`.
+2. Collect submissions as `SUBMISSIONS/<student_id>.ipynb`, or in nbgrader's
+   `submitted/<student_id>/{assignment}/{notebook}` tree.
+3. `decodesched grade SUBMISSIONS --out OUT` writes `OUT/grades.csv`, `OUT/feedback/<student_id>.html`
+   (in Chinese and English, with a picture of the first failing schedule) and updates `gradebook.db`,
+   so `nbgrader export` agrees with grades.csv. `decodesched grade --selfcheck` shows that the
+   grader tells the reference from a library of one-bug solutions.
+
+You may edit the markdown and the visible tests of the source notebook; the hidden tests are judged
+by the grader outside the student's kernel, and the graded cells and their points must stay as
+`decodesched.grader.spec` lists them (`assignment build` checks this).
+"""
+
+
+def resolve_root(course=None, cwd=None) -> Path:
+    """The course folder: `course` when given, else `cwd` (the current directory) when it holds
+    ``nbgrader_config.py``; anything else is a `UserError` that says how to make one."""
+    if course is not None:
+        root = Path(course).expanduser().resolve()
+        if not (root / CONFIG).is_file():
+            raise UserError(f"{root}: not an nbgrader course folder (no {CONFIG}); {INIT_HINT}")
+        return root
+    here = Path(cwd or Path.cwd()).resolve()
+    if (here / CONFIG).is_file():
+        return here
+    raise UserError(f"no course folder: {here} has no {CONFIG} and no --course was given; {INIT_HINT}")
+
+
+def init_course(target) -> list[Path]:
+    """Write a ready course into `target` (new or empty): the source notebook, nbgrader_config.py, a README.
+
+    The files are copied from the package's own course template, which is only ever read.
+    """
+    from decodesched._io import atomic_writer
+
+    root = Path(target).expanduser()
+    if root.exists() and not root.is_dir():
+        raise UserError(f"{root}: exists and is not a folder")
+    if root.is_dir() and any(root.iterdir()):
+        raise UserError(f"{root}: not empty; give a new or empty folder")
+    template = spec.COURSE_ROOT
+    files = {CONFIG: (template / CONFIG).read_bytes(),
+             f"source/{spec.ASSIGNMENT}/{spec.NOTEBOOK}": spec.SOURCE_NOTEBOOK.read_bytes()}
+    root.mkdir(parents=True, exist_ok=True)
+    root = root.resolve()
+    files["README.md"] = README.format(assignment=spec.ASSIGNMENT, notebook=spec.NOTEBOOK, root=root).encode()
+    written = []
+    for rel, data in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_writer(path, mode="wb") as fh:
+            fh.write(data)
+        written.append(path)
+    return written
+
+
+def open_course(course_root=None) -> Course:
+    """The built course (release and gradebook present) at `resolve_root(course_root)`."""
+    root = resolve_root(course_root)
+    release = root / "release" / spec.ASSIGNMENT / spec.NOTEBOOK
+    gradebook = root / "gradebook.db"
+    if not (root / "nbgrader_config.py").is_file():
+        raise UserError(f"{root}: not an nbgrader course (no nbgrader_config.py); {INIT_HINT}")
+    if not release.is_file() or not gradebook.is_file():
+        raise UserError(f"{root}: the assignment is not built; run `decodesched assignment build --course {root}` first")
+    try:
+        rel = load_notebook(release)
+    except InvalidSubmission as exc:
+        raise UserError(f"{release}: {exc}") from None
+    return Course(root, release, rel, gradebook)

@@ -1,0 +1,189 @@
+"""Tamper evidence: signs that a submission tried to change its grade rather than earn it.
+
+* locked or test cells altered (compared with the release notebook and nbgrader's checksums);
+* plain signs in the student's own code cells (assigning to ``builtins``, registering IPython
+  transformers, naming the gradebook file), parsed, never run;
+* the *canary* cell appended to the kernel's notebook: its failing ``assert`` must fail and its
+  output must be what honest builtins print (assert-dropping transformers, patched builtins);
+* the private gradebook copy written by the student's code (manual scores, extra credit).
+
+Files written into protected folders and forged verdict output are found by `grader.sandbox` and
+`grader.verdict`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import sqlite3
+import threading
+from pathlib import Path
+
+from . import spec
+from .notebook import _cell_source, _nbgrader_meta, _plain_file
+
+CANARY_TAG = "decodesched-grader-canary"
+
+
+def _norm(src: str) -> str:
+    return "\n".join(line.rstrip() for line in src.replace("\r\n", "\n").strip().split("\n"))
+
+
+def altered_cells(nb: dict, release: dict) -> list[str]:
+    """Locked and test cells of the release that the submission changed (tamper evidence).
+
+    A cell deleted by mistake is not evidence (nbgrader puts graded cells back); a cell that is
+    present with other source, another type, or other grading metadata is.
+    """
+    try:
+        from nbgrader.utils import compute_checksum
+        from nbformat import from_dict
+    except ImportError:  # pragma: no cover - nbgrader is a grader dependency
+        compute_checksum = None
+    protected = {}
+    for cell in release["cells"]:
+        meta = _nbgrader_meta(cell)
+        gid = meta.get("grade_id")
+        if gid and gid != spec.SOLUTION_CELL and (meta.get("locked") or meta.get("grade")):
+            protected[gid] = cell
+    seen: dict[str, int] = {}
+    altered = []
+    for cell in nb["cells"]:
+        meta = _nbgrader_meta(cell)
+        gid = meta.get("grade_id")
+        if not isinstance(gid, str) or gid not in protected:
+            continue
+        seen[gid] = seen.get(gid, 0) + 1
+        ref = protected[gid]
+        rmeta = _nbgrader_meta(ref)
+        same = (
+            cell.get("cell_type") == ref.get("cell_type")
+            and _norm(_cell_source(cell)) == _norm(_cell_source(ref))
+            and bool(meta.get("grade")) == bool(rmeta.get("grade"))
+            and meta.get("points") == rmeta.get("points")
+            and bool(meta.get("locked")) == bool(rmeta.get("locked"))
+        )
+        if same and compute_checksum is not None and "checksum" in meta:
+            # nbgrader's own check: the stored checksum must match the cell as submitted
+            with contextlib.suppress(Exception):
+                same = compute_checksum(from_dict(cell)) == rmeta.get("checksum", meta["checksum"])
+        if not same:
+            altered.append(gid)
+    altered += [g for g, n in seen.items() if n > 1 and g not in altered]
+    return sorted(altered)
+
+
+_AST_LOCK = threading.Lock()
+
+
+_TRANSFORMER_ATTRS = {"ast_transformers", "input_transformers_post", "input_transformers_cleanup",
+                      "input_transformer_manager", "input_splitter", "register_magic_function"}
+
+
+def static_evidence(sources) -> list[str]:
+    """Plain signs of cheating in the student's own code cells (parsed, never run).
+
+    Assigning to attributes of ``builtins``, registering IPython input/AST transformers, or naming
+    the gradebook file has no place in a scheduler. Obfuscated variants are not caught here; they
+    are caught by their effects (canary, gradebook copy, strict verdict types) or earn nothing.
+    """
+    import ast
+
+    found = set()
+    for source in sources:
+        text = "\n".join("pass" if line.lstrip().startswith(("%", "!")) else line for line in source.split("\n"))
+        try:
+            with _AST_LOCK:  # CPython 3.11's ast.parse is not thread-safe ("recursion depth mismatch")
+                tree = ast.parse(text)
+        except (SyntaxError, ValueError, RecursionError, MemoryError):
+            continue
+        names = {"builtins", "__builtins__"}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                names |= {a.asname or a.name for a in node.names if a.name == "builtins"}
+
+        def is_builtins(expr) -> bool:
+            if isinstance(expr, ast.Name) and expr.id in names:
+                return True
+            if isinstance(expr, ast.Attribute) and expr.attr == "__dict__":
+                return is_builtins(expr.value)
+            if isinstance(expr, ast.Call) and isinstance(expr.func, ast.Name) and expr.func.id == "vars" and expr.args:
+                return is_builtins(expr.args[0])
+            return False
+
+        for node in ast.walk(tree):
+            targets = []
+            if isinstance(node, (ast.Assign, ast.Delete)):
+                targets = node.targets
+            elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+                targets = [node.target]
+            for t in targets:
+                if isinstance(t, (ast.Attribute, ast.Subscript)) and is_builtins(t.value):
+                    found.add("the code assigns to builtins")
+            if isinstance(node, ast.Call):
+                f = node.func
+                if isinstance(f, ast.Name) and f.id in ("setattr", "delattr") and node.args and is_builtins(node.args[0]):
+                    found.add("the code assigns to builtins")
+                if isinstance(f, ast.Attribute) and f.attr in ("update", "__setitem__", "setdefault", "pop") and is_builtins(f.value):
+                    found.add("the code assigns to builtins")
+            if isinstance(node, ast.Attribute) and node.attr in _TRANSFORMER_ATTRS:
+                found.add("the code registers IPython input or AST transformers")
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and "gradebook" in node.value.lower():
+                found.add("the code looks for the nbgrader gradebook")
+    return sorted(found)
+
+
+def canary_cell(nonce: str) -> dict:
+    src = (
+        f"# {CANARY_TAG}: checks that asserts, comparisons and builtins still work in this kernel\n"
+        f"print({nonce!r}, 1 == 2, [3, 1, 2] == [3, 1, 2], sorted([3, 1, 2]), len('abc'), isinstance(1, int), "
+        f"isinstance('a', int), type(True).__name__, str(7), abs(-2))\n"
+        f"assert 1 == 2, {nonce!r}\n"
+    )
+    return {"cell_type": "code", "execution_count": None, "id": "decodesched-canary", "metadata": {},
+            "outputs": [], "source": src}
+
+
+def _canary_expected(nonce: str) -> str:
+    return f"{nonce} False True [1, 2, 3] 3 True False bool 7 2"
+
+
+def _error_outputs(nb) -> list[tuple[int, dict]]:
+    out = []
+    for i, cell in enumerate(nb.get("cells", [])):
+        if not isinstance(cell, dict):
+            continue
+        for o in cell.get("outputs", []) or []:
+            if isinstance(o, dict) and o.get("output_type") == "error":
+                out.append((i, o))
+    return out
+
+
+def _inspect_gradebook_copy(db: Path, student_id: str) -> list[str]:
+    """Evidence that code other than nbgrader wrote to the private gradebook copy."""
+    evidence = []
+    if not _plain_file(db, 256 * 1024 * 1024):
+        return ["the gradebook copy was deleted or replaced"]
+    snap = db.with_name("inspect.db")
+    try:
+        shutil.copyfile(db, snap)
+        con = sqlite3.connect(f"file:{snap}?mode=ro", uri=True)
+        try:
+            con.execute("PRAGMA trusted_schema=OFF")
+            n = con.execute("SELECT count(*) FROM grade WHERE manual_score IS NOT NULL "
+                            "OR (extra_credit IS NOT NULL AND extra_credit != 0)").fetchone()[0]
+            if n:
+                evidence.append(f"{n} manual score(s) or extra credit written into the gradebook")
+            over = con.execute(
+                "SELECT count(*) FROM grade JOIN grade_cells ON grade.cell_id = grade_cells.id "
+                "WHERE grade.auto_score > grade_cells.max_score").fetchone()[0]
+            if over:
+                evidence.append(f"{over} score(s) above the cell's points in the gradebook")
+            others = [r[0] for r in con.execute("SELECT id FROM student") if r[0] != student_id]
+            if others:
+                evidence.append("other students were added to the gradebook")
+        finally:
+            con.close()
+    except sqlite3.DatabaseError as exc:
+        evidence.append(f"the gradebook copy was damaged ({exc.__class__.__name__})")
+    return evidence

@@ -1,0 +1,139 @@
+"""A pre-started nbgrader: one process that imports nbgrader once and forks a sandboxed child per run.
+
+``nbgrader autograde`` spends about 2.5 s of CPU importing itself; in a fresh process per
+submission that was most of the grader's time. The fork server pays it once per grade run. It is
+trusted code that never touches a submission: for each request (`grader.sandbox.run_isolated` with
+``server=``) it forks, and the child becomes exactly what ``_launcher.py`` makes of a fresh process
+(new session, private mount namespace, subreaper, limits, private uid; see `grader.sandbox`), then
+runs ``python -m nbgrader ARGS`` *in-process* instead of exec'ing it; any other argv is exec'd as
+usual. nbgrader still starts the student's kernel as a fresh process, inside the sandbox.
+
+Protocol (a SOCK_SEQPACKET socket pair): the grader sends the launcher's spec as JSON with three
+file descriptors (stdout, stderr and the launcher's status pipe); the server answers
+``{"pid": PID}`` with a pidfd of the child, so the grader can watch it without being its parent.
+The server exits when the grader closes its end.
+
+    python -I forkserver.py SOCKET_FD      (started by `grader.sandbox.ForkServer`)
+"""
+
+import importlib
+import importlib.util
+import json
+import os
+import select
+import signal
+import socket
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PRELOAD = ("nbgrader.apps", "nbgrader.converters", "nbgrader.preprocessors", "nbgrader.api", "nbclient",
+           "jupyter_client.manager", "jupyter_client.provisioning", "nbconvert.exporters", "nbformat")
+
+
+def _load_launcher():
+    spec = importlib.util.spec_from_file_location("_decodesched_launcher", os.path.join(HERE, "_launcher.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _start(spec):
+    """In the sandboxed child: run ``python -m nbgrader ARGS`` in this (pre-imported) process, else exec."""
+    argv = spec["argv"]
+    if len(argv) < 3 or argv[1:3] != ["-m", "nbgrader"]:
+        os.execvpe(argv[0], argv, spec["env"])
+    import tempfile
+
+    os.environ.clear()
+    os.environ.update(spec["env"])
+    tempfile.tempdir = None  # honour the run's TMPDIR
+    sys.argv = ["nbgrader", *argv[3:]]
+    from nbgrader.apps.nbgraderapp import NbGraderApp
+
+    try:
+        NbGraderApp.launch_instance(argv=argv[3:])
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # noqa: BLE001
+            pass
+    os._exit(code)
+
+
+def _reap():
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def serve(sock):
+    launcher = _load_launcher()
+    for name in PRELOAD:
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - a missing optional module only costs its import later
+            pass
+    try:  # SQLAlchemy sets up nbgrader's ORM mappers on first use: once here, not in every child
+        from sqlalchemy.orm import configure_mappers
+
+        configure_mappers()
+    except Exception:  # noqa: BLE001
+        pass
+    sock.send(b"ready")
+    while True:
+        ready, _, _ = select.select([sock], [], [], 0.5)
+        _reap()
+        if not ready:
+            continue
+        try:
+            msg, fds, _, _ = socket.recv_fds(sock, 1 << 20, 3)
+        except OSError:
+            break
+        if not msg:
+            break  # the grader closed its end
+        if len(fds) != 3:
+            for fd in fds:
+                os.close(fd)
+            sock.send(b'{"error": "expected 3 file descriptors"}')
+            continue
+        spec = json.loads(msg)
+        pid = os.fork()
+        if pid == 0:
+            try:
+                sock.close()
+                os.setsid()
+                out, err, status = fds
+                null = os.open(os.devnull, os.O_RDONLY)
+                os.dup2(null, 0)
+                os.dup2(out, 1)
+                os.dup2(err, 2)
+                for fd in (null, out, err):
+                    os.close(fd)
+                launcher.launch(spec, status, start=_start)
+            finally:
+                os._exit(127)
+        pidfd = os.pidfd_open(pid)
+        for fd in fds:
+            os.close(fd)
+        try:
+            socket.send_fds(sock, [json.dumps({"pid": pid}).encode()], [pidfd])
+        finally:
+            os.close(pidfd)
+    _reap()
+
+
+def main(argv):
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the grader decides when we stop
+    serve(socket.socket(fileno=int(argv[1])))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

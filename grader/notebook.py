@@ -1,0 +1,155 @@
+"""Intake: the submissions of a folder, and strict parsing of a notebook.
+
+SUBMISSIONS is a folder of ``<student_id>.ipynb`` files, or nbgrader's
+``submitted/<student>/<assignment>/<assignment>.ipynb`` tree (SUBMISSIONS may be the course root
+holding ``submitted/`` or the ``submitted`` folder itself). A notebook is parsed as JSON with strict
+checks (size, nbformat 4, cells, exactly one code cell with grade_id ``scheduler_solution``); the
+student id must be a plain name. Anything else is ``invalid``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from decodesched.errors import UserError
+
+from . import spec
+
+STUDENT_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@+-]{0,63}$")
+
+
+MAX_NOTEBOOK_BYTES = 20 * 1024 * 1024
+
+
+@dataclass
+class Submission:
+    student_id: str
+    path: Path | None
+    problem: str | None = None  # set when the entry is unusable (bad id, missing notebook)
+
+
+class InvalidSubmission(Exception):
+    pass
+
+
+def collect_submissions(folder) -> list[Submission]:
+    """The submissions in `folder`, in either layout, sorted by student id."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise UserError(f"{folder}: not a folder of submissions")
+    root = folder / "submitted" if (folder / "submitted").is_dir() else folder
+    subs: dict[str, Submission] = {}
+    flat = sorted(p for p in root.iterdir() if p.is_file() and p.suffix == ".ipynb")
+    dirs = sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+    for p in flat:
+        sid = p.stem
+        subs[sid] = Submission(sid, p, None if STUDENT_ID_RE.match(sid) else "the student id is not a plain name")
+    for d in dirs:
+        sid = d.name
+        if sid in subs:
+            subs[sid] = Submission(sid, None, "two submissions for the same student")
+            continue
+        nb = d / spec.ASSIGNMENT / spec.NOTEBOOK
+        if not STUDENT_ID_RE.match(sid):
+            subs[sid] = Submission(sid, None, "the student id is not a plain name")
+        elif not nb.is_file():
+            if not (d / spec.ASSIGNMENT).is_dir():
+                continue  # a folder of something else (another assignment)
+            subs[sid] = Submission(sid, None, f"no {spec.ASSIGNMENT}/{spec.NOTEBOOK} in the submission")
+        else:
+            subs[sid] = Submission(sid, nb)
+    if not subs:
+        raise UserError(f"{folder}: no submissions (expected <student_id>.ipynb files or submitted/<student>/{spec.ASSIGNMENT}/)")
+    return [subs[k] for k in sorted(subs)]
+
+
+def _cell_source(cell) -> str:
+    src = cell.get("source", "")
+    if isinstance(src, list):
+        if not all(type(s) is str for s in src):
+            raise InvalidSubmission("a cell's source is not text")
+        return "".join(src)
+    if type(src) is not str:
+        raise InvalidSubmission("a cell's source is not text")
+    return src
+
+
+def _nbgrader_meta(cell) -> dict:
+    meta = cell.get("metadata")
+    if not isinstance(meta, dict):
+        return {}
+    nbg = meta.get("nbgrader")
+    return nbg if isinstance(nbg, dict) else {}
+
+
+def load_notebook(path: Path) -> dict:
+    """Parse a notebook with strict checks; raise InvalidSubmission with a reason."""
+    try:
+        size = path.stat().st_size
+    except OSError as exc:
+        raise InvalidSubmission(f"cannot read the notebook: {exc.strerror}") from None
+    if size > MAX_NOTEBOOK_BYTES:
+        raise InvalidSubmission(f"the notebook is {size / 2**20:.0f} MiB (limit {MAX_NOTEBOOK_BYTES / 2**20:.0f} MiB)")
+    try:
+        nb = json.loads(path.read_bytes().decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        raise InvalidSubmission("not a readable notebook (invalid JSON)") from None
+    if not isinstance(nb, dict) or nb.get("nbformat") != 4 or not isinstance(nb.get("cells"), list):
+        raise InvalidSubmission("not a Jupyter notebook in nbformat 4")
+    for cell in nb["cells"]:
+        if not isinstance(cell, dict) or cell.get("cell_type") not in ("code", "markdown", "raw"):
+            raise InvalidSubmission("a cell is malformed")
+        _cell_source(cell)
+    return nb
+
+
+def solution_source(nb: dict) -> str:
+    sols = [c for c in nb["cells"] if _nbgrader_meta(c).get("grade_id") == spec.SOLUTION_CELL]
+    if not sols:
+        raise InvalidSubmission(f"no solution cell (the code cell with grade_id '{spec.SOLUTION_CELL}')")
+    if len(sols) > 1:
+        raise InvalidSubmission(f"{len(sols)} cells claim to be the solution cell '{spec.SOLUTION_CELL}'")
+    if sols[0].get("cell_type") != "code":
+        raise InvalidSubmission("the solution cell is not a code cell")
+    return _cell_source(sols[0])
+
+
+def student_code_cells(nb: dict) -> list[str]:
+    """Sources of the code cells the student wrote: the solution cell and cells without grading metadata."""
+    out = []
+    for cell in nb["cells"]:
+        meta = _nbgrader_meta(cell)
+        if cell.get("cell_type") != "code":
+            continue
+        if meta.get("grade_id") == spec.SOLUTION_CELL or not (meta.get("grade") or meta.get("locked")):
+            out.append(_cell_source(cell))
+    return out
+
+
+def _safe_source(cell) -> str:
+    try:
+        return _cell_source(cell)
+    except InvalidSubmission:
+        return ""
+
+
+def _safe_text(t) -> str:
+    if isinstance(t, list):
+        return "".join(x for x in t if isinstance(x, str))
+    return t if isinstance(t, str) else ""
+
+
+def _plain_file(path: Path, max_bytes: int) -> bool:
+    """A regular file (not a link, FIFO or device the student planted), not too big, under a real folder."""
+    import stat as _stat
+
+    try:
+        st = os.lstat(path)
+        parent_real = os.path.realpath(path.parent) == os.path.abspath(path.parent)
+    except OSError:
+        return False
+    return _stat.S_ISREG(st.st_mode) and st.st_size <= max_bytes and parent_real

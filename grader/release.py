@@ -1,0 +1,237 @@
+"""The student release: made with real nbgrader, then checked before it may be handed out.
+
+`build_release(course)` runs ``nbgrader generate_assignment decode_scheduling`` in the course
+folder, then `check_release`: every solution region is stripped (the stub raises
+``NotImplementedError``), no hidden test line survives, the solution cell keeps the seed's
+interface, every graded cell of `grader.spec` is there with its points, ``nbgrader validate``
+passes on the source and fails on every test cell of the release (``--invert`` passes), and the
+release's solution cell scores 0 on every graded cell with the grader's own checks. Any failure
+raises `UserError` and removes the release it just made (a release that leaks solutions or hidden
+tests must not be handed out).
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from decodesched.errors import UserError
+
+from . import spec
+
+SEED_METHODS = ("__init__", "enqueue", "_effective_priority", "_remaining_steps", "_schedule_key",
+                "_ensure_capacity", "step", "run")
+VALIDATE_OK = "Success! Your notebook passes all the tests."
+INVERT_OK = "Success! The notebook does not pass any tests."
+
+
+@dataclass
+class BuildReport:
+    course: Path
+    release: Path
+    checks: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def _nbgrader_env() -> dict:
+    env = dict(os.environ)
+    bindir = os.path.dirname(sys.executable)
+    env["PATH"] = bindir + os.pathsep + env.get("PATH", "")  # nbgrader calls `alembic` by name
+    env.setdefault("PYTHONWARNINGS", "ignore")
+    return env
+
+
+def _nbgrader(args: list[str], cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "nbgrader", *args]
+    try:
+        return subprocess.run(cmd, cwd=cwd, env=_nbgrader_env(), capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as exc:
+        raise UserError(f"nbgrader {args[0]} did not finish within {timeout:g} s") from exc
+
+
+def _last_line(text: str) -> str:
+    lines = [ln.strip() for ln in (text or "").splitlines() if ln.strip()]
+    errors = [ln for ln in lines if "ERROR" in ln or "Error" in ln]
+    return (errors[-1] if errors else (lines[-1] if lines else "no output"))[:300]
+
+
+def _cells(nb: dict) -> dict[str, dict]:
+    out = {}
+    for cell in nb.get("cells", []):
+        gid = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
+        if gid:
+            out[gid] = cell
+    return out
+
+
+def _src(cell: dict) -> str:
+    s = cell.get("source", "")
+    return "".join(s) if isinstance(s, list) else s
+
+
+def _hidden_lines(source_nb: dict) -> list[str]:
+    lines = []
+    for cell in source_nb["cells"]:
+        inside = False
+        for ln in _src(cell).splitlines():
+            if "BEGIN HIDDEN TESTS" in ln:
+                inside = True
+                continue
+            if "END HIDDEN TESTS" in ln:
+                inside = False
+                continue
+            if inside and ln.strip() and not ln.strip().startswith("#"):
+                lines.append(ln.strip())
+    return lines
+
+
+def _solution_lines(source_nb: dict) -> list[str]:
+    lines = []
+    for cell in source_nb["cells"]:
+        inside = False
+        for ln in _src(cell).splitlines():
+            if "BEGIN SOLUTION" in ln:
+                inside = True
+                continue
+            if "END SOLUTION" in ln:
+                inside = False
+                continue
+            if inside and len(ln.strip()) > 12 and not ln.strip().startswith("#"):
+                lines.append(ln.strip())
+    return lines
+
+
+def _signatures(source: str) -> dict[str, str]:
+    tree = ast.parse(source)
+    sigs = {}
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef):
+            sigs[node.name] = "class"
+            for item in node.body:
+                if isinstance(item, ast.FunctionDef):
+                    sigs[f"{node.name}.{item.name}"] = ast.unparse(item.args)
+    return sigs
+
+
+def check_release(source_nb: dict, release_nb: dict) -> list[str]:
+    """Static checks of a release against its source; raises UserError on the first failure."""
+    done = []
+    rel_text = json.dumps(release_nb, ensure_ascii=False)
+    if "BEGIN SOLUTION" in rel_text or "END SOLUTION" in rel_text:
+        raise UserError("the release still contains a solution region marker")
+    rel_cells = _cells(release_nb)
+    if spec.SOLUTION_CELL not in rel_cells:
+        raise UserError(f"the release has no solution cell {spec.SOLUTION_CELL!r}")
+    sol = _src(rel_cells[spec.SOLUTION_CELL])
+    src_sol = _src(_cells(source_nb)[spec.SOLUTION_CELL])
+    # A solution line leaks when it shows up in the release, unless the seed's given code has it too.
+    given = set()
+    inside = False
+    for ln in src_sol.splitlines():
+        if "BEGIN SOLUTION" in ln:
+            inside = True
+        elif "END SOLUTION" in ln:
+            inside = False
+        elif not inside:
+            given.add(ln.strip())
+    release_lines = {ln.strip() for cell in release_nb["cells"] for ln in _src(cell).splitlines()}
+    leaked = [ln for ln in _solution_lines(source_nb) if ln not in given and ln in release_lines]
+    if leaked:
+        raise UserError(f"solution code leaked into the release: {leaked[0]!r}")
+    stubs = sol.count("raise NotImplementedError")
+    if stubs < 4:
+        raise UserError(f"the release's solution cell has {stubs} NotImplementedError stubs, expected one per TODO (4)")
+    done.append(f"solutions stripped ({stubs} stubs raise NotImplementedError)")
+    if "HIDDEN TESTS" in rel_text:
+        raise UserError("the release still contains a hidden-test marker")
+    visible = set()
+    for cell in source_nb["cells"]:
+        inside = False
+        for ln in _src(cell).splitlines():
+            if "BEGIN HIDDEN TESTS" in ln:
+                inside = True
+            elif "END HIDDEN TESTS" in ln:
+                inside = False
+            elif not inside:
+                visible.add(ln.strip())
+    for ln in _hidden_lines(source_nb):
+        if ln not in visible and ln in release_lines:
+            raise UserError(f"a hidden test line leaked into the release: {ln[:80]!r}")
+    done.append(f"hidden tests absent ({len(_hidden_lines(source_nb))} hidden lines checked)")
+    try:
+        rel_sigs = _signatures(sol)
+    except SyntaxError as exc:
+        raise UserError(f"the release's solution cell is not valid Python: {exc.msg} (line {exc.lineno})") from exc
+    src_sigs = _signatures(src_sol)
+    for name in ("RequestState", "DecodeSchedulerSim") + tuple(f"DecodeSchedulerSim.{m}" for m in SEED_METHODS):
+        if name not in rel_sigs or rel_sigs.get(name) != src_sigs.get(name):
+            raise UserError(f"the release's solution cell changed the seed's interface at {name}")
+    done.append("solution cell keeps the seed's interface (RequestState, DecodeSchedulerSim and its 8 methods)")
+    for c in spec.CELLS:
+        for label, nb_cells in (("source", _cells(source_nb)), ("release", rel_cells)):
+            cell = nb_cells.get(c.grade_id)
+            meta = (cell or {}).get("metadata", {}).get("nbgrader", {})
+            if cell is None or not meta.get("grade") or meta.get("points") != c.points:
+                raise UserError(f"the {label} notebook lacks graded cell {c.grade_id!r} worth {c.points} points")
+    done.append(f"{len(spec.CELLS)} graded cells with {spec.MAX_SCORE} points, as grader/spec.py says")
+    return done
+
+
+def build_release(course=None, *, force: bool = False, judge_release: bool = True) -> BuildReport:
+    start = time.monotonic()
+    from .course import resolve_root
+
+    course = resolve_root(course)
+    source = course / "source" / spec.ASSIGNMENT / spec.NOTEBOOK
+    if not source.is_file():
+        raise UserError(f"{source}: no source notebook")
+    release_dir = course / "release" / spec.ASSIGNMENT
+    release = release_dir / spec.NOTEBOOK
+    if release_dir.exists() and not force:
+        raise UserError(f"{release_dir} exists; pass --force to rebuild it")
+    try:
+        source_nb = json.loads(source.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise UserError(f"{source}: unreadable notebook ({exc})") from exc
+
+    ok = False
+    try:
+        args = ["generate_assignment", spec.ASSIGNMENT] + (["--force"] if force else [])
+        proc = _nbgrader(args, course)
+        if proc.returncode != 0 or not release.is_file():
+            raise UserError(f"nbgrader generate_assignment failed: {_last_line(proc.stdout + proc.stderr)}")
+        report = BuildReport(course=course, release=release)
+        report.checks.append("nbgrader generate_assignment made the release")
+        release_nb = json.loads(release.read_text(encoding="utf-8"))
+        report.checks.extend(check_release(source_nb, release_nb))
+
+        proc = _nbgrader(["validate", str(source.relative_to(course))], course)
+        if VALIDATE_OK not in proc.stdout + proc.stderr:
+            raise UserError(f"nbgrader validate fails on the source notebook: {_last_line(proc.stdout + proc.stderr)}")
+        report.checks.append("nbgrader validate passes on the source")
+        proc = _nbgrader(["validate", "--invert", str(release.relative_to(course))], course)
+        if INVERT_OK not in proc.stdout + proc.stderr:
+            raise UserError("nbgrader validate --invert fails on the release: some test cell passes without a solution")
+        report.checks.append("nbgrader validate --invert passes on the release (every test cell fails)")
+
+        if judge_release:
+            from .verdict import verdict_for_source
+
+            verdict = verdict_for_source(_src(_cells(release_nb)[spec.SOLUTION_CELL]), shrink_failures=False)
+            nonzero = [k for k, v in verdict.cells.items() if v.score > 0]
+            if nonzero:
+                raise UserError(f"the release's own solution cell scores points on {', '.join(nonzero)}")
+            report.checks.append("the release's solution cell scores 0 on every graded cell (grader checks)")
+        ok = True
+        report.seconds = time.monotonic() - start
+        return report
+    finally:
+        if not ok and release_dir.exists():
+            shutil.rmtree(release_dir, ignore_errors=True)

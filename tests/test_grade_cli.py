@@ -1,0 +1,50 @@
+"""decodesched grade / assignment: bad input exits 2 with one line on stderr, nothing written."""
+
+from __future__ import annotations
+
+import pytest
+
+from decodesched import cli
+
+
+def test_cli_bad_input_exits_2_without_output(tmp_path, capsys):
+    out = tmp_path / "out"
+    assert cli.main(["grade", str(tmp_path / "missing"), "--out", str(out)]) == 2
+    assert cli.main(["grade", str(tmp_path)]) == 2
+    (tmp_path / "a.ipynb").write_text("{}")
+    assert cli.main(["grade", str(tmp_path), "--out", str(out), "--course", str(tmp_path / "nocourse")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("decodesched grade: error:") == 3 and "Traceback" not in err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("option,value", [
+    ("--timeout", "nan"), ("--timeout", "inf"), ("--timeout", "-5"), ("--timeout", "0"), ("--timeout", "1e9"),
+    ("--timeout", "soon"), ("--cell-timeout", "nan"), ("--cell-timeout", "-1"), ("--memory-mb", "12"),
+    ("--memory-mb", "1e3"), ("--memory-mb", "99999999999"), ("--jobs", "-1"), ("--jobs", "100000"),
+])
+def test_absurd_limits_exit_2_with_one_line(tmp_path, capsys, option, value):
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["grade", str(tmp_path), "--out", str(tmp_path / "out"), f"{option}={value}"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and option in err and "Traceback" not in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_no_course_folder_says_to_run_init(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "subs").mkdir()
+    assert cli.main(["grade", "subs", "--out", "out"]) == 2
+    assert cli.main(["assignment", "build"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and all("assignment init" in line for line in err)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["subs"]
+
+
+def test_assignment_init_refuses_a_non_empty_folder(tmp_path, capsys):
+    (tmp_path / "x").write_text("mine")
+    assert cli.main(["assignment", "init", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "not empty" in err[0]
+    assert [p.name for p in tmp_path.iterdir()] == ["x"]

@@ -1,0 +1,65 @@
+"""grader.evidence: altered locked/test cells, the canary cell, plain signs of cheating."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from decodesched.grader import evidence
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from grader_attacks.attacks import minimal_notebook as _nb  # noqa: E402
+
+
+def _write(path, nb):
+    path.write_text(json.dumps(nb))
+    return path
+
+
+def test_altered_cells_detects_edited_tests_not_solutions():
+    release = _nb()
+    same = _nb(solution="anything the student wrote")
+    assert evidence.altered_cells(same, release) == []
+    edited = _nb()
+    edited["cells"][2]["source"] = "pass\n"
+    assert evidence.altered_cells(edited, release) == ["test_todo1_enqueue"]
+    points = _nb()
+    points["cells"][2]["metadata"]["nbgrader"]["points"] = 300
+    assert evidence.altered_cells(points, release) == ["test_todo1_enqueue"]
+    deleted = _nb()
+    del deleted["cells"][2]
+    assert evidence.altered_cells(deleted, release) == []  # nbgrader restores deleted graded cells
+    dup = _nb(extra_cells=[json.loads(json.dumps(_nb()["cells"][2]))])
+    assert evidence.altered_cells(dup, release) == ["test_todo1_enqueue"]
+
+
+def test_canary_expectation_matches_plain_python(capsys):
+    nonce = "n0nce"
+    src = evidence.canary_cell(nonce)["source"]
+    with pytest.raises(AssertionError, match=nonce):
+        exec(compile(src, "<canary>", "exec"), {})
+    assert capsys.readouterr().out.strip() == evidence._canary_expected(nonce)
+
+
+@pytest.mark.parametrize("code", [
+    "import builtins\nbuiltins.isinstance = lambda o, t: True\n",
+    "import builtins as b\nsetattr(b, 'len', None)\n",
+    "__builtins__['print'] = None\n",
+    "vars(__builtins__).update(x=1)\n",
+    "get_ipython().ast_transformers.append(object())\n",
+    "ip = get_ipython()\nip.input_transformers_post.append(lambda l: l)\n",
+    "import sqlite3\nsqlite3.connect('../../gradebook.db')\n",
+])
+def test_static_evidence_flags_plain_cheats(code):
+    assert evidence.static_evidence([code])
+
+
+def test_static_evidence_accepts_honest_code():
+    honest = (
+        "%matplotlib inline\nfrom dataclasses import dataclass\nimport builtins\n"
+        "x = builtins.len([1])\nclass DecodeSchedulerSim:\n    def step(self):\n        self.queue = sorted(self.queue)\n"
+    )
+    assert evidence.static_evidence([honest, "def broken(:\n"]) == []

@@ -1,0 +1,74 @@
+"""grader.notebook: intake of a submissions folder and strict notebook checks."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from decodesched.errors import UserError
+from decodesched.grader import notebook, spec
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from grader_attacks.attacks import minimal_notebook as _nb  # noqa: E402
+
+
+def _write(path, nb):
+    path.write_text(json.dumps(nb))
+    return path
+
+
+def test_collect_flat_and_nbgrader_layouts(tmp_path):
+    flat = tmp_path / "flat"
+    flat.mkdir()
+    _write(flat / "bob.ipynb", _nb())
+    _write(flat / "alice.ipynb", _nb())
+    (flat / "notes.txt").write_text("ignored")
+    _write(flat / "bad name!.ipynb", _nb())
+    subs = notebook.collect_submissions(flat)
+    assert [s.student_id for s in subs] == ["alice", "bad name!", "bob"]
+    assert subs[1].problem and subs[0].problem is None and subs[0].path.name == "alice.ipynb"
+
+    tree = tmp_path / "course"
+    nbdir = tree / "submitted" / "carol" / spec.ASSIGNMENT
+    nbdir.mkdir(parents=True)
+    _write(nbdir / spec.NOTEBOOK, _nb())
+    (tree / "submitted" / "dave" / spec.ASSIGNMENT).mkdir(parents=True)  # folder without the notebook
+    for root in (tree, tree / "submitted"):
+        subs = notebook.collect_submissions(root)
+        assert [(s.student_id, s.problem is None) for s in subs] == [("carol", True), ("dave", False)]
+
+
+def test_collect_rejects_empty_and_missing(tmp_path):
+    with pytest.raises(UserError):
+        notebook.collect_submissions(tmp_path / "nope")
+    with pytest.raises(UserError):
+        notebook.collect_submissions(tmp_path)
+
+
+@pytest.mark.parametrize("content, reason", [
+    (b"\xff\xfe not utf8", "invalid JSON"),
+    (b'{"cells": [', "invalid JSON"),
+    (b'[1, 2]', "nbformat 4"),
+    (b'{"nbformat": 4, "cells": [{"cell_type": "code", "source": 5}]}', "not text"),
+    (b'{"nbformat": 4, "cells": [{"cell_type": "evil", "source": ""}]}', "malformed"),
+])
+def test_unreadable_notebooks_are_invalid(tmp_path, content, reason):
+    p = tmp_path / "s.ipynb"
+    p.write_bytes(content)
+    with pytest.raises(notebook.InvalidSubmission, match=reason):
+        notebook.load_notebook(p)
+
+
+def test_solution_cell_rules(tmp_path):
+    nb = _nb(solution=["x = 1\n", "y = 2\n"])
+    assert notebook.solution_source(nb) == "x = 1\ny = 2\n"
+    none = _nb()
+    del none["cells"][1]["metadata"]["nbgrader"]
+    with pytest.raises(notebook.InvalidSubmission, match="no solution cell"):
+        notebook.solution_source(none)
+    two = _nb(extra_cells=[json.loads(json.dumps(_nb()["cells"][1]))])
+    with pytest.raises(notebook.InvalidSubmission, match="2 cells"):
+        notebook.solution_source(two)
