@@ -1,5 +1,8 @@
 """The batch kernels: many scenarios (trace, policy, capacity, aging interval) in one parallel call.
 
+`make_batch_kernel(replay, stamp)` builds one for any single-scenario replay kernel with the common
+signature; `replay_batch_nb` (fast kernel) and `replay_batch_scan_nb` (scan kernel) are two of them.
+
 Each scenario is one call of a single-scenario replay kernel (same signature as `replay_scan_nb`)
 on its own slices of the inputs and outputs, so scenarios never share state and the results do not
 depend on the thread count or on the order in which scenarios run.
@@ -14,9 +17,12 @@ while the kernel runs (the kernels release the GIL).
 
 Caching: Numba's cache key covers only the cached function's own file, so an edit to a kernel it
 calls (`scan_nb`, `fast_nb`, `ordered_nb`, `enums`) would leave a stale batch kernel in the cache.
-The batch kernels therefore close over ``SOURCE_STAMP``, a hash of those files: Numba puts closure
-values into its cache key, so any edit there compiles the batch kernels afresh.
+The batch kernels therefore close over a stamp (here ``SOURCE_STAMP``, a hash of those files): Numba
+puts closure values into its cache key, so any edit there compiles the batch kernels afresh.
 """
+
+import hashlib
+from types import FunctionType
 
 from numba import njit, prange, types
 from numba.core import cgutils
@@ -54,16 +60,35 @@ NEXT = 0
 DONE = 1
 
 
-def _make_batch_kernels(stamp):
-    """The two batch kernels, closing over `stamp` (see the module docstring)."""
+def make_batch_kernel(replay, stamp):
+    """A parallel batch kernel that runs every scenario with `replay`, any single-scenario replay
+    kernel (a Numba dispatcher) with the common signature (that of `scan_nb.replay_scan_nb`).
 
-    @njit(parallel=True, nogil=True, cache=True)
-    def replay_batch_scan_nb(request_id, arrival_step, prompt_len, max_new_tokens, priority, cache_hit,
-                             required_blocks, deadline_step, has_deadline, preemptible, order, trace_start,
-                             sc_trace, sc_policy, sc_capacity, sc_interval, sc_max_steps,
-                             run_order, counters, n_workers, req_start, event_start,
-                             events, req_out, summary):
-        """Run scenarios in parallel, each with the scan kernel (`scan_nb.replay_scan_nb`).
+    `stamp` must change whenever a source `replay` depends on changes (`stamp.source_stamp` of its
+    files).  Numba keys the cache on the kernel's bytecode and closure, and a dispatcher pickles
+    differently in every process, so the closure holds only a tag (a hash of `stamp` and the
+    replay's qualified name) and `replay` is the global ``_replay`` of the kernel's own copy of this
+    module's globals: every kernel of this factory has its own, stable cache entry.
+    """
+    py = replay.py_func
+    tag = int.from_bytes(hashlib.sha256(f"{stamp}:{py.__module__}.{py.__qualname__}".encode()).digest()[:7], "little")
+    template = _batch_template(tag)
+    scope = dict(template.__globals__, _replay=replay)
+    fn = FunctionType(template.__code__, scope, template.__name__, template.__defaults__, template.__closure__)
+    fn.__qualname__ = template.__qualname__
+    fn.__doc__ = template.__doc__
+    return njit(parallel=True, nogil=True, cache=True)(fn)
+
+
+def _batch_template(tag):
+    """The batch kernel's Python source, closing over `tag`; ``_replay`` is bound by `make_batch_kernel`."""
+
+    def replay_batch(request_id, arrival_step, prompt_len, max_new_tokens, priority, cache_hit,
+                     required_blocks, deadline_step, has_deadline, preemptible, order, trace_start,
+                     sc_trace, sc_policy, sc_capacity, sc_interval, sc_max_steps,
+                     run_order, counters, n_workers, req_start, event_start,
+                     events, req_out, summary):
+        """Run scenarios in parallel, each with the replay kernel given to `make_batch_kernel`.
 
         Traces, concatenated (T traces, N rows in all): the 11 trace arrays of `replay_scan_nb`,
         each of length N, where ``order`` holds row indices *local to each trace*; ``trace_start``
@@ -84,7 +109,7 @@ def _make_batch_kernels(stamp):
         rows ``event_start[s]:event_start[s + 1]`` (an empty range keeps no log); ``summary`` int64
         (S, SM_NCOLS).
         """
-        if stamp < 0:  # never true; the closure ties the cache entry to the callees' sources
+        if tag < 0:  # never true; the closure ties the cache entry to the replay and its sources
             return
         for _ in prange(n_workers):
             while True:
@@ -95,42 +120,17 @@ def _make_batch_kernels(stamp):
                 t = sc_trace[s]
                 a = trace_start[t]
                 b = trace_start[t + 1]
-                replay_scan_nb(request_id[a:b], arrival_step[a:b], prompt_len[a:b], max_new_tokens[a:b],
-                               priority[a:b], cache_hit[a:b], required_blocks[a:b], deadline_step[a:b],
-                               has_deadline[a:b], preemptible[a:b], order[a:b],
-                               sc_policy[s], sc_capacity[s], sc_interval[s], sc_max_steps[s],
-                               events[event_start[s]:event_start[s + 1]], req_out[req_start[s]:req_start[s + 1]],
-                               summary[s])
+                _replay(request_id[a:b], arrival_step[a:b], prompt_len[a:b], max_new_tokens[a:b],
+                        priority[a:b], cache_hit[a:b], required_blocks[a:b], deadline_step[a:b],
+                        has_deadline[a:b], preemptible[a:b], order[a:b],
+                        sc_policy[s], sc_capacity[s], sc_interval[s], sc_max_steps[s],
+                        events[event_start[s]:event_start[s + 1]], req_out[req_start[s]:req_start[s + 1]],
+                        summary[s])
                 atomic_add_nb(counters, DONE, 1)
 
-    @njit(parallel=True, nogil=True, cache=True)
-    def replay_batch_nb(request_id, arrival_step, prompt_len, max_new_tokens, priority, cache_hit,
-                        required_blocks, deadline_step, has_deadline, preemptible, order, trace_start,
-                        sc_trace, sc_policy, sc_capacity, sc_interval, sc_max_steps,
-                        run_order, counters, n_workers, req_start, event_start,
-                        events, req_out, summary):
-        """`replay_batch_scan_nb` with the fast kernel (`fast_nb.replay_fast_nb`); the same arrays."""
-        if stamp < 0:  # never true; the closure ties the cache entry to the callees' sources
-            return
-        for _ in prange(n_workers):
-            while True:
-                k = atomic_add_nb(counters, NEXT, 1)
-                if k >= run_order.shape[0]:
-                    break
-                s = run_order[k]
-                t = sc_trace[s]
-                a = trace_start[t]
-                b = trace_start[t + 1]
-                replay_fast_nb(request_id[a:b], arrival_step[a:b], prompt_len[a:b], max_new_tokens[a:b],
-                               priority[a:b], cache_hit[a:b], required_blocks[a:b], deadline_step[a:b],
-                               has_deadline[a:b], preemptible[a:b], order[a:b],
-                               sc_policy[s], sc_capacity[s], sc_interval[s], sc_max_steps[s],
-                               events[event_start[s]:event_start[s + 1]], req_out[req_start[s]:req_start[s + 1]],
-                               summary[s])
-                atomic_add_nb(counters, DONE, 1)
-
-    return replay_batch_scan_nb, replay_batch_nb
+    return replay_batch
 
 
 # replay_batch_nb: the fast kernel per scenario; replay_batch_scan_nb: the scan kernel.
-replay_batch_scan_nb, replay_batch_nb = _make_batch_kernels(SOURCE_STAMP)
+replay_batch_nb = make_batch_kernel(replay_fast_nb, SOURCE_STAMP)
+replay_batch_scan_nb = make_batch_kernel(replay_scan_nb, SOURCE_STAMP)
