@@ -53,17 +53,7 @@ import numpy as np
 from numba import njit
 
 from .enums import (
-    ACTION_DECODE_ONE_STEP,
     ACTION_FINISH,
-    ACTION_PREFILL_TO_DECODE,
-    EV_ACTION,
-    EV_FREE,
-    EV_GENERATED,
-    EV_MISSED,
-    EV_ROW,
-    EV_STEP,
-    EV_VICTIM_ROW,
-    EV_WAIT,
     NEVER,
     NO_ROW,
     PHASE_DECODE,
@@ -88,11 +78,11 @@ from .ordered_nb import (
     treap_first_nb,
     treap_insert_nb,
     treap_nodes_nb,
-    write_lazy_state_nb,
 )
+from .step_nb import advance_nb, record_step_nb, write_state_nb
 from .stamp import source_stamp
 
-SOURCE_STAMP = source_stamp("enums.py", "ordered_nb.py")
+SOURCE_STAMP = source_stamp("enums.py", "ordered_nb.py", "step_nb.py")
 
 # Points kept per residue to bound the rows before its cached answer (see `_front_add`).
 FRONT = 6
@@ -490,7 +480,6 @@ def _make_replay_aging(stamp):
         capacity = np.int64(free_kv_blocks)
         steps = np.int64(0)
         unfinished = 0
-        max_events = events.shape[0]
         stop = STOP_DRAINED
 
         while True:
@@ -653,18 +642,7 @@ def _make_replay_aging(stamp):
             status[chosen] = STATUS_RUNNING
             chosen_count[chosen] += 1
 
-            action = ACTION_DECODE_ONE_STEP
-            if phase[chosen] == PHASE_PREFILL:
-                phase[chosen] = PHASE_DECODE
-                action = ACTION_PREFILL_TO_DECODE
-                first_step[chosen] = clock
-            else:
-                generated[chosen] += 1
-                if generated[chosen] == 1:
-                    first_token_step[chosen] = clock
-                if generated[chosen] >= max_new_tokens[chosen]:
-                    action = ACTION_FINISH
-
+            action = advance_nb(chosen, clock, phase, generated, max_new_tokens, first_step, first_token_step)
             if action == ACTION_FINISH:
                 free += nd[chosen, ND_BLOCKS]
                 admitted[chosen] = False
@@ -692,20 +670,8 @@ def _make_replay_aging(stamp):
 
             if victim != NO_ROW:
                 preemptions[victim] += 1
-            missed = 0
-            if has_deadline[chosen]:
-                remaining = max_new_tokens[chosen] - generated[chosen]
-                if clock + 1 + remaining > deadline_step[chosen]:
-                    missed = 1
-            if steps < max_events:
-                events[steps, EV_STEP] = clock
-                events[steps, EV_ROW] = chosen
-                events[steps, EV_ACTION] = action
-                events[steps, EV_GENERATED] = generated[chosen]
-                events[steps, EV_WAIT] = steps + 1 - enqueue_steps[chosen] - chosen_count[chosen]
-                events[steps, EV_FREE] = free
-                events[steps, EV_VICTIM_ROW] = victim
-                events[steps, EV_MISSED] = missed
+            record_step_nb(events, steps, clock, chosen, action, generated, max_new_tokens, deadline_step, has_deadline,
+                           steps + 1 - enqueue_steps[chosen] - chosen_count[chosen], free, victim)
             clock += 1
             steps += 1
             # Residue steps % K: every effective priority in it rises by one (the chosen request's,
@@ -720,9 +686,9 @@ def _make_replay_aging(stamp):
                 retree[rs] = True  # its leaf compares differently now
                 n_d = _mark(rs, dirty, in_dirty, n_d)
 
-        write_lazy_state_nb(req_out, summary, steps, clock, free, stop, enqueued, phase, status, generated,
-                            wait_final, enqueue_steps, chosen_count, preemptions, admitted, first_step,
-                            first_token_step, finish_step)
+        write_state_nb(req_out, summary, steps, clock, free, stop, enqueued, phase, status, generated,
+                       wait_final, enqueue_steps, chosen_count, preemptions, admitted, first_step,
+                       first_token_step, finish_step)
 
     return replay_aging_nb
 

@@ -58,17 +58,8 @@ import numpy as np
 from numba import njit
 
 from .enums import (
-    ACTION_DECODE_ONE_STEP,
     ACTION_FINISH,
     ACTION_PREFILL_TO_DECODE,
-    EV_ACTION,
-    EV_FREE,
-    EV_GENERATED,
-    EV_MISSED,
-    EV_ROW,
-    EV_STEP,
-    EV_VICTIM_ROW,
-    EV_WAIT,
     NEVER,
     NO_DEADLINE_SLACK,
     NO_ROW,
@@ -100,12 +91,12 @@ from .ordered_nb import (
     treap_first_nb,
     treap_insert_nb,
     treap_nodes_nb,
-    write_lazy_state_nb,
 )
+from .step_nb import advance_nb, record_step_nb, write_state_nb
 from .stamp import source_stamp
 from .aging_nb import replay_aging_nb
 
-SOURCE_STAMP = source_stamp("enums.py", "ordered_nb.py", "aging_nb.py")
+SOURCE_STAMP = source_stamp("enums.py", "ordered_nb.py", "step_nb.py", "aging_nb.py")
 
 GK_NCOLS = 6
 
@@ -375,7 +366,6 @@ def _make_replay_static(stamp):
         capacity = np.int64(free_kv_blocks)
         steps = np.int64(0)
         unfinished = 0
-        max_events = events.shape[0]
         stop = STOP_DRAINED
         wait_dirty = True
         best_wait = NO_ROW
@@ -480,17 +470,7 @@ def _make_replay_static(stamp):
             status[chosen] = STATUS_RUNNING
             chosen_count[chosen] += 1
 
-            action = ACTION_DECODE_ONE_STEP
-            if phase[chosen] == PHASE_PREFILL:
-                phase[chosen] = PHASE_DECODE
-                action = ACTION_PREFILL_TO_DECODE
-                first_step[chosen] = clock
-            else:
-                generated[chosen] += 1
-                if generated[chosen] == 1:
-                    first_token_step[chosen] = clock
-                if generated[chosen] >= max_new_tokens[chosen]:
-                    action = ACTION_FINISH
+            action = advance_nb(chosen, clock, phase, generated, max_new_tokens, first_step, first_token_step)
             finished = action == ACTION_FINISH
 
             if finished:
@@ -535,26 +515,14 @@ def _make_replay_static(stamp):
                         top = treap_first_nb(vroot[k], nd)
                         _seg_set(seg, seg_size, k, required_blocks[top])
 
-            missed = 0
-            if has_deadline[chosen]:
-                remaining = max_new_tokens[chosen] - generated[chosen]
-                if clock + 1 + remaining > deadline_step[chosen]:
-                    missed = 1
-            if steps < max_events:
-                events[steps, EV_STEP] = clock
-                events[steps, EV_ROW] = chosen
-                events[steps, EV_ACTION] = action
-                events[steps, EV_GENERATED] = generated[chosen]
-                events[steps, EV_WAIT] = steps + 1 - enqueue_steps[chosen] - chosen_count[chosen]
-                events[steps, EV_FREE] = free
-                events[steps, EV_VICTIM_ROW] = victim
-                events[steps, EV_MISSED] = missed
+            record_step_nb(events, steps, clock, chosen, action, generated, max_new_tokens, deadline_step, has_deadline,
+                           steps + 1 - enqueue_steps[chosen] - chosen_count[chosen], free, victim)
             clock += 1
             steps += 1
 
-        write_lazy_state_nb(req_out, summary, steps, clock, free, stop, enqueued, phase, status, generated,
-                            wait_final, enqueue_steps, chosen_count, preemptions, admitted, first_step,
-                            first_token_step, finish_step)
+        write_state_nb(req_out, summary, steps, clock, free, stop, enqueued, phase, status, generated,
+                       wait_final, enqueue_steps, chosen_count, preemptions, admitted, first_step,
+                       first_token_step, finish_step)
 
     return _replay_static
 

@@ -1,5 +1,5 @@
 """Array-based ordered structures for the fast kernels (treaps with a min-blocks aggregate, rank trees,
-binary heaps), and their shared final write-out of per-request state (`write_lazy_state_nb`).
+binary heaps).
 
 Nodes are trace rows; a row is in at most one treap and at most one heap at a time, so all treaps
 share one node matrix ``nd`` (children, the aggregates ``minimum required_blocks`` and ``maximum
@@ -20,24 +20,6 @@ from llvmlite import ir
 from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
-
-from .enums import (
-    RQ_ADMITTED,
-    RQ_ENQUEUED,
-    RQ_FINISH_STEP,
-    RQ_FIRST_STEP,
-    RQ_FIRST_TOKEN_STEP,
-    RQ_GENERATED,
-    RQ_PHASE,
-    RQ_PREEMPTIONS,
-    RQ_STATUS,
-    RQ_WAIT,
-    SM_CLOCK,
-    SM_EVENTS,
-    SM_FREE,
-    SM_STOP,
-    STATUS_WAITING,
-)
 
 
 @njit(cache=True, _nrt=False)
@@ -405,36 +387,3 @@ def heap_remove_nb(heap, hsize, pos, h, x, gk):
         heap_sift_up_nb(heap, hsize, pos, h, i, gk)
     else:
         heap_sift_down_nb(heap, hsize, pos, h, i, gk)
-
-
-@njit(cache=True)
-def write_lazy_state_nb(req_out, summary, steps, clock, free, stop, enqueued, phase, status, generated,
-                        wait_final, enqueue_steps, chosen_count, preemptions, admitted, first_step,
-                        first_token_step, finish_step):
-    """Write the final per-request state (RQ_* columns) and the summary of a fast replay.
-
-    ``wait_steps`` is lazy in the fast kernels: ``steps run - steps run at enqueue - times chosen``
-    while unfinished, frozen in ``wait_final`` (>= 0) at finish.
-    """
-    n = req_out.shape[0]
-    for r in range(n):
-        out = req_out[r]
-        out[RQ_ENQUEUED] = 1 if enqueued[r] else 0
-        out[RQ_PHASE] = phase[r]
-        out[RQ_STATUS] = status[r] if enqueued[r] else STATUS_WAITING
-        out[RQ_GENERATED] = generated[r]
-        if not enqueued[r]:
-            out[RQ_WAIT] = 0
-        elif wait_final[r] >= 0:
-            out[RQ_WAIT] = wait_final[r]
-        else:
-            out[RQ_WAIT] = steps - enqueue_steps[r] - chosen_count[r]
-        out[RQ_PREEMPTIONS] = preemptions[r]
-        out[RQ_ADMITTED] = 1 if admitted[r] else 0
-        out[RQ_FIRST_STEP] = first_step[r]
-        out[RQ_FIRST_TOKEN_STEP] = first_token_step[r]
-        out[RQ_FINISH_STEP] = finish_step[r]
-    summary[SM_EVENTS] = steps
-    summary[SM_CLOCK] = clock
-    summary[SM_FREE] = free
-    summary[SM_STOP] = stop

@@ -1,0 +1,120 @@
+"""The step every replay kernel shares: apply the chosen request's step, record it, write the final state.
+
+A replay kernel decides which request a step runs (and its victim); what the step then does to
+that request is the same in every kernel (SPEC section 2): `advance_nb` moves it one step (prefill
+to decode, or one more token, maybe its last), `record_step_nb` checks its deadline and writes the
+event row, and `write_state_nb` writes every request's final state and the summary once the replay
+stops.  The first two are inlined into the caller (``inline="always"``: no call, no reference
+counting), so a kernel pays nothing for sharing them.
+
+A kernel calling these closes over a `stamp.source_stamp` that covers this file (Numba's cache key
+covers only the caller's own file).
+"""
+
+from numba import njit
+
+from .enums import (
+    ACTION_DECODE_ONE_STEP,
+    ACTION_FINISH,
+    ACTION_PREFILL_TO_DECODE,
+    EV_ACTION,
+    EV_FREE,
+    EV_GENERATED,
+    EV_MISSED,
+    EV_ROW,
+    EV_STEP,
+    EV_VICTIM_ROW,
+    EV_WAIT,
+    PHASE_DECODE,
+    PHASE_PREFILL,
+    RQ_ADMITTED,
+    RQ_ENQUEUED,
+    RQ_FINISH_STEP,
+    RQ_FIRST_STEP,
+    RQ_FIRST_TOKEN_STEP,
+    RQ_GENERATED,
+    RQ_PHASE,
+    RQ_PREEMPTIONS,
+    RQ_STATUS,
+    RQ_WAIT,
+    SM_CLOCK,
+    SM_EVENTS,
+    SM_FREE,
+    SM_STOP,
+    STATUS_WAITING,
+)
+
+
+@njit(cache=True, inline="always")
+def advance_nb(r, clock, phase, generated, max_new_tokens, first_step, first_token_step):
+    """Run row r's step at `clock`: prefill -> decode, or one more token; return the ACTION_*.
+
+    Only the row's phase, generated tokens and first-step clocks change here; on ACTION_FINISH the
+    caller releases its blocks and marks it finished.
+    """
+    if phase[r] == PHASE_PREFILL:
+        phase[r] = PHASE_DECODE
+        first_step[r] = clock
+        return ACTION_PREFILL_TO_DECODE
+    generated[r] += 1
+    if generated[r] == 1:
+        first_token_step[r] = clock
+    if generated[r] >= max_new_tokens[r]:
+        return ACTION_FINISH
+    return ACTION_DECODE_ONE_STEP
+
+
+@njit(cache=True, inline="always")
+def record_step_nb(events, steps, clock, r, action, generated, max_new_tokens, deadline_step, has_deadline,
+                   wait, free, victim):
+    """Log step number `steps` (row r after `advance_nb`, its `wait` steps, `free` blocks after the step,
+    the preempted row or NO_ROW) into ``events[steps]`` while the log has room.
+
+    deadline_missed: the row has a deadline and ``clock + 1 + remaining tokens`` exceeds it.
+    """
+    if steps < events.shape[0]:
+        missed = 0
+        if has_deadline[r] and clock + 1 + max_new_tokens[r] - generated[r] > deadline_step[r]:
+            missed = 1
+        events[steps, EV_STEP] = clock
+        events[steps, EV_ROW] = r
+        events[steps, EV_ACTION] = action
+        events[steps, EV_GENERATED] = generated[r]
+        events[steps, EV_WAIT] = wait
+        events[steps, EV_FREE] = free
+        events[steps, EV_VICTIM_ROW] = victim
+        events[steps, EV_MISSED] = missed
+
+
+@njit(cache=True)
+def write_state_nb(req_out, summary, steps, clock, free, stop, enqueued, phase, status, generated,
+                   wait_final, enqueue_steps, chosen_count, preemptions, admitted, first_step,
+                   first_token_step, finish_step):
+    """Write the final per-request state (RQ_* columns) and the summary of a replay.
+
+    ``wait_steps`` may be lazy: ``steps run - steps run at enqueue - times chosen`` while unfinished,
+    frozen in ``wait_final`` (>= 0) at finish.  A kernel that counts waits eagerly passes them as
+    ``wait_final``.
+    """
+    n = req_out.shape[0]
+    for r in range(n):
+        out = req_out[r]
+        out[RQ_ENQUEUED] = 1 if enqueued[r] else 0
+        out[RQ_PHASE] = phase[r]
+        out[RQ_STATUS] = status[r] if enqueued[r] else STATUS_WAITING
+        out[RQ_GENERATED] = generated[r]
+        if not enqueued[r]:
+            out[RQ_WAIT] = 0
+        elif wait_final[r] >= 0:
+            out[RQ_WAIT] = wait_final[r]
+        else:
+            out[RQ_WAIT] = steps - enqueue_steps[r] - chosen_count[r]
+        out[RQ_PREEMPTIONS] = preemptions[r]
+        out[RQ_ADMITTED] = 1 if admitted[r] else 0
+        out[RQ_FIRST_STEP] = first_step[r]
+        out[RQ_FIRST_TOKEN_STEP] = first_token_step[r]
+        out[RQ_FINISH_STEP] = finish_step[r]
+    summary[SM_EVENTS] = steps
+    summary[SM_CLOCK] = clock
+    summary[SM_FREE] = free
+    summary[SM_STOP] = stop
