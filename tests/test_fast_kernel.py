@@ -447,3 +447,24 @@ def test_aging_with_an_interval_no_wait_reaches_equals_scan():
     np.testing.assert_array_equal(fast[0], fixed[0])
     # and one step below the bound is still a real aging replay, equal to the scan's
     assert_same_as_scan(trace, "aging", 12, interval=trace.work_steps)
+
+
+def test_every_replay_kernel_takes_the_trace_fields_in_their_one_order():
+    """kernels/fields.py defines the trace arrays once: the replay kernels' leading parameters, the
+    batch kernels' and the arrays `engine.trace_arrays` passes all follow it."""
+    import inspect
+
+    from decodesched.kernels import batch_nb
+    from decodesched.kernels.fields import KERNEL_TRACE_ARGS
+    from decodesched.trace import TRACE_COLUMNS
+
+    n = len(KERNEL_TRACE_ARGS)
+    for kernel in (replay_fast_nb, replay_scan_nb, replay_aging_nb, batch_nb.replay_batch_nb,
+                   batch_nb.replay_batch_scan_nb):
+        assert tuple(inspect.signature(kernel.py_func).parameters)[:n] == KERNEL_TRACE_ARGS, kernel
+    tail = tuple(inspect.signature(replay_scan_nb.py_func).parameters)[n:]
+    assert tail == ("policy", "free_kv_blocks", "aging_interval", "max_steps", "events", "req_out", "summary")
+    trace = backlog_trace(20, seed=1)
+    arrays = trace_arrays(trace)
+    assert len(arrays) == n and arrays[-1] is trace.arrival_order and arrays[0] is trace.request_id
+    assert set(TRACE_COLUMNS) < set(KERNEL_TRACE_ARGS)
