@@ -65,25 +65,7 @@ as fixed_priority when ``aging_interval`` exceeds the trace's total work steps (
 import numpy as np
 from numba import njit
 
-from .enums import (
-    ACTION_FINISH,
-    ACTION_PREFILL_TO_DECODE,
-    NEVER,
-    NO_DEADLINE_SLACK,
-    NO_ROW,
-    PHASE_DECODE,
-    PHASE_PREFILL,
-    POLICY_AGING,
-    POLICY_DEADLINE,
-    POLICY_FIXED_PRIORITY,
-    POLICY_FCFS,
-    STATUS_FINISHED,
-    STATUS_PREEMPTED,
-    STATUS_RUNNING,
-    STOP_DRAINED,
-    STOP_MAX_STEPS,
-    STOP_STUCK,
-)
+from . import enums as E
 from .ordered_nb import (
     RANK_OUT,
     ND_BASE,
@@ -120,7 +102,7 @@ MAX_BUCKETS = 8  # waiting structures per group (see `_buckets`)
 def _set_key(r, policy, gk, phase, generated, enqueue_clock, request_id, prompt_len, max_new_tokens, priority,
              cache_hit, deadline_step, has_deadline):
     """Write row r's group key: its sort key with the parts shared by its whole group left out."""
-    if policy == POLICY_FCFS:
+    if policy == E.POLICY_FCFS:
         gk[r, 0] = 0
         gk[r, 1] = phase[r]
         gk[r, 2] = enqueue_clock[r]
@@ -129,9 +111,9 @@ def _set_key(r, policy, gk, phase, generated, enqueue_clock, request_id, prompt_
         gk[r, 5] = 0
         return
     d = np.int64(0)
-    if policy == POLICY_DEADLINE and has_deadline[r]:
+    if policy == E.POLICY_DEADLINE and has_deadline[r]:
         remaining = max_new_tokens[r] - generated[r]
-        if phase[r] == PHASE_PREFILL:
+        if phase[r] == E.PHASE_PREFILL:
             remaining += 1
         d = deadline_step[r] - remaining  # slack = d - clock
     gk[r, 0] = d
@@ -147,8 +129,8 @@ def _set_key(r, policy, gk, phase, generated, enqueue_clock, request_id, prompt_
 def _akey_less(a, b, gk, deadline_policy, has_deadline, clock):
     """The real sort key of a before that of b at `clock` (rows of any groups)."""
     if deadline_policy:
-        sa = gk[a, 0] - clock if has_deadline[a] else np.int64(NO_DEADLINE_SLACK)
-        sb = gk[b, 0] - clock if has_deadline[b] else np.int64(NO_DEADLINE_SLACK)
+        sa = gk[a, 0] - clock if has_deadline[a] else np.int64(E.NO_DEADLINE_SLACK)
+        sb = gk[b, 0] - clock if has_deadline[b] else np.int64(E.NO_DEADLINE_SLACK)
         if sa != sb:
             return sa < sb
         for k in range(1, GK_NCOLS):
@@ -302,13 +284,13 @@ def _refresh_cands(qs, free, seg, seg_size, st_c, st_b, n_buckets, n_classes, bu
         b = s % n_buckets
         if single:
             limit = free + stair_at_nb(bucket_top[b], st_c, st_b, n_st)
-            if cand_stale[s] or limit > cand_limit[s] or (c != NO_ROW and nd[c, ND_BLOCKS] > limit):
+            if cand_stale[s] or limit > cand_limit[s] or (c != E.NO_ROW and nd[c, ND_BLOCKS] > limit):
                 cand[s] = _wait_first_runnable(fcfs, s, b, limit, st_c, st_b, 0, wroot, nd, stack, rt, rcls, rt_base,
                                                rt_size, rt_start, rank_rows)
                 cand_stale[s] = False
             cand_limit[s] = limit
         elif cand_stale[s] or bucket_top[b] >= grow_from or (
-                c != NO_ROW and nd[c, ND_BLOCKS] > free + stair_at_nb(pclass[c], st_c, st_b, n_st)):
+                c != E.NO_ROW and nd[c, ND_BLOCKS] > free + stair_at_nb(pclass[c], st_c, st_b, n_st)):
             cand[s] = _wait_first_runnable(fcfs, s, b, free, st_c, st_b, n_st, wroot, nd, stack, rt, rcls, rt_base,
                                            rt_size, rt_start, rank_rows)
             cand_stale[s] = False
@@ -379,11 +361,11 @@ def _make_replay_fast(stamp):
         work = np.int64(0)
         for r in range(request_id.shape[0]):
             work += 1 + max_new_tokens[r]
-        if policy == POLICY_AGING and aging_interval > work:
+        if policy == E.POLICY_AGING and aging_interval > work:
             # No request can wait aging_interval steps (a wait never exceeds the steps run), so the
             # effective priority is the business priority all along: exactly fixed_priority.
-            policy = POLICY_FIXED_PRIORITY
-        if policy == POLICY_AGING:
+            policy = E.POLICY_FIXED_PRIORITY
+        if policy == E.POLICY_AGING:
             replay_aging_nb(request_id, arrival_step, prompt_len, max_new_tokens, priority, cache_hit,
                             required_blocks, deadline_step, has_deadline, preemptible, order,
                             free_kv_blocks, aging_interval, max_steps, events, req_out, summary)
@@ -409,7 +391,7 @@ def _make_replay_static(stamp):
         if stamp < 0:  # never: the stamp only keys the Numba cache (see `source_stamp`)
             return
         n = request_id.shape[0]
-        deadline_policy = policy == POLICY_DEADLINE
+        deadline_policy = policy == E.POLICY_DEADLINE
         n_groups = 2 if deadline_policy else 1
 
         # Priority classes: 0 = the lowest priority.
@@ -439,9 +421,9 @@ def _make_replay_static(stamp):
         admitted = np.zeros(n, np.bool_)
         enqueued = np.zeros(n, np.bool_)
         enqueue_clock = np.zeros(n, np.int64)
-        first_step = np.full(n, NEVER, np.int64)
-        first_token_step = np.full(n, NEVER, np.int64)
-        finish_step = np.full(n, NEVER, np.int64)
+        first_step = np.full(n, E.NEVER, np.int64)
+        first_token_step = np.full(n, E.NEVER, np.int64)
+        finish_step = np.full(n, E.NEVER, np.int64)
         group = np.zeros(n, np.int64)
         if deadline_policy:
             for r in range(n):
@@ -457,7 +439,7 @@ def _make_replay_static(stamp):
             nd[r, ND_BASE] = pclass[r]
             nd[r, ND_MAXBASE] = pclass[r]
         stack = np.empty(n + 64, np.int64)  # treap path scratch
-        fcfs = policy == POLICY_FCFS
+        fcfs = policy == E.POLICY_FCFS
         bucket, n_buckets, bucket_top = _buckets(pclass, n_classes)
         rank, rank_rows, rt_start, rt_size, rt_base, rt, rcls = _fcfs_rank_trees(arrival_step, request_id, bucket,
                                                                                  n_buckets, n_classes, fcfs)
@@ -477,16 +459,16 @@ def _make_replay_static(stamp):
         capacity = np.int64(free_kv_blocks)
         steps = np.int64(0)
         unfinished = 0
-        stop = STOP_DRAINED
+        stop = E.STOP_DRAINED
         wait_dirty = True
         qs = np.zeros(QS_N, np.int64)  # see `_refresh_cands`
         qs[QS_CHANGED] = 1
         qs[QS_FREE_SEEN] = free
-        best_wait = NO_ROW
+        best_wait = E.NO_ROW
 
         while True:
             if max_steps >= 0 and steps >= max_steps:
-                stop = STOP_MAX_STEPS
+                stop = E.STOP_MAX_STEPS
                 break
             while pos < n and arrival_step[order[pos]] <= clock:
                 r = order[pos]
@@ -503,22 +485,22 @@ def _make_replay_static(stamp):
                 s = group[r] * n_buckets + b
                 _wait_add(fcfs, s, b, r, wroot, stack, gk, nd, rt, rcls, rt_base, rt_size, rank)
                 if (required_blocks[r] <= free + _seg_prefix_max(seg, seg_size, pclass[r])
-                        and (cand[s] == NO_ROW or key_less_nb(gk, r, cand[s]))):
+                        and (cand[s] == E.NO_ROW or key_less_nb(gk, r, cand[s]))):
                     cand[s] = r
                     wait_dirty = True
 
             # The first runnable waiting request (cached while free blocks, victims and waiters stay).
-            if wait_dirty or (deadline_policy and clock + NO_DEADLINE_SLACK <= max_deadline):
+            if wait_dirty or (deadline_policy and clock + E.NO_DEADLINE_SLACK <= max_deadline):
                 # (under deadline, while a real slack may still reach the sentinel, the groups' order
                 # can change with the clock: compare every step)
                 if qs[QS_CHANGED]:  # free blocks or victims changed: check the cands
                     _refresh_cands(qs, free, seg, seg_size, st_c, st_b, n_buckets, n_classes, bucket_top, pclass,
                                    cand, cand_stale, cand_limit, fcfs, wroot, nd, stack, rt, rcls, rt_base, rt_size,
                                    rt_start, rank_rows)
-                best_wait = NO_ROW
+                best_wait = E.NO_ROW
                 for s in range(n_struct):
                     c = cand[s]
-                    if c != NO_ROW and (best_wait == NO_ROW or _akey_less(c, best_wait, gk, deadline_policy,
+                    if c != E.NO_ROW and (best_wait == E.NO_ROW or _akey_less(c, best_wait, gk, deadline_policy,
                                                                           has_deadline, clock)):
                         best_wait = c
                 wait_dirty = False
@@ -527,14 +509,14 @@ def _make_replay_static(stamp):
             for g in range(n_groups):
                 if hsize[g] > 0:
                     c = heap[g, 0]
-                    if chosen == NO_ROW or _akey_less(c, chosen, gk, deadline_policy, has_deadline, clock):
+                    if chosen == E.NO_ROW or _akey_less(c, chosen, gk, deadline_policy, has_deadline, clock):
                         chosen = c
 
-            if chosen == NO_ROW:
+            if chosen == E.NO_ROW:
                 if pos < n:
                     clock = arrival_step[order[pos]]  # idle gap: jump, nobody waits
                     continue
-                stop = STOP_DRAINED if unfinished == 0 else STOP_STUCK
+                stop = E.STOP_DRAINED if unfinished == 0 else E.STOP_STUCK
                 break
 
             # A waiting chosen row is often cold with a large backlog: start the misses in its
@@ -549,7 +531,7 @@ def _make_replay_static(stamp):
                 prefetch_nb(has_deadline, chosen)
                 prefetch_nb(deadline_step, chosen)
                 prefetch_nb(preemptible, chosen)
-            victim = NO_ROW
+            victim = E.NO_ROW
             was_admitted = admitted[chosen]
             if not was_admitted:
                 need = nd[chosen, ND_BLOCKS]
@@ -560,7 +542,7 @@ def _make_replay_static(stamp):
                         raise AssertionError("fast kernel: no victim below the challenger's class")
                     victim = treap_first_nb(vroot[k], nd)
                     admitted[victim] = False
-                    status[victim] = STATUS_PREEMPTED
+                    status[victim] = E.STATUS_PREEMPTED
                     preemptions[victim] += 1
                     free += required_blocks[victim]
                     vroot[k] = treap_delete_nb(vroot[k], victim, stack, vk, nd)
@@ -579,15 +561,15 @@ def _make_replay_static(stamp):
                 admitted[chosen] = True
                 wait_dirty = True
                 qs[QS_CHANGED] = 1
-            status[chosen] = STATUS_RUNNING
+            status[chosen] = E.STATUS_RUNNING
             chosen_count[chosen] += 1
 
             action = advance_nb(chosen, clock, phase, generated, max_new_tokens, first_step, first_token_step)
 
-            if action == ACTION_FINISH:
+            if action == E.ACTION_FINISH:
                 free += required_blocks[chosen]
                 admitted[chosen] = False
-                status[chosen] = STATUS_FINISHED
+                status[chosen] = E.STATUS_FINISHED
                 finish_step[chosen] = clock
                 unfinished -= 1
                 wait_final[chosen] = steps + 1 - enqueue_steps[chosen] - chosen_count[chosen]
@@ -604,14 +586,14 @@ def _make_replay_static(stamp):
                 # The chosen request's key after its step, updated in place (a call passing a dozen
                 # arrays costs more than the rest of a decode step): prefill -> decode, one token more,
                 # one remaining step less (so deadline - remaining grows by one).
-                if action == ACTION_PREFILL_TO_DECODE:
-                    gk[chosen, 1] = PHASE_DECODE
-                elif policy != POLICY_FCFS:
+                if action == E.ACTION_PREFILL_TO_DECODE:
+                    gk[chosen, 1] = E.PHASE_DECODE
+                elif policy != E.POLICY_FCFS:
                     gk[chosen, 4] += 1
                 if deadline_policy and has_deadline[chosen]:
                     gk[chosen, 0] += 1
                 if was_admitted:
-                    if policy != POLICY_FCFS:  # an fcfs decode key never changes
+                    if policy != E.POLICY_FCFS:  # an fcfs decode key never changes
                         g = group[chosen]
                         i = hpos[chosen]
                         c = 2 * i + 1
