@@ -274,8 +274,8 @@ def _refresh_cands(qs, free, seg, seg_size, st_c, st_b, n_buckets, n_classes, bu
     ran before) and no cand stays none; the rest are walked again.  With one class per bucket its
     runnability is one limit, ``free + M(class)``, kept in cand_limit: it grew iff that rose.  Else
     it grew for the classes from ``grow_from`` up (free blocks grew, or a victim raised M there)."""
-    n_st = _stairs(seg, seg_size, st_c, st_b)
     single = n_classes <= MAX_BUCKETS
+    n_st = 0 if single else _stairs(seg, seg_size, st_c, st_b)
     grow_from = qs[QS_GROW_FROM]
     if free > qs[QS_FREE_SEEN]:
         grow_from = 0  # free blocks grew (a finish, or a preemption freeing more than it takes)
@@ -283,7 +283,7 @@ def _refresh_cands(qs, free, seg, seg_size, st_c, st_b, n_buckets, n_classes, bu
         c = cand[s]
         b = s % n_buckets
         if single:
-            limit = free + stair_at_nb(bucket_top[b], st_c, st_b, n_st)
+            limit = free + _seg_prefix_max(seg, seg_size, bucket_top[b])
             if cand_stale[s] or limit > cand_limit[s] or (c != E.NO_ROW and nd[c, ND_BLOCKS] > limit):
                 cand[s] = _wait_first_runnable(fcfs, s, b, limit, st_c, st_b, 0, wroot, nd, stack, rt, rcls, rt_base,
                                                rt_size, rt_start, rank_rows)
