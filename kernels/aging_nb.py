@@ -52,19 +52,7 @@ trace's total work steps as fixed_priority).
 import numpy as np
 from numba import njit
 
-from .enums import (
-    ACTION_FINISH,
-    NEVER,
-    NO_ROW,
-    PHASE_DECODE,
-    PHASE_PREFILL,
-    STATUS_FINISHED,
-    STATUS_PREEMPTED,
-    STATUS_RUNNING,
-    STOP_DRAINED,
-    STOP_MAX_STEPS,
-    STOP_STUCK,
-)
+from . import enums as E
 from .ordered_nb import (
     ND_BASE,
     ND_BLOCKS,
@@ -416,9 +404,9 @@ def _make_replay_aging(stamp):
         preemptions = np.zeros(n, np.int64)
         admitted = np.zeros(n, np.bool_)
         enqueued = np.zeros(n, np.bool_)
-        first_step = np.full(n, NEVER, np.int64)
-        first_token_step = np.full(n, NEVER, np.int64)
-        finish_step = np.full(n, NEVER, np.int64)
+        first_step = np.full(n, E.NEVER, np.int64)
+        first_token_step = np.full(n, E.NEVER, np.int64)
+        finish_step = np.full(n, E.NEVER, np.int64)
 
         nd, gk = treap_nodes_nb(required_blocks, 6)
         stack = np.empty(n + 64, np.int64)
@@ -480,11 +468,11 @@ def _make_replay_aging(stamp):
         capacity = np.int64(free_kv_blocks)
         steps = np.int64(0)
         unfinished = 0
-        stop = STOP_DRAINED
+        stop = E.STOP_DRAINED
 
         while True:
             if max_steps >= 0 and steps >= max_steps:
-                stop = STOP_MAX_STEPS
+                stop = E.STOP_MAX_STEPS
                 break
             while pos < n and arrival_step[order[pos]] <= clock:
                 r = order[pos]
@@ -496,7 +484,7 @@ def _make_replay_aging(stamp):
                     continue  # can never be admitted
                 sl, n_free = _slot_acquire(steps % k, steps, k, hkey, hval, mask, free_slots, n_free, s_rho, sh,
                                            wroot, aroot, cand, afirst, fn)
-                _set_aging_key(r, steps, k, sl, gk, nd, PHASE_PREFILL, cache_hit[r], priority[r], prompt_len[r],
+                _set_aging_key(r, steps, k, sl, gk, nd, E.PHASE_PREFILL, cache_hit[r], priority[r], prompt_len[r],
                                request_id[r])
                 if wpos[sl] < 0:
                     n_w = _list_add(wlist, wpos, n_w, sl)
@@ -527,11 +515,11 @@ def _make_replay_aging(stamp):
                 in_dirty[sl] = False
                 # the decode half only matters when no prefill row runs
                 c = _half_answer(2 * sl, wroot, cand, free, sh[sl], nd, stack, n_v, v_eff, v_pmax, fb, fx, fn)
-                if c == NO_ROW:
+                if c == E.NO_ROW:
                     c = _half_answer(2 * sl + 1, wroot, cand, free, sh[sl], nd, stack, n_v, v_eff, v_pmax, fb, fx,
                                      fn)
                 f = afirst[sl]
-                if c == NO_ROW or (f != NO_ROW and key_less_nb(gk, f, c)):
+                if c == E.NO_ROW or (f != E.NO_ROW and key_less_nb(gk, f, c)):
                     c = f
                 if c != tb[t_leaves + sl] or retree[sl]:
                     _tree_set(tb, t_leaves, sl, c, gk, sh)
@@ -540,7 +528,7 @@ def _make_replay_aging(stamp):
             # The top of the tree, once it runs, is the step's request (see `tb`).
             while True:
                 chosen = tb[1]
-                if chosen == NO_ROW:
+                if chosen == E.NO_ROW:
                     break
                 # With a large backlog the chosen row is often cold (a preempted request back after a
                 # long wait): start the misses in its per-request arrays together.
@@ -568,21 +556,21 @@ def _make_replay_aging(stamp):
                 q = 2 * sl + gk[chosen, AK_PHASE]
                 c = _first_runnable(q, wroot[q], free, shift, nd, stack, n_v, v_eff, v_pmax, fb, fx, fn)
                 cand[q] = c
-                if c == NO_ROW and q % 2 == 0:
+                if c == E.NO_ROW and q % 2 == 0:
                     c = _half_answer(q + 1, wroot, cand, free, shift, nd, stack, n_v, v_eff, v_pmax, fb, fx, fn)
                 f = afirst[sl]
-                if c == NO_ROW or (f != NO_ROW and key_less_nb(gk, f, c)):
+                if c == E.NO_ROW or (f != E.NO_ROW and key_less_nb(gk, f, c)):
                     c = f
                 _tree_set(tb, t_leaves, sl, c, gk, sh)
 
-            if chosen == NO_ROW:
+            if chosen == E.NO_ROW:
                 if pos < n:
                     clock = arrival_step[order[pos]]  # idle gap: jump, nobody waits
                     continue
-                stop = STOP_DRAINED if unfinished == 0 else STOP_STUCK
+                stop = E.STOP_DRAINED if unfinished == 0 else E.STOP_STUCK
                 break
 
-            victim = NO_ROW
+            victim = E.NO_ROW
             was_admitted = admitted[chosen]
             s_old = gk[chosen, 0]
             if was_admitted:
@@ -602,17 +590,17 @@ def _make_replay_aging(stamp):
                         v = v_rows[i]
                         if free + required_blocks[v] < need:
                             continue
-                        if victim == NO_ROW:
+                        if victim == E.NO_ROW:
                             victim = v
                             best_e = v_eff[i]
                         elif v_eff[i] == best_e and (required_blocks[v] > required_blocks[victim] or (
                                 required_blocks[v] == required_blocks[victim] and request_id[v] < request_id[victim])):
                             victim = v
-                    if victim == NO_ROW:
+                    if victim == E.NO_ROW:
                         raise AssertionError("aging kernel: the chosen request has no victim")
                     prefetch_nb(preemptions, victim)  # counted at the end of the step, when it has arrived
                     admitted[victim] = False
-                    status[victim] = STATUS_PREEMPTED
+                    status[victim] = E.STATUS_PREEMPTED
                     free += required_blocks[victim]
                     rv = gk[victim, 0]  # its slot keeps a row throughout: out of aroot, into wroot
                     aroot[rv] = treap_delete_nb(aroot[rv], victim, stack, gk, nd)
@@ -639,14 +627,14 @@ def _make_replay_aging(stamp):
                     n_v += 1
                     # a new victim: more may run
                     n_d = _mark_may_run(free, n_v, v_rows, required_blocks, wlist, n_w, fb, fn, dirty, in_dirty, n_d)
-            status[chosen] = STATUS_RUNNING
+            status[chosen] = E.STATUS_RUNNING
             chosen_count[chosen] += 1
 
             action = advance_nb(chosen, clock, phase, generated, max_new_tokens, first_step, first_token_step)
-            if action == ACTION_FINISH:
+            if action == E.ACTION_FINISH:
                 free += nd[chosen, ND_BLOCKS]
                 admitted[chosen] = False
-                status[chosen] = STATUS_FINISHED
+                status[chosen] = E.STATUS_FINISHED
                 finish_step[chosen] = clock
                 unfinished -= 1
                 wait_final[chosen] = steps + 1 - enqueue_steps[chosen] - chosen_count[chosen]
@@ -658,17 +646,17 @@ def _make_replay_aging(stamp):
                 a = enqueue_steps[chosen] + chosen_count[chosen]
                 sl, n_free = _slot_acquire(a % k, steps, k, hkey, hval, mask, free_slots, n_free, s_rho, sh,
                                            wroot, aroot, cand, afirst, fn)
-                _set_aging_key(chosen, a, k, sl, gk, nd, PHASE_DECODE, cache_hit[chosen], priority[chosen],
+                _set_aging_key(chosen, a, k, sl, gk, nd, E.PHASE_DECODE, cache_hit[chosen], priority[chosen],
                                prompt_len[chosen] + generated[chosen], request_id[chosen])
                 aroot[sl] = treap_insert_nb(aroot[sl], chosen, stack, gk, nd)
-                if afirst[sl] == NO_ROW or key_less_nb(gk, chosen, afirst[sl]):
+                if afirst[sl] == E.NO_ROW or key_less_nb(gk, chosen, afirst[sl]):
                     afirst[sl] = chosen
                 retree[sl] = True  # with K = 1 its leaf may be the same row, with a new key
                 n_d = _mark(sl, dirty, in_dirty, n_d)
             if wpos[s_old] < 0 and aroot[s_old] < 0:
                 n_free = _slot_release(s_old, s_rho, hkey, hval, mask, free_slots, n_free)
 
-            if victim != NO_ROW:
+            if victim != E.NO_ROW:
                 preemptions[victim] += 1
             record_step_nb(events, steps, clock, chosen, action, generated, max_new_tokens, deadline_step, has_deadline,
                            steps + 1 - enqueue_steps[chosen] - chosen_count[chosen], free, victim)

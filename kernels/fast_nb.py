@@ -15,15 +15,23 @@ Structures (all allocated inside the call; nothing global, safe to run per scena
   (within a residue every effective priority rises at the same steps, see `aging_nb`).  Across
   groups the real key at the current clock decides (`_akey_less`), which is where a slack of
   1_000_000_000 or more ties with or sorts after "no deadline".
-* **Waiting** (not admitted: prefill, or preempted) requests sit in one treap per (group, priority
-  class) with a min-``required_blocks`` aggregate; under fcfs, whose keys never change (the enqueue
-  clock is the arrival step), in two min-blocks segment trees per class over the requests' static
-  ranks by (arrival step, request_id), prefill then preempted (cache-friendlier than a treap).
-  With no aging a priority class has one threshold ``free + max victim blocks among lower
-  classes``, so its first runnable request is one pruned left-first descent.  The best waiting
-  request is cached and recomputed only when free blocks, the victim set or waiting membership
-  change (admission, preemption, finish, arrival), plus, under deadline while some real slack may
-  still reach the sentinel, a re-comparison of the cached per-structure answers.
+* **Waiting** (not admitted: prefill, or preempted) requests sit in one structure per (group,
+  bucket of priority classes): every class its own bucket when there are at most MAX_BUCKETS (8)
+  classes, else 8 contiguous ranges of classes holding about as many requests each (`_buckets`).  A
+  structure is a treap keyed by the group key with subtree aggregates min ``required_blocks`` and
+  max class; under fcfs, whose keys never change (the enqueue clock is the arrival step), two
+  segment trees over the requests' static ranks by (arrival step, request_id), prefill then
+  preempted, with the same aggregates (cache-friendlier than a treap).  A waiting request is
+  runnable iff ``blocks <= free + M(class)``, where M(c) = max blocks among victims of a class below
+  c is a non-decreasing step function given by its few records (the victims' prefix maxima by
+  class, `_stairs`).  A structure's first runnable request is an in-order walk that skips every
+  subtree with ``min blocks > free + M(max class)`` (`ordered_nb.treap_first_runnable_nb`): one
+  pruned descent when the bucket is one class, and otherwise entering in vain only subtrees that
+  straddle a step of M.  Each structure's answer is cached and walked again only when it was taken,
+  stopped running, or runnability grew for some class of its bucket (free blocks grew, or a victim
+  raised M there) (`_refresh_cands`); the best across structures is re-compared when an answer or
+  the waiting membership changes, plus, under deadline while some real slack may still reach the
+  sentinel, every step.
 * **Admitted** requests (all in decode phase) sit in one binary heap per group: a decode step of an
   admitted request is a sift-down.
 * **Victims** (admitted, preemptible) sit in one treap per priority class ordered by
@@ -33,15 +41,15 @@ Structures (all allocated inside the call; nothing global, safe to run per scena
 * ``wait_steps`` is lazy: ``steps run - steps run at enqueue - times chosen``, frozen at finish.
   Requests needing more blocks than the capacity can never run; they enter no structure.
 
-Cost per step (n = requests waiting, A = admitted, P = distinct priority values, G = groups):
+Cost per step (n = requests waiting, A = admitted, P = distinct priority values, G = groups <= 2,
+B = buckets per group <= 8, k = records of M, at most the number of victims and usually a few):
 a decode step of an admitted request is O(1) when it stays first among the admitted (the usual
 case) and O(log A) otherwise; an arrival costs O(log n) expected; a step that admits, preempts or
-finishes also refreshes the cached query: O(G * P * log P) bookkeeping plus an O(log n) treap
-descent for each (group, class) whose answer may have moved (all of them when free blocks grow).
-So the cost grows logarithmically with the backlog and linearly with P: fine for priority classes,
-but a trace where every request has its own priority degrades to O(n) per admission or finish.
-Under deadline, while the clock is less than 1_000_000_000 below the latest deadline (a real slack
-may still reach the sentinel), every step also re-compares the G * P cached answers.
+finishes also refreshes the cached query: O(k log P) for the records of M, O(log P) for the victim
+structures, and a walk in each of the G * B structures whose answer may have moved: O(log n) when
+its bucket is one class, O(k log n log k) in the worst case otherwise (the walks on the Azure trace
+with every request its own priority: 0.3-0.4 s for 4.1 M steps, as with three classes).  Nothing
+is linear in P or n.  Set-up sorts the priorities once (O(n log n)).
 
 Constant factors matter as much: a Numba helper with branches or loops reference-counts every
 array it receives on entry and exit (atomic operations: ~100 ns for a dozen arrays, more than a
@@ -57,38 +65,26 @@ as fixed_priority when ``aging_interval`` exceeds the trace's total work steps (
 import numpy as np
 from numba import njit
 
-from .enums import (
-    ACTION_FINISH,
-    ACTION_PREFILL_TO_DECODE,
-    NEVER,
-    NO_DEADLINE_SLACK,
-    NO_ROW,
-    PHASE_DECODE,
-    PHASE_PREFILL,
-    POLICY_AGING,
-    POLICY_DEADLINE,
-    POLICY_FIXED_PRIORITY,
-    POLICY_FCFS,
-    STATUS_FINISHED,
-    STATUS_PREEMPTED,
-    STATUS_RUNNING,
-    STOP_DRAINED,
-    STOP_MAX_STEPS,
-    STOP_STUCK,
-)
+from . import enums as E
 from .ordered_nb import (
-    ND_BLOCKS,
     RANK_OUT,
+    ND_BASE,
+    ND_BLOCKS,
+    ND_LEFT,
+    ND_MAXBASE,
+    ND_MINB,
+    ND_RIGHT,
     heap_push_nb,
     heap_remove_nb,
     heap_sift_down_nb,
     key_less_nb,
     prefetch_nb,
-    rank_tree_first_fit_nb,
+    rank_tree_first_runnable_nb,
     rank_tree_set_nb,
+    stair_at_nb,
     treap_delete_nb,
-    treap_first_fit_nb,
     treap_first_nb,
+    treap_first_runnable_nb,
     treap_insert_nb,
     treap_nodes_nb,
 )
@@ -99,13 +95,14 @@ from .aging_nb import replay_aging_nb
 SOURCE_STAMP = source_stamp("enums.py", "ordered_nb.py", "step_nb.py", "aging_nb.py")
 
 GK_NCOLS = 6
+MAX_BUCKETS = 8  # waiting structures per group (see `_buckets`)
 
 
 @njit(cache=True, _nrt=False)
 def _set_key(r, policy, gk, phase, generated, enqueue_clock, request_id, prompt_len, max_new_tokens, priority,
              cache_hit, deadline_step, has_deadline):
     """Write row r's group key: its sort key with the parts shared by its whole group left out."""
-    if policy == POLICY_FCFS:
+    if policy == E.POLICY_FCFS:
         gk[r, 0] = 0
         gk[r, 1] = phase[r]
         gk[r, 2] = enqueue_clock[r]
@@ -114,9 +111,9 @@ def _set_key(r, policy, gk, phase, generated, enqueue_clock, request_id, prompt_
         gk[r, 5] = 0
         return
     d = np.int64(0)
-    if policy == POLICY_DEADLINE and has_deadline[r]:
+    if policy == E.POLICY_DEADLINE and has_deadline[r]:
         remaining = max_new_tokens[r] - generated[r]
-        if phase[r] == PHASE_PREFILL:
+        if phase[r] == E.PHASE_PREFILL:
             remaining += 1
         d = deadline_step[r] - remaining  # slack = d - clock
     gk[r, 0] = d
@@ -132,8 +129,8 @@ def _set_key(r, policy, gk, phase, generated, enqueue_clock, request_id, prompt_
 def _akey_less(a, b, gk, deadline_policy, has_deadline, clock):
     """The real sort key of a before that of b at `clock` (rows of any groups)."""
     if deadline_policy:
-        sa = gk[a, 0] - clock if has_deadline[a] else np.int64(NO_DEADLINE_SLACK)
-        sb = gk[b, 0] - clock if has_deadline[b] else np.int64(NO_DEADLINE_SLACK)
+        sa = gk[a, 0] - clock if has_deadline[a] else np.int64(E.NO_DEADLINE_SLACK)
+        sb = gk[b, 0] - clock if has_deadline[b] else np.int64(E.NO_DEADLINE_SLACK)
         if sa != sb:
             return sa < sb
         for k in range(1, GK_NCOLS):
@@ -143,73 +140,163 @@ def _akey_less(a, b, gk, deadline_policy, has_deadline, clock):
     return key_less_nb(gk, a, b)
 
 
-# The waiting rows of structure s: a treap, or under fcfs (whose keys are static: the enqueue clock
-# is the arrival step) two rank trees per priority class over the rows' ranks by (arrival step,
-# request_id), the prefill rows' then the preempted ones' (which sort after every prefill row).
-# Not cached on their own: they call kernels of another file (see `stamp`); their callers' cache
-# holds them.
+# The staircase M(c) = max blocks among victims of a class below c, a non-decreasing step function of
+# c: its records (class st_c[j], blocks st_b[j]), both increasing, are the victims' prefix maxima.
+
+@njit(cache=True, _nrt=False)
+def _stairs(seg, size, st_c, st_b):
+    """Write the records of M from the victims' segment tree; return their number."""
+    k = 0
+    need = np.int64(1)
+    while True:
+        c = _seg_first_ge(seg, size, need)
+        if c < 0:
+            return k
+        b = seg[size + c]
+        st_c[k] = c
+        st_b[k] = b
+        k += 1
+        need = b + 1
+
+
+@njit(cache=True)
+def _buckets(pclass, n_classes):
+    """The waiting structures' split of the priority classes: every class its own bucket when there are
+    at most MAX_BUCKETS (then a structure's walk is one descent), else MAX_BUCKETS contiguous ranges of
+    classes holding about as many rows each.  Returns each row's bucket, the number of buckets and
+    each bucket's highest class (-1: empty)."""
+    n = pclass.shape[0]
+    counts = np.zeros(n_classes, np.int64)
+    for r in range(n):
+        counts[pclass[r]] += 1
+    n_buckets = min(n_classes, MAX_BUCKETS)
+    of_class = np.empty(n_classes, np.int64)
+    cum = np.int64(0)
+    for c in range(n_classes):
+        of_class[c] = c if n_classes <= MAX_BUCKETS else min(n_buckets - 1, cum * n_buckets // max(n, 1))
+        cum += counts[c]
+    top = np.full(n_buckets, -1, np.int64)
+    for c in range(n_classes):
+        top[of_class[c]] = c
+    bucket = np.empty(n, np.int64)
+    for r in range(n):
+        bucket[r] = of_class[pclass[r]]
+    return bucket, n_buckets, top
+
+
+# Not cached on its own: it uses a constant of another file (see `stamp`); its caller's cache holds it.
+@njit
+def _fcfs_rank_trees(arrival_step, request_id, bucket, n_buckets, n_classes, fcfs):
+    """fcfs's waiting structures, empty: each row's rank in its bucket by (arrival step, request_id),
+    the rows by bucket and rank (bucket b's from rank_rows[rt_start[b]]), each bucket's tree size (a
+    power of two), the offsets of the trees (bucket b: prefill at rt_base[2b], preempted at
+    rt_base[2b + 1]), their blocks, all RANK_OUT, and their classes, all -1 (length 1, none kept,
+    when every bucket is one class).  Sized 0 / 1 when not `fcfs`."""
+    n = arrival_step.shape[0] if fcfs else 0
+    rt_start = np.zeros(n_buckets + 1, np.int64)
+    rt_size = np.ones(n_buckets, np.int64)
+    rt_base = np.zeros(2 * n_buckets, np.int64)
+    rank = np.zeros(n, np.int64)
+    rank_rows = np.zeros(n, np.int64)
+    if not fcfs:
+        return rank, rank_rows, rt_start, rt_size, rt_base, np.full(1, RANK_OUT, np.int64), np.full(1, -1, np.int64)
+    by_id = np.argsort(request_id, kind="mergesort")
+    by_arrival = by_id[np.argsort(arrival_step[by_id], kind="mergesort")]
+    for r in range(n):
+        rt_start[bucket[r] + 1] += 1
+    for b in range(n_buckets):
+        while rt_size[b] < rt_start[b + 1]:
+            rt_size[b] *= 2
+        rt_start[b + 1] += rt_start[b]
+    fill = rt_start.copy()
+    for r in by_arrival:
+        b = bucket[r]
+        rank[r] = fill[b] - rt_start[b]
+        rank_rows[fill[b]] = r
+        fill[b] += 1
+    for q in range(1, 2 * n_buckets):
+        rt_base[q] = rt_base[q - 1] + 2 * rt_size[(q - 1) // 2]
+    total = rt_base[2 * n_buckets - 1] + 2 * rt_size[n_buckets - 1]
+    rcls = np.full(total if n_classes > n_buckets else 1, -1, np.int64)  # one class per bucket: none kept
+    return rank, rank_rows, rt_start, rt_size, rt_base, np.full(total, RANK_OUT, np.int64), rcls
+
+
+# The waiting rows of structure s (group * n_buckets + bucket): a treap, or under fcfs (whose keys
+# are static: the enqueue clock is the arrival step) two rank trees over the bucket's rows' ranks by
+# (arrival step, request_id), the prefill rows' then the preempted ones' (which sort after every
+# prefill row).  Not cached on their own: they call kernels of another file (see `stamp`); their
+# callers' cache holds them.
 
 @njit(_nrt=False)
-def _wait_add(fcfs, s, r, wroot, stack, gk, nd, rt, rt_base, rt_size, rank):
+def _wait_add(fcfs, s, b, r, wroot, stack, gk, nd, rt, rcls, rt_base, rt_size, rank):
     if fcfs:
-        rank_tree_set_nb(rt, rt_base[2 * s + gk[r, 1]], rt_size[s], rank[r], nd[r, ND_BLOCKS])
+        rank_tree_set_nb(rt, rcls, rt_base[2 * b + gk[r, 1]], rt_size[b], rank[r], nd[r, ND_BLOCKS], nd[r, ND_BASE])
     else:
         wroot[s] = treap_insert_nb(wroot[s], r, stack, gk, nd)
 
 
 @njit(_nrt=False)
-def _wait_remove(fcfs, s, r, wroot, stack, gk, nd, rt, rt_base, rt_size, rank):
+def _wait_remove(fcfs, s, b, r, wroot, stack, gk, nd, rt, rcls, rt_base, rt_size, rank):
     if fcfs:
-        rank_tree_set_nb(rt, rt_base[2 * s + gk[r, 1]], rt_size[s], rank[r], RANK_OUT)
+        rank_tree_set_nb(rt, rcls, rt_base[2 * b + gk[r, 1]], rt_size[b], rank[r], RANK_OUT, -1)
     else:
         wroot[s] = treap_delete_nb(wroot[s], r, stack, gk, nd)
 
 
 @njit(_nrt=False)
-def _wait_first_fit(fcfs, s, limit, wroot, nd, rt, rt_base, rt_size, rt_start, rank_rows):
-    """The first waiting row of structure s with blocks <= limit, or -1."""
+def _wait_first_runnable(fcfs, s, b, free, st_c, st_b, k, wroot, nd, stack, rt, rcls, rt_base, rt_size, rt_start,
+                         rank_rows):
+    """The first waiting row of structure s (bucket b) with blocks <= free + M(its class), or -1."""
     if fcfs:
         for h in range(2):
-            i = rank_tree_first_fit_nb(rt, rt_base[2 * s + h], rt_size[s], limit)
+            i = rank_tree_first_runnable_nb(rt, rcls, rt_base[2 * b + h], rt_size[b], free, st_c, st_b, k)
             if i >= 0:
-                return rank_rows[rt_start[s] + i]
+                return rank_rows[rt_start[b] + i]
         return -1
-    return treap_first_fit_nb(wroot[s], limit, nd)
+    return treap_first_runnable_nb(wroot[s], free, nd, stack, st_c, st_b, k)
 
 
-# Not cached on its own: it uses a constant of another file (see `stamp`); its caller's cache holds it.
-@njit
-def _fcfs_rank_trees(arrival_step, request_id, pclass, n_classes, fcfs):
-    """fcfs's waiting structures, empty: each row's rank in its class by (arrival step, request_id),
-    the rows by class and rank (class c's from rank_rows[rt_start[c]]), each class's tree size (a
-    power of two), the offsets of the trees (class c: prefill at rt_base[2c], preempted at
-    rt_base[2c + 1]) and their values, all RANK_OUT.  Sized 0 / 1 when not `fcfs`."""
-    n = arrival_step.shape[0] if fcfs else 0
-    rt_start = np.zeros(n_classes + 1, np.int64)
-    rt_size = np.ones(n_classes, np.int64)
-    rt_base = np.zeros(2 * n_classes, np.int64)
-    rank = np.zeros(n, np.int64)
-    rank_rows = np.zeros(n, np.int64)
-    if not fcfs:
-        return rank, rank_rows, rt_start, rt_size, rt_base, np.full(1, RANK_OUT, np.int64)
-    by_id = np.argsort(request_id, kind="mergesort")
-    by_arrival = by_id[np.argsort(arrival_step[by_id], kind="mergesort")]
-    for r in range(n):
-        rt_start[pclass[r] + 1] += 1
-    for c in range(n_classes):
-        while rt_size[c] < rt_start[c + 1]:
-            rt_size[c] *= 2
-        rt_start[c + 1] += rt_start[c]
-    fill = rt_start.copy()
-    for r in by_arrival:
-        c = pclass[r]
-        rank[r] = fill[c] - rt_start[c]
-        rank_rows[fill[c]] = r
-        fill[c] += 1
-    for q in range(1, 2 * n_classes):
-        rt_base[q] = rt_base[q - 1] + 2 * rt_size[(q - 1) // 2]
-    rt = np.full(rt_base[2 * n_classes - 1] + 2 * rt_size[n_classes - 1], RANK_OUT, np.int64)
-    return rank, rank_rows, rt_start, rt_size, rt_base, rt
+# The cached query's state: whether free blocks or victims changed since the cands were found
+# (QS_CHANGED), the free blocks then (QS_FREE_SEEN), and the lowest class whose M grew since
+# (QS_GROW_FROM; n_classes for none).
+QS_CHANGED = 0
+QS_FREE_SEEN = 1
+QS_GROW_FROM = 2
+QS_N = 3
+
+
+# Not cached on its own: it calls kernels of another file (see `stamp`); its caller's cache holds it.
+@njit(_nrt=False)
+def _refresh_cands(qs, free, seg, seg_size, st_c, st_b, n_buckets, n_classes, bucket_top, pclass, cand, cand_stale,
+                   cand_limit, fcfs, wroot, nd, stack, rt, rcls, rt_base, rt_size, rt_start, rank_rows):
+    """Bring every structure's cand (its first runnable row) up to date after free blocks or victims
+    changed.  Where runnability only shrank, a cand that still runs stays first (nothing before it
+    ran before) and no cand stays none; the rest are walked again.  With one class per bucket its
+    runnability is one limit, ``free + M(class)``, kept in cand_limit: it grew iff that rose.  Else
+    it grew for the classes from ``grow_from`` up (free blocks grew, or a victim raised M there)."""
+    single = n_classes <= MAX_BUCKETS
+    n_st = 0 if single else _stairs(seg, seg_size, st_c, st_b)
+    grow_from = qs[QS_GROW_FROM]
+    if free > qs[QS_FREE_SEEN]:
+        grow_from = 0  # free blocks grew (a finish, or a preemption freeing more than it takes)
+    for s in range(cand.shape[0]):
+        c = cand[s]
+        b = s % n_buckets
+        if single:
+            limit = free + _seg_prefix_max(seg, seg_size, bucket_top[b])
+            if cand_stale[s] or limit > cand_limit[s] or (c != E.NO_ROW and nd[c, ND_BLOCKS] > limit):
+                cand[s] = _wait_first_runnable(fcfs, s, b, limit, st_c, st_b, 0, wroot, nd, stack, rt, rcls, rt_base,
+                                               rt_size, rt_start, rank_rows)
+                cand_stale[s] = False
+            cand_limit[s] = limit
+        elif cand_stale[s] or bucket_top[b] >= grow_from or (
+                c != E.NO_ROW and nd[c, ND_BLOCKS] > free + stair_at_nb(pclass[c], st_c, st_b, n_st)):
+            cand[s] = _wait_first_runnable(fcfs, s, b, free, st_c, st_b, n_st, wroot, nd, stack, rt, rcls, rt_base,
+                                           rt_size, rt_start, rank_rows)
+            cand_stale[s] = False
+    qs[QS_CHANGED] = 0
+    qs[QS_FREE_SEEN] = free
+    qs[QS_GROW_FROM] = n_classes
 
 
 # A max segment tree over priority classes: leaf i = largest blocks among class i's victims (0: none).
@@ -274,11 +361,11 @@ def _make_replay_fast(stamp):
         work = np.int64(0)
         for r in range(request_id.shape[0]):
             work += 1 + max_new_tokens[r]
-        if policy == POLICY_AGING and aging_interval > work:
+        if policy == E.POLICY_AGING and aging_interval > work:
             # No request can wait aging_interval steps (a wait never exceeds the steps run), so the
             # effective priority is the business priority all along: exactly fixed_priority.
-            policy = POLICY_FIXED_PRIORITY
-        if policy == POLICY_AGING:
+            policy = E.POLICY_FIXED_PRIORITY
+        if policy == E.POLICY_AGING:
             replay_aging_nb(request_id, arrival_step, prompt_len, max_new_tokens, priority, cache_hit,
                             required_blocks, deadline_step, has_deadline, preemptible, order,
                             free_kv_blocks, aging_interval, max_steps, events, req_out, summary)
@@ -304,7 +391,7 @@ def _make_replay_static(stamp):
         if stamp < 0:  # never: the stamp only keys the Numba cache (see `source_stamp`)
             return
         n = request_id.shape[0]
-        deadline_policy = policy == POLICY_DEADLINE
+        deadline_policy = policy == E.POLICY_DEADLINE
         n_groups = 2 if deadline_policy else 1
 
         # Priority classes: 0 = the lowest priority.
@@ -315,6 +402,8 @@ def _make_replay_static(stamp):
         while seg_size < n_classes:
             seg_size *= 2
         seg = np.zeros(2 * seg_size, np.int64)
+        st_c = np.empty(n_classes + 1, np.int64)  # the staircase M (see `_stairs`)
+        st_b = np.empty(n_classes + 1, np.int64)
 
         max_deadline = np.int64(-(2**62))
         if deadline_policy:
@@ -332,9 +421,9 @@ def _make_replay_static(stamp):
         admitted = np.zeros(n, np.bool_)
         enqueued = np.zeros(n, np.bool_)
         enqueue_clock = np.zeros(n, np.int64)
-        first_step = np.full(n, NEVER, np.int64)
-        first_token_step = np.full(n, NEVER, np.int64)
-        finish_step = np.full(n, NEVER, np.int64)
+        first_step = np.full(n, E.NEVER, np.int64)
+        first_token_step = np.full(n, E.NEVER, np.int64)
+        finish_step = np.full(n, E.NEVER, np.int64)
         group = np.zeros(n, np.int64)
         if deadline_policy:
             for r in range(n):
@@ -346,16 +435,20 @@ def _make_replay_static(stamp):
             vk[r, 0] = -required_blocks[r]
             vk[r, 1] = request_id[r]
         nd, gk = treap_nodes_nb(required_blocks, GK_NCOLS)
+        for r in range(n):  # a node's class, aggregated as the max class of its subtree
+            nd[r, ND_BASE] = pclass[r]
+            nd[r, ND_MAXBASE] = pclass[r]
         stack = np.empty(n + 64, np.int64)  # treap path scratch
-        n_struct = n_groups * n_classes
-        wroot = np.full(n_struct, -1, np.int64)
-        cand = np.full(n_struct, -1, np.int64)  # first runnable row of each waiting treap at cand_limit
-        cand_limit = np.zeros(n_struct, np.int64)
+        fcfs = policy == E.POLICY_FCFS
+        bucket, n_buckets, bucket_top = _buckets(pclass, n_classes)
+        rank, rank_rows, rt_start, rt_size, rt_base, rt, rcls = _fcfs_rank_trees(arrival_step, request_id, bucket,
+                                                                                 n_buckets, n_classes, fcfs)
+        n_struct = n_groups * n_buckets
+        wroot = np.full(n_struct, -1, np.int64)  # waiting rows of each (group, bucket), by group key
+        cand = np.full(n_struct, -1, np.int64)  # the first runnable one
         cand_stale = np.ones(n_struct, np.bool_)  # its cand was taken: search again
+        cand_limit = np.zeros(n_struct, np.int64)  # see `_refresh_cands`
         vroot = np.full(n_classes, -1, np.int64)
-        fcfs = policy == POLICY_FCFS
-        rank, rank_rows, rt_start, rt_size, rt_base, rt = _fcfs_rank_trees(arrival_step, request_id, pclass,
-                                                                           n_classes, fcfs)
         heap = np.empty((n_groups, max(n, 1)), np.int64)
         hsize = np.zeros(n_groups, np.int64)
         hpos = np.full(n, -1, np.int64)
@@ -366,13 +459,16 @@ def _make_replay_static(stamp):
         capacity = np.int64(free_kv_blocks)
         steps = np.int64(0)
         unfinished = 0
-        stop = STOP_DRAINED
+        stop = E.STOP_DRAINED
         wait_dirty = True
-        best_wait = NO_ROW
+        qs = np.zeros(QS_N, np.int64)  # see `_refresh_cands`
+        qs[QS_CHANGED] = 1
+        qs[QS_FREE_SEEN] = free
+        best_wait = E.NO_ROW
 
         while True:
             if max_steps >= 0 and steps >= max_steps:
-                stop = STOP_MAX_STEPS
+                stop = E.STOP_MAX_STEPS
                 break
             while pos < n and arrival_step[order[pos]] <= clock:
                 r = order[pos]
@@ -385,28 +481,26 @@ def _make_replay_static(stamp):
                     continue  # can never be admitted: free never exceeds the capacity
                 _set_key(r, policy, gk, phase, generated, enqueue_clock, request_id, prompt_len, max_new_tokens,
                          priority, cache_hit, deadline_step, has_deadline)
-                s = group[r] * n_classes + pclass[r]
-                _wait_add(fcfs, s, r, wroot, stack, gk, nd, rt, rt_base, rt_size, rank)
-                if required_blocks[r] <= cand_limit[s] and (cand[s] == NO_ROW or key_less_nb(gk, r, cand[s])):
+                b = bucket[r]
+                s = group[r] * n_buckets + b
+                _wait_add(fcfs, s, b, r, wroot, stack, gk, nd, rt, rcls, rt_base, rt_size, rank)
+                if (required_blocks[r] <= free + _seg_prefix_max(seg, seg_size, pclass[r])
+                        and (cand[s] == E.NO_ROW or key_less_nb(gk, r, cand[s]))):
                     cand[s] = r
-                wait_dirty = True
+                    wait_dirty = True
 
             # The first runnable waiting request (cached while free blocks, victims and waiters stay).
-            if wait_dirty:
-                for s in range(n_struct):
-                    limit = free + _seg_prefix_max(seg, seg_size, s % n_classes)
-                    c = cand[s]
-                    # A lower limit keeps a cand that still fits (nothing before it fitted at the higher one).
-                    if cand_stale[s] or limit > cand_limit[s] or (c != NO_ROW and required_blocks[c] > limit):
-                        cand[s] = _wait_first_fit(fcfs, s, limit, wroot, nd, rt, rt_base, rt_size, rt_start,
-                                                  rank_rows)
-                        cand_stale[s] = False
-                    cand_limit[s] = limit
-            if wait_dirty or (deadline_policy and clock + NO_DEADLINE_SLACK <= max_deadline):
-                best_wait = NO_ROW
+            if wait_dirty or (deadline_policy and clock + E.NO_DEADLINE_SLACK <= max_deadline):
+                # (under deadline, while a real slack may still reach the sentinel, the groups' order
+                # can change with the clock: compare every step)
+                if qs[QS_CHANGED]:  # free blocks or victims changed: check the cands
+                    _refresh_cands(qs, free, seg, seg_size, st_c, st_b, n_buckets, n_classes, bucket_top, pclass,
+                                   cand, cand_stale, cand_limit, fcfs, wroot, nd, stack, rt, rcls, rt_base, rt_size,
+                                   rt_start, rank_rows)
+                best_wait = E.NO_ROW
                 for s in range(n_struct):
                     c = cand[s]
-                    if c != NO_ROW and (best_wait == NO_ROW or _akey_less(c, best_wait, gk, deadline_policy,
+                    if c != E.NO_ROW and (best_wait == E.NO_ROW or _akey_less(c, best_wait, gk, deadline_policy,
                                                                           has_deadline, clock)):
                         best_wait = c
                 wait_dirty = False
@@ -415,14 +509,14 @@ def _make_replay_static(stamp):
             for g in range(n_groups):
                 if hsize[g] > 0:
                     c = heap[g, 0]
-                    if chosen == NO_ROW or _akey_less(c, chosen, gk, deadline_policy, has_deadline, clock):
+                    if chosen == E.NO_ROW or _akey_less(c, chosen, gk, deadline_policy, has_deadline, clock):
                         chosen = c
 
-            if chosen == NO_ROW:
+            if chosen == E.NO_ROW:
                 if pos < n:
                     clock = arrival_step[order[pos]]  # idle gap: jump, nobody waits
                     continue
-                stop = STOP_DRAINED if unfinished == 0 else STOP_STUCK
+                stop = E.STOP_DRAINED if unfinished == 0 else E.STOP_STUCK
                 break
 
             # A waiting chosen row is often cold with a large backlog: start the misses in its
@@ -437,46 +531,45 @@ def _make_replay_static(stamp):
                 prefetch_nb(has_deadline, chosen)
                 prefetch_nb(deadline_step, chosen)
                 prefetch_nb(preemptible, chosen)
-            victim = NO_ROW
+            victim = E.NO_ROW
             was_admitted = admitted[chosen]
             if not was_admitted:
                 need = nd[chosen, ND_BLOCKS]
                 if need > free:
-                    c_class = pclass[chosen]
                     k = _seg_first_ge(seg, seg_size, need - free)
                     # the lowest class with a victim large enough; it is below the challenger's class
-                    if k < 0 or k >= c_class:
+                    if k < 0 or k >= pclass[chosen]:
                         raise AssertionError("fast kernel: no victim below the challenger's class")
                     victim = treap_first_nb(vroot[k], nd)
                     admitted[victim] = False
-                    status[victim] = STATUS_PREEMPTED
+                    status[victim] = E.STATUS_PREEMPTED
                     preemptions[victim] += 1
                     free += required_blocks[victim]
                     vroot[k] = treap_delete_nb(vroot[k], victim, stack, vk, nd)
                     top = treap_first_nb(vroot[k], nd)
                     _seg_set(seg, seg_size, k, required_blocks[top] if top >= 0 else 0)
                     heap_remove_nb(heap, hsize, hpos, group[victim], victim, gk)
-                    sv = group[victim] * n_classes + pclass[victim]
-                    _wait_add(fcfs, sv, victim, wroot, stack, gk, nd, rt, rt_base, rt_size, rank)
-                    if required_blocks[victim] <= cand_limit[sv] and (cand[sv] == NO_ROW
-                                                                      or key_less_nb(gk, victim, cand[sv])):
-                        cand[sv] = victim
-                s = group[chosen] * n_classes + pclass[chosen]
-                _wait_remove(fcfs, s, chosen, wroot, stack, gk, nd, rt, rt_base, rt_size, rank)
+                    b = bucket[victim]
+                    s = group[victim] * n_buckets + b
+                    _wait_add(fcfs, s, b, victim, wroot, stack, gk, nd, rt, rcls, rt_base, rt_size, rank)
+                    cand_stale[s] = True
+                b = bucket[chosen]
+                s = group[chosen] * n_buckets + b
+                _wait_remove(fcfs, s, b, chosen, wroot, stack, gk, nd, rt, rcls, rt_base, rt_size, rank)
                 cand_stale[s] = True
                 free -= need
                 admitted[chosen] = True
                 wait_dirty = True
-            status[chosen] = STATUS_RUNNING
+                qs[QS_CHANGED] = 1
+            status[chosen] = E.STATUS_RUNNING
             chosen_count[chosen] += 1
 
             action = advance_nb(chosen, clock, phase, generated, max_new_tokens, first_step, first_token_step)
-            finished = action == ACTION_FINISH
 
-            if finished:
+            if action == E.ACTION_FINISH:
                 free += required_blocks[chosen]
                 admitted[chosen] = False
-                status[chosen] = STATUS_FINISHED
+                status[chosen] = E.STATUS_FINISHED
                 finish_step[chosen] = clock
                 unfinished -= 1
                 wait_final[chosen] = steps + 1 - enqueue_steps[chosen] - chosen_count[chosen]
@@ -488,18 +581,19 @@ def _make_replay_static(stamp):
                         top = treap_first_nb(vroot[k], nd)
                         _seg_set(seg, seg_size, k, required_blocks[top] if top >= 0 else 0)
                 wait_dirty = True
+                qs[QS_CHANGED] = 1
             else:
                 # The chosen request's key after its step, updated in place (a call passing a dozen
                 # arrays costs more than the rest of a decode step): prefill -> decode, one token more,
                 # one remaining step less (so deadline - remaining grows by one).
-                if action == ACTION_PREFILL_TO_DECODE:
-                    gk[chosen, 1] = PHASE_DECODE
-                elif policy != POLICY_FCFS:
+                if action == E.ACTION_PREFILL_TO_DECODE:
+                    gk[chosen, 1] = E.PHASE_DECODE
+                elif policy != E.POLICY_FCFS:
                     gk[chosen, 4] += 1
                 if deadline_policy and has_deadline[chosen]:
                     gk[chosen, 0] += 1
                 if was_admitted:
-                    if policy != POLICY_FCFS:  # an fcfs decode key never changes
+                    if policy != E.POLICY_FCFS:  # an fcfs decode key never changes
                         g = group[chosen]
                         i = hpos[chosen]
                         c = 2 * i + 1
@@ -511,6 +605,9 @@ def _make_replay_static(stamp):
                     heap_push_nb(heap, hsize, hpos, group[chosen], chosen, gk)
                     if preemptible[chosen]:
                         k = pclass[chosen]
+                        if required_blocks[chosen] > _seg_prefix_max(seg, seg_size, k + 1):
+                            # a new largest victim below the classes above k: more of them may run
+                            qs[QS_GROW_FROM] = min(qs[QS_GROW_FROM], k + 1)
                         vroot[k] = treap_insert_nb(vroot[k], chosen, stack, vk, nd)
                         top = treap_first_nb(vroot[k], nd)
                         _seg_set(seg, seg_size, k, required_blocks[top])

@@ -265,6 +265,24 @@ def treap_delete_nb(t, x, stack, kk, nd):
     return root
 
 
+# Runnability of a waiting row (the fast kernels' query): blocks <= free + M(its class), where the
+# staircase M(c) = max blocks among victims of a class below c is non-decreasing in c, given by its
+# records (class st_c[j], blocks st_b[j]), j < k, both increasing.
+
+@njit(cache=True, _nrt=False)
+def stair_at_nb(c, st_c, st_b, k):
+    """M(c): the blocks of the last record of a class below c, or 0."""
+    lo = 0
+    hi = k
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if st_c[mid] < c:
+            lo = mid + 1
+        else:
+            hi = mid
+    return st_b[lo - 1] if lo > 0 else np.int64(0)
+
+
 @njit(cache=True, _nrt=False)
 def treap_first_fit_nb(t, limit, nd):
     """The first row in key order with blocks <= limit, or -1 (a pruned left-first descent)."""
@@ -281,6 +299,34 @@ def treap_first_fit_nb(t, limit, nd):
 
 
 @njit(cache=True, _nrt=False)
+def treap_first_runnable_nb(root, free, nd, stack, st_c, st_b, k):
+    """The first row in key order of treap `root` with blocks <= free + M(its class ND_BASE), or -1.
+
+    An in-order walk that skips a subtree when even its highest class cannot cover its smallest
+    blocks (``min blocks > free + M(max class)``; M is non-decreasing).  With one class in the treap
+    that test is exact and the walk is one descent; otherwise only subtrees that straddle a step of
+    M can be entered in vain.  `stack`: scratch of length >= the depth.  With no records (k = 0,
+    M = 0) it is `treap_first_fit_nb` with limit `free`.
+    """
+    if k == 0:
+        return treap_first_fit_nb(root, free, nd)
+    sp = 0
+    t = root
+    while True:
+        while t >= 0 and nd[t, ND_MINB] <= free + stair_at_nb(nd[t, ND_MAXBASE], st_c, st_b, k):
+            stack[sp] = t
+            sp += 1
+            t = nd[t, ND_LEFT]
+        if sp == 0:
+            return -1
+        sp -= 1
+        t = stack[sp]
+        if nd[t, ND_BLOCKS] <= free + stair_at_nb(nd[t, ND_BASE], st_c, st_b, k):
+            return t
+        t = nd[t, ND_RIGHT]
+
+
+@njit(cache=True, _nrt=False)
 def treap_first_nb(t, nd):
     """The first row in key order, or -1."""
     if t < 0:
@@ -290,27 +336,45 @@ def treap_first_nb(t, nd):
     return t
 
 
-# Rank trees: for rows whose order never changes (fcfs: by arrival step, then request_id), a min
-# segment tree over their static ranks, in heap layout at vals[base : base + 2 * size] (leaf i at
-# size + i, value = the row's blocks while it is in, RANK_OUT otherwise).  Its top levels stay in
+# Rank trees: for rows whose order never changes (fcfs: by arrival step, then request_id), a segment
+# tree over their static ranks, in heap layout at vals[base : base + 2 * size] (leaf i at size + i,
+# value = the row's blocks while it is in, RANK_OUT otherwise; node = min of its leaves), with the
+# max class of its leaves beside it in cls (a leaf out of the tree: class -1).  Its top levels stay in
 # cache and neighbouring ranks share cache lines, where a treap's nodes are scattered.
 
 RANK_OUT = 2**62
 
 
 @njit(cache=True, _nrt=False)
-def rank_tree_set_nb(vals, base, size, i, value):
-    """Set leaf i to value and update its ancestors (stopping where one keeps its value)."""
+def rank_tree_set_nb(vals, cls, base, size, i, value, c):
+    """Set leaf i to (blocks `value`, class `c`) and update its ancestors (min blocks, max class),
+    stopping where one keeps both.  A `cls` of length 1 keeps no classes (a tree of one class)."""
     j = size + i
     vals[base + j] = value
+    if cls.shape[0] == 1:
+        j >>= 1
+        while j >= 1:
+            a = vals[base + 2 * j]
+            b = vals[base + 2 * j + 1]
+            m = a if a < b else b
+            if vals[base + j] == m:
+                break
+            vals[base + j] = m
+            j >>= 1
+        return
+    cls[base + j] = c
     j >>= 1
     while j >= 1:
         a = vals[base + 2 * j]
         b = vals[base + 2 * j + 1]
         m = a if a < b else b
-        if vals[base + j] == m:
+        a = cls[base + 2 * j]
+        b = cls[base + 2 * j + 1]
+        x = a if a > b else b
+        if vals[base + j] == m and cls[base + j] == x:
             break
         vals[base + j] = m
+        cls[base + j] = x
         j >>= 1
 
 
@@ -323,6 +387,27 @@ def rank_tree_first_fit_nb(vals, base, size, limit):
     while j < size:
         j = 2 * j if vals[base + 2 * j] <= limit else 2 * j + 1
     return j - size
+
+
+@njit(cache=True, _nrt=False)
+def rank_tree_first_runnable_nb(vals, cls, base, size, free, st_c, st_b, k):
+    """The least rank with blocks <= free + M(its class), or -1: the walk of
+    `treap_first_runnable_nb` over the tree's nodes (a leaf's test is exact); with k = 0,
+    `rank_tree_first_fit_nb` with limit `free`."""
+    if k == 0:
+        return rank_tree_first_fit_nb(vals, base, size, free)
+    j = 1
+    while True:
+        if vals[base + j] <= free + stair_at_nb(cls[base + j], st_c, st_b, k):
+            if j >= size:
+                return j - size
+            j = 2 * j
+            continue
+        while j & 1:  # to the next subtree to the right: up past every right child
+            j >>= 1
+        if j == 0:
+            return -1
+        j += 1
 
 
 # Binary min-heaps over rows, one per slot of a 2-D array ``heap[h]`` with sizes ``hsize[h]`` and

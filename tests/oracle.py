@@ -17,20 +17,37 @@ POLICIES = ("fixed_priority", "aging", "deadline", "fcfs")
 
 @st.composite
 def traces(draw, max_requests: int = 12, max_len: int = 5, max_arrival: int = 12, id_range: int = 2**63 - 1,
-           max_blocks: int = 6):
+           max_blocks: int = 6, wide_priorities: bool = False):
     """Small random traces that hit the edges: equal keys, tight deadlines, large or negative ids,
-    requests needing more blocks than exist, non-preemptible requests, bursts and idle gaps."""
+    requests needing more blocks than exist, non-preemptible requests, bursts and idle gaps.
+
+    `wide_priorities`: priorities drawn per trace in one of the shapes that stress the fast kernels'
+    priority classes (every request its own; shortest job first, ``-max_new_tokens``; anywhere in
+    +-2**53; negative only), and in half of the traces a deadline on every request."""
     n = draw(st.integers(1, max_requests))
+    shape = draw(st.sampled_from(["distinct", "sjf", "wide", "negative"])) if wide_priorities else "classes"
+    all_deadlines = wide_priorities and draw(st.booleans())
+    distinct = draw(st.permutations(range(n))) if shape == "distinct" else None
     small_ids = draw(st.booleans())
     if small_ids:
         ids = draw(st.lists(st.integers(-5, 5 + 2 * max_requests), min_size=n, max_size=n, unique=True))
     else:
         ids = draw(st.lists(st.integers(-id_range - 1, id_range), min_size=n, max_size=n, unique=True))
     rows = []
-    for rid in ids:
+    for i, rid in enumerate(ids):
         arrival = draw(st.integers(0, max_arrival))
         new = draw(st.integers(1, max_len))
-        has_deadline = draw(st.booleans())
+        if shape == "classes":
+            priority = draw(st.integers(-2, 3))
+        elif shape == "distinct":
+            priority = distinct[i] - n // 2
+        elif shape == "sjf":
+            priority = -new
+        elif shape == "wide":
+            priority = draw(st.one_of(st.integers(-(2**53), 2**53), st.sampled_from([-(2**53), 2**53, 0])))
+        else:
+            priority = draw(st.integers(-(2**53), -1))
+        has_deadline = all_deadlines or draw(st.booleans())
         if has_deadline:
             far = draw(st.sampled_from([False, False, False, True]))
             if far:  # slack near the sentinel 1_000_000_000: ties with, or sorts after, "no deadline"
@@ -45,7 +62,7 @@ def traces(draw, max_requests: int = 12, max_len: int = 5, max_arrival: int = 12
                 "arrival_step": arrival,
                 "prompt_len": draw(st.integers(1, max_len)),
                 "max_new_tokens": new,
-                "priority": draw(st.integers(-2, 3)),
+                "priority": priority,
                 "cache_hit": draw(st.booleans()),
                 "required_blocks": draw(st.integers(1, max_blocks)),
                 "deadline_step": deadline,
@@ -60,6 +77,13 @@ configs = st.tuples(
     st.integers(0, 12),  # free_kv_blocks: from none to ample
     st.integers(1, 5),  # aging_interval
     st.one_of(st.none(), st.integers(0, 40)),  # max_steps
+)
+# The same with capacities from none to unlimited (2**61, the largest allowed).
+wide_configs = st.tuples(
+    st.sampled_from(POLICIES),
+    st.one_of(st.integers(0, 12), st.just(2**61)),
+    st.integers(1, 5),
+    st.one_of(st.none(), st.integers(0, 40)),
 )
 
 
@@ -100,4 +124,4 @@ def as_trace(rows):
     return load_trace(rows)
 
 
-__all__ = ["traces", "configs", "assert_matches_model", "as_trace", "POLICIES", "np"]
+__all__ = ["traces", "configs", "wide_configs", "assert_matches_model", "as_trace", "POLICIES", "np"]

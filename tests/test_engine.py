@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from oracle import POLICIES, assert_matches_model, configs, traces
+from oracle import POLICIES, assert_matches_model, configs, traces, wide_configs
 
 from decodesched import simulate
 from decodesched.errors import UserError
@@ -29,6 +29,17 @@ def test_engine_equals_model(engine, rows, config):
 @given(rows=traces(max_requests=30, max_len=8, max_arrival=40, max_blocks=10),
        config=st.tuples(st.sampled_from(POLICIES), st.integers(8, 30), st.integers(1, 7), st.none()))
 def test_engine_equals_model_on_longer_busier_traces(engine, rows, config):
+    policy, capacity, interval, max_steps = config
+    result = simulate(rows, policy, capacity, interval, max_steps, engine=engine)
+    assert_matches_model(result, rows, policy, capacity, interval, max_steps)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@settings(max_examples=600)
+@given(rows=traces(max_requests=20, max_blocks=8, wide_priorities=True), config=wide_configs)
+def test_engine_equals_model_with_wide_priorities(engine, rows, config):
+    """Every request its own priority, SJF (-max_new_tokens), +-2**53, negative; deadlines on every
+    request in half the traces; capacities from none to unlimited."""
     policy, capacity, interval, max_steps = config
     result = simulate(rows, policy, capacity, interval, max_steps, engine=engine)
     assert_matches_model(result, rows, policy, capacity, interval, max_steps)

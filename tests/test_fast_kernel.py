@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from oracle import POLICIES, assert_matches_model, configs, traces
+from oracle import POLICIES, assert_matches_model, configs, traces, wide_configs
 
 from decodesched.engine import policy_code, simulate, trace_arrays
 from decodesched.kernels import enums as E
@@ -25,10 +25,14 @@ from decodesched.kernels.ordered_nb import (
     heap_remove_nb,
     heap_sift_down_nb,
     prefetch_nb,
+    ND_BASE,
+    ND_MAXBASE,
     rank_tree_first_fit_nb,
+    rank_tree_first_runnable_nb,
     rank_tree_set_nb,
     treap_delete_nb,
     treap_first_fit_nb,
+    treap_first_runnable_nb,
     treap_insert_nb,
     treap_nodes_nb,
 )
@@ -79,6 +83,47 @@ def test_matches_model_on_small_random_traces(policy):
 def test_matches_model_on_busier_random_traces(rows, policy, capacity, interval):
     result = simulate(rows, policy=policy, free_kv_blocks=capacity, aging_interval=interval, engine="fast")
     assert_matches_model(result, rows, policy, capacity, interval, None)
+
+
+@settings(max_examples=600, **SETTINGS)
+@given(rows=traces(max_requests=30, max_len=8, max_arrival=20, max_blocks=10, wide_priorities=True),
+       cfg=wide_configs)
+def test_matches_model_with_wide_priorities(rows, cfg):
+    """Priority shapes that make many classes (all distinct, SJF, +-2**53, negative), deadlines on
+    every request in half the traces, capacities from none to unlimited."""
+    policy, capacity, interval, max_steps = cfg
+    result = simulate(rows, policy=policy, free_kv_blocks=capacity, aging_interval=interval,
+                      max_steps=max_steps, engine="fast")
+    assert_matches_model(result, rows, policy, capacity, interval, max_steps)
+
+
+def reshaped(trace, shape, seed, all_deadlines):
+    """`trace` with priorities in `shape` (and a deadline on every request if `all_deadlines`)."""
+    rng = np.random.default_rng(seed)
+    cols = trace.columns()
+    n = len(trace)
+    cols["priority"] = {
+        "distinct": rng.permutation(n).astype(np.int64) - n // 2,
+        "sjf": -trace.max_new_tokens,
+        "wide": rng.integers(-(2**53), 2**53, n, endpoint=True),
+    }[shape]
+    if all_deadlines:
+        cols["deadline_step"] = (trace.arrival_step + rng.integers(1, 40 * (2 + trace.max_new_tokens))).tolist()
+    return load_trace(cols)
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("shape,all_deadlines", [("distinct", False), ("sjf", True), ("wide", True)])
+@pytest.mark.parametrize("capacity", [12, 40, 2**61])
+def test_equals_scan_with_many_priorities(policy, shape, all_deadlines, capacity):
+    """Bigger backlogged traces whose priorities make a class per request (or per length): the fast
+    kernel's waiting structures span many classes, so their walks are not single descents."""
+    trace = reshaped(backlog_trace(1200, seed=41, priorities=3, max_blocks=12, non_preemptible_fraction=0.1),
+                     shape, 7, all_deadlines)
+    _, req_out, summary = assert_same_as_scan(trace, policy, capacity, interval=3)
+    assert summary[E.SM_STOP] == E.STOP_DRAINED
+    if policy != "fcfs" and capacity < 100:
+        assert req_out[:, E.RQ_PREEMPTIONS].sum() > 0  # preemption is exercised
 
 
 @pytest.mark.parametrize("policy", POLICIES)
@@ -263,28 +308,82 @@ def test_treap_against_sorted_list():
         assert treap_first_fit_nb(root, limit, nd) == want
 
 
+def random_stairs(rng, n_classes):
+    """A random staircase M (records of increasing class and blocks) and M as a Python function."""
+    k = int(rng.integers(0, 5))
+    st_c = np.sort(rng.choice(n_classes, size=min(k, n_classes), replace=False)).astype(np.int64)
+    st_b = np.cumsum(rng.integers(1, 10, st_c.size)).astype(np.int64)
+
+    def m(c):
+        return max([int(b) for cc, b in zip(st_c, st_b) if cc < c], default=0)
+
+    return np.append(st_c, 0), np.append(st_b, 0), st_c.size, m
+
+
+def test_treap_first_runnable_against_sorted_list():
+    """The staircase walk: the first row in key order with blocks <= free + M(its class), where the
+    classes (ND_BASE) are interleaved with the key order, so subtrees straddle steps of M."""
+    rng = np.random.default_rng(4)
+    n = 300
+    blocks = rng.integers(1, 40, n)
+    cls = rng.integers(0, 50, n)
+    nd, gk = treap_nodes_nb(blocks, 2)
+    nd[:, ND_BASE] = cls
+    nd[:, ND_MAXBASE] = cls
+    gk[:, 0] = rng.integers(0, 20, n)
+    gk[:, 1] = rng.permutation(n)
+    stack = np.empty(n + 64, np.int64)
+    root = -1
+    inside: set[int] = set()
+    for _ in range(2000):
+        x = int(rng.integers(0, n))
+        if x in inside:
+            root = treap_delete_nb(root, x, stack, gk, nd)
+            inside.remove(x)
+        else:
+            root = treap_insert_nb(root, x, stack, gk, nd)
+            inside.add(x)
+        st_c, st_b, k, m = random_stairs(rng, 50)
+        free = int(rng.integers(0, 25))
+        in_order = sorted(inside, key=lambda r: tuple(gk[r]))
+        want = next((r for r in in_order if blocks[r] <= free + m(cls[r])), -1)
+        assert treap_first_runnable_nb(root, free, nd, stack, st_c, st_b, k) == want
+
+
 def test_rank_tree_against_sorted_list():
-    """fcfs's waiting structure: min blocks over static ranks; first fit = least rank that fits."""
+    """fcfs's waiting structure: min blocks (and max class) over static ranks; first fit = least rank
+    that fits; first runnable = least rank with blocks <= limit + M(its class)."""
     rng = np.random.default_rng(6)
     for n, base in [(1, 0), (5, 3), (300, 17)]:
         size = 1
         while size < n:
             size *= 2
         vals = np.full(base + 2 * size + 5, RANK_OUT, np.int64)  # other trees may sit around it
+        cls_of = np.full(base + 2 * size + 5, -1, np.int64)
+        no_cls = np.full(1, -1, np.int64)  # a tree of one class keeps none
         blocks = rng.integers(1, 30, n)
+        classes = rng.integers(0, 20, n)
+        single = np.full(base + 2 * size + 5, RANK_OUT, np.int64)
         inside: set[int] = set()
         for _ in range(2000):
             i = int(rng.integers(0, n))
             if i in inside:
-                rank_tree_set_nb(vals, base, size, i, RANK_OUT)
+                rank_tree_set_nb(vals, cls_of, base, size, i, RANK_OUT, -1)
+                rank_tree_set_nb(single, no_cls, base, size, i, RANK_OUT, -1)
                 inside.remove(i)
             else:
-                rank_tree_set_nb(vals, base, size, i, blocks[i])
+                rank_tree_set_nb(vals, cls_of, base, size, i, blocks[i], classes[i])
+                rank_tree_set_nb(single, no_cls, base, size, i, blocks[i], 0)
                 inside.add(i)
             limit = int(rng.integers(0, 32))
             want = min((i for i in inside if blocks[i] <= limit), default=-1)
             assert rank_tree_first_fit_nb(vals, base, size, limit) == want
+            assert rank_tree_first_fit_nb(single, base, size, limit) == want
+            st_c, st_b, k, m = random_stairs(rng, 20)
+            want = min((i for i in inside if blocks[i] <= limit + m(classes[i])), default=-1)
+            assert rank_tree_first_runnable_nb(vals, cls_of, base, size, limit, st_c, st_b, k) == want
         assert (vals[:base] == RANK_OUT).all() and (vals[base + 2 * size:] == RANK_OUT).all()
+        assert (cls_of[:base] == -1).all() and (cls_of[base + 2 * size:] == -1).all()
 
 
 def test_prefetch_is_only_a_hint():
@@ -348,3 +447,24 @@ def test_aging_with_an_interval_no_wait_reaches_equals_scan():
     np.testing.assert_array_equal(fast[0], fixed[0])
     # and one step below the bound is still a real aging replay, equal to the scan's
     assert_same_as_scan(trace, "aging", 12, interval=trace.work_steps)
+
+
+def test_every_replay_kernel_takes_the_trace_fields_in_their_one_order():
+    """kernels/fields.py defines the trace arrays once: the replay kernels' leading parameters, the
+    batch kernels' and the arrays `engine.trace_arrays` passes all follow it."""
+    import inspect
+
+    from decodesched.kernels import batch_nb
+    from decodesched.kernels.fields import KERNEL_TRACE_ARGS
+    from decodesched.trace import TRACE_COLUMNS
+
+    n = len(KERNEL_TRACE_ARGS)
+    for kernel in (replay_fast_nb, replay_scan_nb, replay_aging_nb, batch_nb.replay_batch_nb,
+                   batch_nb.replay_batch_scan_nb):
+        assert tuple(inspect.signature(kernel.py_func).parameters)[:n] == KERNEL_TRACE_ARGS, kernel
+    tail = tuple(inspect.signature(replay_scan_nb.py_func).parameters)[n:]
+    assert tail == ("policy", "free_kv_blocks", "aging_interval", "max_steps", "events", "req_out", "summary")
+    trace = backlog_trace(20, seed=1)
+    arrays = trace_arrays(trace)
+    assert len(arrays) == n and arrays[-1] is trace.arrival_order and arrays[0] is trace.request_id
+    assert set(TRACE_COLUMNS) < set(KERNEL_TRACE_ARGS)

@@ -16,6 +16,7 @@ from . import metrics as _metrics
 from .errors import UserError
 from .policy import Policy, policy_name
 from .kernels import enums as E
+from .kernels.fields import KERNEL_TRACE_ARGS
 from .trace import MAX_TOTAL, Trace, load_trace
 
 POLICIES = E.POLICY_NAMES
@@ -70,20 +71,8 @@ def check_config(policy, free_kv_blocks, aging_interval, max_steps) -> tuple[int
 
 
 def trace_arrays(trace: Trace):
-    """The trace columns in the order every replay kernel takes them."""
-    return (
-        trace.request_id,
-        trace.arrival_step,
-        trace.prompt_len,
-        trace.max_new_tokens,
-        trace.priority,
-        trace.cache_hit,
-        trace.required_blocks,
-        trace.deadline_step,
-        trace.has_deadline,
-        trace.preemptible,
-        trace.arrival_order,
-    )
+    """The trace arrays in the order every replay kernel takes them (`kernels.fields.TRACE_FIELDS`)."""
+    return tuple(trace.arrival_order if name == "order" else getattr(trace, name) for name in KERNEL_TRACE_ARGS)
 
 
 def event_capacity(trace: Trace, max_steps: int) -> int:

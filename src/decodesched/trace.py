@@ -18,20 +18,12 @@ from typing import Any, Mapping
 import numpy as np
 
 from .errors import UserError
+from .kernels.fields import FILE_COLUMNS, TRACE_FIELDS
 
-TRACE_COLUMNS = (
-    "request_id",
-    "arrival_step",
-    "prompt_len",
-    "max_new_tokens",
-    "priority",
-    "cache_hit",
-    "required_blocks",
-    "deadline_step",
-    "preemptible",
-)
-INT_COLUMNS = ("request_id", "arrival_step", "prompt_len", "max_new_tokens", "priority", "required_blocks")
-BOOL_COLUMNS = ("cache_hit", "preemptible")
+# The trace columns, derived from the one definition of the kernels' trace arrays (kernels/fields.py).
+TRACE_COLUMNS = FILE_COLUMNS
+INT_COLUMNS = tuple(n for n, dtype, in_file in TRACE_FIELDS if in_file and dtype == "int64" and n != "deadline_step")
+BOOL_COLUMNS = tuple(n for n, dtype, in_file in TRACE_FIELDS if in_file and dtype == "bool")
 
 # Magnitude limits that keep every kernel sum, difference and key in int64 (see module docstring).
 MAX_LENGTH = 2**40  # prompt_len, max_new_tokens, required_blocks
@@ -173,18 +165,7 @@ class Trace:
                 )
 
 
-_ARRAY_FIELDS = (
-    "request_id",
-    "arrival_step",
-    "prompt_len",
-    "max_new_tokens",
-    "priority",
-    "cache_hit",
-    "required_blocks",
-    "deadline_step",
-    "has_deadline",
-    "preemptible",
-)
+_ARRAY_FIELDS = tuple(n for n, _, _ in TRACE_FIELDS if n != "order")  # the Trace fields that are arrays
 
 
 def load_trace(source: Any, *, steps_per_second: float | None = None, name: str | None = None) -> Trace:
