@@ -232,3 +232,53 @@ def test_chunk_failing_past_retries_is_a_user_error_and_keeps_the_checkpoint(cli
     assert 64 not in saved and len(saved) == 32 * len(attempts)
     rows = run_sweep(traces, scenarios[:128], client, chunk_size=32, checkpoint_path=ck)
     assert same_rows(rows, simulate_batch(traces, scenarios[:128]).rows())
+
+
+POLICY_FILE = '''
+import numba
+from decodesched import Policy
+
+@numba.njit
+def key(r, clock):
+    return (r.phase, r.max_new_tokens - r.generated_len)
+
+@numba.njit
+def priority(r, clock):
+    return r.priority
+
+SJF = Policy("dask_sjf", key=key, effective_priority=priority)
+'''
+
+
+def test_user_policy_runs_on_dask_by_its_import_spec(client, traces, tmp_path):
+    """A user Policy travels to the workers as the module:attr it was resolved from (compiled functions
+    do not pickle) and gives the local rows; one built in __main__-like code is a one-line UserError."""
+    import pickle
+
+    import numba
+
+    from decodesched import Policy
+    from decodesched.policy import builtin, resolve_policy
+
+    (tmp_path / "dask_policies.py").write_text(POLICY_FILE)
+    sjf = resolve_policy(f"{tmp_path / 'dask_policies.py'}:SJF")
+    assert pickle.loads(pickle.dumps(sjf)) is sjf  # same process: the same object, by its spec
+    aging = pickle.loads(pickle.dumps(builtin("aging", aging_interval=3)))
+    assert aging.is_builtin and aging.name == "aging" and aging._interval == 3
+    scenarios = grid(traces, [sjf, "fcfs"], [60, 200], [4])
+    rows = run_sweep(traces, scenarios, client, chunk_size=2)
+    assert same_rows(rows, simulate_batch(traces, scenarios).rows())
+    assert {r["policy"] for r in rows} == {"dask_sjf", "fcfs"}
+
+    @numba.njit
+    def local_key(r, clock):
+        return (r.prompt_len,)
+
+    @numba.njit
+    def local_priority(r, clock):
+        return r.priority
+
+    here = Policy("nowhere", key=local_key, effective_priority=local_priority)
+    with pytest.raises(UserError, match="cannot be sent to another process") as info:
+        run_sweep(traces, grid(traces, [here], [60], [4]), client)
+    assert "\n" not in str(info.value)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pickle
 from typing import Callable, Sequence
 
 import numpy as np
@@ -112,6 +113,11 @@ def run_sweep(traces, scenarios: Sequence, address, *, chunk_size: int = DEFAULT
         raise UserError("a sweep needs at least one trace and one scenario")
     # Validate everything here, before any cluster work (the same checks as a local run).
     check_scenarios(scenarios, len(traces))
+    for policy in {id(sc.policy): sc.policy for sc in scenarios if not isinstance(sc.policy, str)}.values():
+        try:
+            pickle.dumps(policy)  # a user policy travels by its module:attr (`Policy.__reduce__`)
+        except TypeError as exc:
+            raise UserError(str(exc)) from None
 
     n = len(scenarios)
     key = sweep_key(traces, scenarios)

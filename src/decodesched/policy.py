@@ -79,7 +79,7 @@ class Policy:
     """
 
     __slots__ = ("name", "key", "effective_priority", "uses_aging_interval", "_code", "_interval", "_kernel",
-                 "_lock")
+                 "_lock", "spec")
 
     def __init__(self, name: str, *, key, effective_priority):
         self._setup(name, key, effective_priority, builtin_code=None, interval=None)
@@ -100,8 +100,22 @@ class Policy:
         self._interval = interval
         self._kernel = None
         self._lock = threading.Lock()
+        self.spec = None  # "module:attr" or "path.py:attr" when `resolve_policy` imported it
         if builtin_code is None:
             _check_results(self)
+
+    def __reduce__(self):
+        """A Policy travels (to Dask workers, say) as what names it: a built-in as its name and interval,
+        a user policy as the ``module:attr`` it was resolved from, or the importable module and
+        attribute that hold it; compiled functions themselves do not pickle."""
+        if self._code is not None:
+            return builtin, (self.name, self._interval)
+        spec = self.spec or _importable_spec(self)
+        if spec is None:
+            raise TypeError(f"policy {self.name!r} cannot be sent to another process: define it at the top "
+                            "level of an importable module (or a file) and give it as module:attr or "
+                            "path/to/file.py:attr")
+        return resolve_policy, (spec,)
 
     @property
     def is_builtin(self) -> bool:
@@ -284,7 +298,21 @@ def resolve_policy(spec):
         raise UserError(f"policy {spec!r}: {where} has no attribute {attr!r}") from None
     if not isinstance(value, Policy):
         raise UserError(f"policy {spec!r} is a {type(value).__name__}, not a decodesched.Policy")
+    if value.spec is None and value._code is None:
+        value.spec = f"{Path(where).resolve()}:{attr}" if where.endswith(".py") else spec
     return value
+
+
+def _importable_spec(policy: Policy) -> str | None:
+    """``module:attr`` for a user policy held at the top level of an importable module, else None."""
+    module = getattr(policy.key.py_func, "__module__", None)
+    if not module or module == "__main__" or module.startswith("decodesched_user_policy_"):
+        return None
+    held = sys.modules.get(module)
+    for attr, value in vars(held).items() if held is not None else ():
+        if value is policy:
+            return f"{module}:{attr}"
+    return None
 
 
 def _import(where: str, spec: str):
