@@ -106,13 +106,11 @@ def finish(checkpoint_path) -> None:
             os.unlink(checkpoint_path)
 
 
-def run_local(traces, scenarios: Sequence, *, chunk_size: int = DEFAULT_LOCAL_CHUNK, checkpoint_path=None,
-              threads: int | None = None, engine: str = "fast", backend: str = "cpu",
-              progress: bool | None = False) -> list[dict]:
-    """Run `scenarios` over `traces` here, `chunk_size` scenarios per `simulate_batch` call (probably
-    slowest first), saving each finished chunk to `checkpoint_path`; return the rows in scenario
-    order, equal to ``simulate_batch(traces, scenarios).rows()``."""
-    from .batch import _as_list, check_scenarios, estimated_cost, simulate_batch, trace_labels
+def prepare(traces, scenarios: Sequence, chunk_size, checkpoint_path):
+    """What every sweep runner checks first, before any work: the chunk size, the traces (loaded)
+    and the scenarios (validated as a local run validates them); returns ``(traces, scenarios,
+    key, done)`` with the sweep's `sweep_key` and the rows already in the checkpoint."""
+    from .batch import _as_list, check_scenarios
     from .errors import UserError
     from .trace import load_trace
 
@@ -123,9 +121,21 @@ def run_local(traces, scenarios: Sequence, *, chunk_size: int = DEFAULT_LOCAL_CH
     if not traces or not scenarios:
         raise UserError("a sweep needs at least one trace and one scenario")
     check_scenarios(scenarios, len(traces))
-    n = len(scenarios)
     key = sweep_key(traces, scenarios)
-    done = read_checkpoint(checkpoint_path, key, n) if checkpoint_path else {}
+    done = read_checkpoint(checkpoint_path, key, len(scenarios)) if checkpoint_path else {}
+    return traces, scenarios, key, done
+
+
+def run_local(traces, scenarios: Sequence, *, chunk_size: int = DEFAULT_LOCAL_CHUNK, checkpoint_path=None,
+              threads: int | None = None, engine: str = "fast", backend: str = "cpu",
+              progress: bool | None = False) -> list[dict]:
+    """Run `scenarios` over `traces` here, `chunk_size` scenarios per `simulate_batch` call (probably
+    slowest first), saving each finished chunk to `checkpoint_path`; return the rows in scenario
+    order, equal to ``simulate_batch(traces, scenarios).rows()``."""
+    from .batch import estimated_cost, simulate_batch, trace_labels
+
+    traces, scenarios, key, done = prepare(traces, scenarios, chunk_size, checkpoint_path)
+    n = len(scenarios)
     cost = estimated_cost(traces, scenarios)
     todo = sorted((i for i in range(n) if i not in done), key=lambda i: (-cost[i], i))
     labels = trace_labels(traces, scenarios)

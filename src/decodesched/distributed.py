@@ -26,10 +26,8 @@ import os
 import pickle
 from typing import Callable, Sequence
 
-import numpy as np
-
 from ._io import Progress
-from .checkpoint import Checkpoint, finish, read_checkpoint, sweep_key
+from .checkpoint import Checkpoint, finish, prepare, read_checkpoint, sweep_key  # noqa: F401 (re-exported)
 from .errors import UserError
 
 INSTALL_HINT = "pip install 'decodesched[dask]'"
@@ -101,18 +99,11 @@ def run_sweep(traces, scenarios: Sequence, address, *, chunk_size: int = DEFAULT
     A chunk that still fails after `retries` raises `UserError` (finished chunks stay in the
     checkpoint).
     """
-    from .batch import _as_list, check_scenarios, trace_labels
-    from .trace import load_trace
+    from .batch import trace_labels
 
     _import_dask()
-    if isinstance(chunk_size, bool) or not isinstance(chunk_size, (int, np.integer)) or chunk_size < 1:
-        raise UserError(f"chunk size must be a positive integer, got {chunk_size!r}")
-    traces = [load_trace(t) for t in _as_list(traces)]
-    scenarios = list(scenarios)
-    if not traces or not scenarios:
-        raise UserError("a sweep needs at least one trace and one scenario")
     # Validate everything here, before any cluster work (the same checks as a local run).
-    check_scenarios(scenarios, len(traces))
+    traces, scenarios, key, done = prepare(traces, scenarios, chunk_size, checkpoint_path)
     for policy in {id(sc.policy): sc.policy for sc in scenarios if not isinstance(sc.policy, str)}.values():
         try:
             pickle.dumps(policy)  # a user policy travels by its module:attr (`Policy.__reduce__`)
@@ -120,8 +111,6 @@ def run_sweep(traces, scenarios: Sequence, address, *, chunk_size: int = DEFAULT
             raise UserError(str(exc)) from None
 
     n = len(scenarios)
-    key = sweep_key(traces, scenarios)
-    done = read_checkpoint(checkpoint_path, key, n) if checkpoint_path else {}
     todo = [i for i in range(n) if i not in done]
     chunks = []  # (first index, scenarios) over runs of consecutive missing indices
     run_start = 0
