@@ -225,3 +225,41 @@ def test_demo_on_a_read_only_file_system_says_so_before_working(tmp_path):
                                             ["demo", "--requests", "20", "--out", str(mnt / "demo")])
     assert rc == 2 and len(err) == 1 and "read-only" in err[0], err
     assert listing == ["trace.csv"]
+
+
+@pytest.mark.parametrize("command", [
+    ["simulate", "{}", "--policy", "fcfs", "--kv-blocks", "4"],
+    ["trace", "inspect", "{}"],
+    ["trace", "convert", "{}", "--format", "azure", "--load", "1", "--out", "{out}"],
+    ["report", "{}", "--out", "{out}"],
+])
+def test_inputs_that_never_end_or_are_not_files_are_refused(command, tmp_path, capsys):
+    """A device (``/dev/zero`` would be read forever), a socket or a folder as an input: one line, exit
+    2, before anything is read; nothing is written."""
+    sock_path = tmp_path / "s.sock"
+    sock = socket.socket(socket.AF_UNIX)
+    sock.bind(str(sock_path))
+    try:
+        for source, kind in (("/dev/zero", "is a device"), (str(sock_path), "is a socket"),
+                             (str(tmp_path), "is a directory")):
+            out = tmp_path / "out.csv"
+            argv = [a.format(source, out=out) for a in command]
+            assert main(argv) == 2
+            err = capsys.readouterr().err.strip().splitlines()
+            assert len(err) == 1 and kind in err[0], err
+            assert sorted(p.name for p in tmp_path.iterdir()) == ["s.sock"]
+    finally:
+        sock.close()
+
+
+def test_a_fifo_input_is_read(trace_csv, tmp_path, capsys):
+    """A FIFO (what ``<(command)`` gives) is a fine input: it ends when its writer closes it."""
+    fifo = tmp_path / "in.fifo"
+    os.mkfifo(fifo)
+    writer = subprocess.Popen([sys.executable, "-c", f"import shutil; shutil.copyfileobj(open({str(trace_csv)!r}), "
+                               f"open({str(fifo)!r}, 'w'))"])
+    try:
+        assert main(["simulate", str(fifo), "--policy", "fcfs", "--kv-blocks", "4"]) == 0
+    finally:
+        writer.wait(timeout=60)
+    assert "3 requests" in capsys.readouterr().out

@@ -50,6 +50,27 @@ def _describe(exc: OSError) -> str:
     return reasons.get(exc.errno, exc.strerror or str(exc))
 
 
+def input_file(path, what: str = "file") -> Path:
+    """`path` as an input to read: a regular file, or a FIFO (``<(command)``), which ends.
+
+    Raises `UserError` (one line) for a missing path, a directory, a device (``/dev/zero`` never
+    ends) or a socket, before anything is read.
+    """
+    path = Path(path)
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        raise UserError(f"{path}: no such file") from None
+    except OSError as exc:
+        raise UserError(f"{path}: cannot read it ({_describe(exc)})") from None
+    if stat.S_ISDIR(mode):
+        raise UserError(f"{path}: is a directory, not a {what}")
+    if not (stat.S_ISREG(mode) or stat.S_ISFIFO(mode)):
+        kind = "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "a socket" if stat.S_ISSOCK(mode) else "not a regular file"
+        raise UserError(f"{path}: is {kind}, not a {what}")
+    return path
+
+
 def output_target(path) -> Path:
     """The file that writing `path` really changes (a symlink's target); refuse a non-regular one.
 

@@ -57,6 +57,7 @@ from typing import Sequence
 
 import numpy as np
 
+from ._io import input_file
 from .errors import OutputError, UserError
 from .trace import Trace, TraceError, load_trace, parse_decimal, show
 
@@ -121,10 +122,7 @@ def detect_format(path: str | os.PathLike) -> str:
 
 
 def _check_file(path: Path) -> None:
-    if not path.exists():
-        raise UserError(f"{path}: no such file")
-    if path.is_dir():
-        raise UserError(f"{path}: is a directory, not a trace file")
+    input_file(path, "trace file")
 
 
 def read_raw(path: str | os.PathLike, fmt: str | None = None) -> RawTrace:

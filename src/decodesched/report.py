@@ -44,6 +44,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ._io import input_file
 from .errors import UserError
 from .metrics import offered_load
 from .palette import POLICY_ORDER, policy_colors, policy_marker, policy_style, sorted_policies
@@ -111,7 +112,7 @@ def _log_if_wide(ax, values, axis: str = "y", ratio: float = 50.0) -> bool:
 def read_sweep(path) -> list[dict]:
     """The rows of a sweep metrics CSV: numbers as int/float (empty cells NaN, ``inf`` censored), text
     as str; a CSV without a ``replicate`` column gets replicate 0."""
-    path = Path(path)
+    path = input_file(path, "sweep metrics CSV")
     try:
         with open(path, newline="", encoding="utf-8") as fh:
             reader = csv.DictReader(fh)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ._io import atomic_writer
+from ._io import atomic_writer, input_file
 from .errors import UserError
 from .kernels import enums as E
 
@@ -280,7 +280,7 @@ def write_requests(path, req: dict) -> None:
 def read_table(path) -> dict[str, np.ndarray]:
     """An events or requests file (CSV or Parquet) as columns: int64, bool, float64 or str arrays;
     nullable int and bool columns as `numpy.ma.MaskedArray`, missing floats as NaN."""
-    path = Path(path)
+    path = input_file(path, "table file")
     if is_parquet(path):
         return _read_parquet(path)
     with open(path, newline="", encoding="utf-8") as fh:

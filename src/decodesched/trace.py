@@ -17,6 +17,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from ._io import input_file
 from .errors import UserError
 from .kernels.fields import FILE_COLUMNS, TRACE_FIELDS
 
@@ -184,11 +185,10 @@ def load_trace(source: Any, *, steps_per_second: float | None = None, name: str 
     if isinstance(source, Trace):
         return source
     if isinstance(source, (str, os.PathLike)):
-        path = Path(source)
-        if not path.exists():
-            raise TraceError(f"{path}: no such file")
-        if path.is_dir():
-            raise TraceError(f"{path}: is a directory, not a trace file")
+        try:
+            path = input_file(source, "trace file")
+        except UserError as exc:
+            raise TraceError(str(exc)) from None
         label = name or path.stem
         if steps_per_second is None:
             steps_per_second = _sidecar_time_scale(path)
