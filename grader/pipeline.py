@@ -41,7 +41,7 @@ from decodesched._io import Progress, atomic_writer
 from decodesched.errors import UserError
 
 from . import spec
-from .autograde import build_template, kernel_run
+from .autograde import build_template, kernel_run, warm_server
 from .course import Course, open_course
 from .evidence import altered_cells, static_evidence
 from .limits import Limits, load_factor
@@ -175,7 +175,7 @@ def grade(submissions, out_dir, *, course=None, options: Options | None = None) 
         # only the kernel runs wait for the template (`template` is a future).
         server = stack.enter_context(ForkServer(options.marker_prefix + "forkserver")) if options.run_nbgrader else None
         prep = stack.enter_context(cf.ThreadPoolExecutor(1, thread_name_prefix="template"))
-        template = prep.submit(build_template, course_obj, workroot, options.cell_timeout()) if options.run_nbgrader else None
+        template = prep.submit(_template, course_obj, workroot, options.cell_timeout(), server) if options.run_nbgrader else None
         bar = stack.enter_context(Progress(len(subs), "grading", enabled=options.progress))
         pool = stack.enter_context(cf.ThreadPoolExecutor(jobs))
         futs = {pool.submit(_grade_safely, s, course_obj, template, workroot, options, limits, server): s for s in subs}
@@ -195,6 +195,13 @@ def grade(submissions, out_dir, *, course=None, options: Options | None = None) 
     with atomic_writer(out_dir / "grades.csv") as fh:
         fh.write(grades_csv_text(results))
     return results
+
+
+def _template(course, workroot, cell_timeout, server) -> Path:
+    """The private release course of the kernel runs, and the fork server warmed with it."""
+    tpl = build_template(course, workroot, cell_timeout)
+    warm_server(server, course, tpl, workroot)
+    return tpl
 
 
 def _grade_safely(sub, course, template, workroot, options, limits, server) -> Result:
