@@ -87,6 +87,24 @@ def build_template(course: Course, workroot: Path, cell_timeout: int) -> Path:
     return tpl
 
 
+def warm_server(server: sandbox.ForkServer, course: Course, template: Path, workroot: Path) -> bool:
+    """Let the fork server pre-initialise nbgrader with one autograde of the release notebook in a copy
+    of `template` (nothing executed: `grader.forkserver._warm`), so each kernel run forks it ready."""
+    warm = Path(tempfile.mkdtemp(prefix="warm-", dir=workroot))
+    try:
+        shutil.copy2(template / "nbgrader_config.py", warm / "nbgrader_config.py")
+        shutil.copy2(template / "gradebook.db", warm / "gradebook.db")
+        (warm / "source" / spec.ASSIGNMENT).mkdir(parents=True)
+        subdir = warm / "submitted" / "warmup" / spec.ASSIGNMENT
+        subdir.mkdir(parents=True)
+        shutil.copy2(course.release_nb_path, subdir / spec.NOTEBOOK)
+        return server.warm(warm, spec.ASSIGNMENT, "warmup")
+    except OSError:
+        return False
+    finally:
+        shutil.rmtree(warm, ignore_errors=True)
+
+
 @dataclass
 class KernelReport:
     status: str = "graded"  # graded/timeout/crashed/memory

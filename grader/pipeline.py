@@ -21,7 +21,8 @@ For every submission, in parallel (``jobs`` worker threads, each driving sandbox
    ended: ``DIR/grades.csv`` (``student_id, score, max_score, status`` and one column per graded
    cell, sorted by student id), ``DIR/feedback/<student_id>.html`` (from verdict lines only: no
    hidden test source, no hidden tracebacks), and the instructor's gradebook (``COURSE/gradebook.db``),
-   so ``nbgrader export`` agrees with grades.csv. Regrading the same folder gives the same grades.csv.
+   so ``nbgrader export`` agrees with grades.csv (written by the fork server, which has nbgrader
+   imported already). Regrading the same folder gives the same grades.csv.
 """
 
 from __future__ import annotations
@@ -41,14 +42,14 @@ from decodesched._io import Progress, atomic_writer
 from decodesched.errors import UserError
 
 from . import spec
-from .autograde import build_template, kernel_run
+from .autograde import build_template, kernel_run, warm_server
 from .course import Course, open_course
 from .evidence import altered_cells, static_evidence
 from .limits import Limits, load_factor
 from .notebook import (STUDENT_ID_RE, InvalidSubmission, Submission, collect_submissions, load_notebook,
                        solution_source, student_code_cells)
 from .feedback import feedback_html
-from .outputs import grades_csv_text, update_gradebook
+from .outputs import grades_csv_text, preload_gradebook, update_gradebook
 from .sandbox import ForkServer, scratch_root
 from .status import decide
 from .verdict import verdict_for_source
@@ -175,15 +176,18 @@ def grade(submissions, out_dir, *, course=None, options: Options | None = None) 
         # only the kernel runs wait for the template (`template` is a future).
         server = stack.enter_context(ForkServer(options.marker_prefix + "forkserver")) if options.run_nbgrader else None
         prep = stack.enter_context(cf.ThreadPoolExecutor(1, thread_name_prefix="template"))
-        template = prep.submit(build_template, course_obj, workroot, options.cell_timeout()) if options.run_nbgrader else None
+        template = prep.submit(_template, course_obj, workroot, options.cell_timeout(), server) if options.run_nbgrader else None
         bar = stack.enter_context(Progress(len(subs), "grading", enabled=options.progress))
         pool = stack.enter_context(cf.ThreadPoolExecutor(jobs))
         futs = {pool.submit(_grade_safely, s, course_obj, template, workroot, options, limits, server): s for s in subs}
+        if server is None:
+            preload_gradebook()  # this thread only waits until the first result
         for fut in cf.as_completed(futs):
             results.append(fut.result())
             bar.advance()
         if template is not None and isinstance(template.exception(), UserError):
             raise template.exception()  # e.g. the gradebook lacks the assignment: no outputs at all
+        update_gradebook(course_obj, results, server)  # every sandboxed run has ended
     results.sort(key=lambda r: r.student_id)
     fb = out_dir / "feedback"
     fb.mkdir(exist_ok=True)
@@ -191,10 +195,16 @@ def grade(submissions, out_dir, *, course=None, options: Options | None = None) 
         if STUDENT_ID_RE.match(r.student_id):
             with atomic_writer(fb / f"{r.student_id}.html") as fh:
                 fh.write(feedback_html(r))
-    update_gradebook(course_obj, results)
     with atomic_writer(out_dir / "grades.csv") as fh:
         fh.write(grades_csv_text(results))
     return results
+
+
+def _template(course, workroot, cell_timeout, server) -> Path:
+    """The private release course of the kernel runs, and the fork server warmed with it."""
+    tpl = build_template(course, workroot, cell_timeout)
+    warm_server(server, course, tpl, workroot)
+    return tpl
 
 
 def _grade_safely(sub, course, template, workroot, options, limits, server) -> Result:

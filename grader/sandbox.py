@@ -509,6 +509,26 @@ class ForkServer:
         return _Process(json.loads(msg)["pid"], os.fdopen(out_r, "rb", buffering=0),
                         os.fdopen(err_r, "rb", buffering=0), pidfd=fds[0])
 
+    def warm(self, course, assignment: str, student: str) -> bool:
+        """Pre-initialise nbgrader in the server with one autograde of `student` in `course` (trusted:
+        the release, nothing executed; see `grader.forkserver._warm`). False when it did not work
+        (each run then sets nbgrader up itself, as before)."""
+        with self._lock:
+            self._wait_ready()
+            self._sock.send(json.dumps({"warm": str(course), "assignment": assignment, "student": student}).encode())
+            return json.loads(self._sock.recv(4096)).get("warm") is True
+
+    def write_gradebook(self, path, rows: list) -> bool:
+        """`grader.outputs.write_gradebook(path, rows)` in the server, which has nbgrader imported (call it
+        when every sandboxed run has ended). False when it did not work (the caller writes it itself)."""
+        with self._lock:
+            self._wait_ready()
+            try:
+                self._sock.send(json.dumps({"gradebook": str(path), "rows": rows}).encode())
+            except OSError:  # e.g. too many students for one message
+                return False
+            return json.loads(self._sock.recv(4096)).get("gradebook") is True
+
     def close(self):
         with contextlib.suppress(OSError):
             self._sock.close()

@@ -190,3 +190,36 @@ def test_regrading_gives_identical_grades(run):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (run["out"] / "grades.csv").read_bytes() == before
     assert _leftovers(run["out"], run["tokens"]) == []
+
+
+def test_the_fork_server_warms_up_cleanly_and_writes_the_gradebook(run, tmp_path):
+    """The warm-up (one autograde of the release, nothing executed) leaves no open file or event loop
+    for the forks to share, a kernel run forked after it grades as usual, and the server writes the
+    instructor's gradebook (the grade run uses both; a failure would silently fall back)."""
+    from decodesched.grader import autograde, course as course_mod, limits as limits_mod, notebook
+
+    course = course_mod.open_course(run["course"])
+    with sandbox.ForkServer("test-warm-" + uuid.uuid4().hex[:8]) as server:
+        tpl = autograde.build_template(course, tmp_path, 30)
+        assert autograde.warm_server(server, course, tpl, tmp_path)
+        fds = [os.readlink(f"/proc/{server._proc.pid}/fd/{f}") for f in os.listdir(f"/proc/{server._proc.pid}/fd")]
+        assert [f for f in fds if "gradebook" in f or "eventpoll" in f or f.startswith("/tmp")] == []
+        assert os.listdir(f"/proc/{server._proc.pid}/task") == [str(server._proc.pid)]  # still one thread
+        sub = notebook.Submission(student_id="honest_reference", path=run["subs"] / "honest_reference.ipynb")
+        rep = autograde.kernel_run(sub, notebook.load_notebook(sub.path), tpl, tmp_path, "test-warm-",
+                                   limits_mod.Limits(cpu_s=TIMEOUT_S), server)
+        assert (rep.status, rep.tampered) == ("graded", [])
+        db = tmp_path / "gradebook.db"
+        shutil.copy2(course.gradebook, db)
+        scores = {c.grade_id: c.points / 2 for c in spec.CELLS}
+        assert server.write_gradebook(db, [("zz_new", scores)])
+    from nbgrader.api import Gradebook, MissingEntry
+
+    got = {}
+    with Gradebook(f"sqlite:///{db}") as gb:
+        for c in spec.CELLS:
+            try:
+                got[c.grade_id] = gb.find_grade(c.grade_id, spec.NOTEBOOK[:-6], spec.ASSIGNMENT, "zz_new").auto_score
+            except MissingEntry:
+                pass
+    assert got and got == pytest.approx({k: scores[k] for k in got})
