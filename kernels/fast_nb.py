@@ -29,7 +29,9 @@ Structures (all allocated inside the call; nothing global, safe to run per scena
   pruned descent when the bucket is one class, and otherwise entering in vain only subtrees that
   straddle a step of M.  Each structure's answer is cached and walked again only when it was taken,
   stopped running, or runnability grew for some class of its bucket (free blocks grew, or a victim
-  raised M there) (`_refresh_cands`); the best across structures is re-compared when an answer or
+  raised M there) (`_refresh_cands`; with one class per bucket, a loop in the replay against one
+  limit ``free + M(class)`` per structure, as cheap as before the buckets); the best across
+  structures is re-compared when an answer or
   the waiting membership changes, plus, under deadline while some real slack may still reach the
   sentinel, every step.
 * **Admitted** requests (all in decode phase) sit in one binary heap per group: a decode step of an
@@ -79,10 +81,12 @@ from .ordered_nb import (
     heap_sift_down_nb,
     key_less_nb,
     prefetch_nb,
+    rank_tree_first_fit_nb,
     rank_tree_first_runnable_nb,
     rank_tree_set_nb,
     stair_at_nb,
     treap_delete_nb,
+    treap_first_fit_nb,
     treap_first_nb,
     treap_first_runnable_nb,
     treap_insert_nb,
@@ -256,45 +260,46 @@ def _wait_first_runnable(fcfs, s, b, free, st_c, st_b, k, wroot, nd, stack, rt, 
     return treap_first_runnable_nb(wroot[s], free, nd, stack, st_c, st_b, k)
 
 
-# The cached query's state: whether free blocks or victims changed since the cands were found
-# (QS_CHANGED), the free blocks then (QS_FREE_SEEN), and the lowest class whose M grew since
-# (QS_GROW_FROM; n_classes for none).
-QS_CHANGED = 0
-QS_FREE_SEEN = 1
-QS_GROW_FROM = 2
-QS_N = 3
+# The cached query's state (several classes per bucket): the free blocks when the cands were found
+# (QS_FREE_SEEN), and the lowest class whose M grew since (QS_GROW_FROM; n_classes for none).
+QS_FREE_SEEN = 0
+QS_GROW_FROM = 1
+QS_N = 2
+
+
+@njit(_nrt=False)
+def _wait_first_fit(fcfs, s, b, limit, wroot, nd, rt, rt_base, rt_size, rt_start, rank_rows):
+    """The first waiting row of structure s (bucket b, one class) with blocks <= limit, or -1."""
+    if fcfs:
+        for h in range(2):
+            i = rank_tree_first_fit_nb(rt, rt_base[2 * b + h], rt_size[b], limit)
+            if i >= 0:
+                return rank_rows[rt_start[b] + i]
+        return -1
+    return treap_first_fit_nb(wroot[s], limit, nd)
 
 
 # Not cached on its own: it calls kernels of another file (see `stamp`); its caller's cache holds it.
 @njit(_nrt=False)
 def _refresh_cands(qs, free, seg, seg_size, st_c, st_b, n_buckets, n_classes, bucket_top, pclass, cand, cand_stale,
-                   cand_limit, fcfs, wroot, nd, stack, rt, rcls, rt_base, rt_size, rt_start, rank_rows):
-    """Bring every structure's cand (its first runnable row) up to date after free blocks or victims
-    changed.  Where runnability only shrank, a cand that still runs stays first (nothing before it
-    ran before) and no cand stays none; the rest are walked again.  With one class per bucket its
-    runnability is one limit, ``free + M(class)``, kept in cand_limit: it grew iff that rose.  Else
-    it grew for the classes from ``grow_from`` up (free blocks grew, or a victim raised M there)."""
-    single = n_classes <= MAX_BUCKETS
-    n_st = 0 if single else _stairs(seg, seg_size, st_c, st_b)
+                   fcfs, wroot, nd, stack, rt, rcls, rt_base, rt_size, rt_start, rank_rows):
+    """Several classes per bucket: bring every structure's cand (its first runnable row) up to date
+    after free blocks or victims changed.  Where runnability only shrank, a cand that still runs
+    stays first (nothing before it ran before) and no cand stays none; the rest are walked again.
+    Runnability grew for the classes from ``grow_from`` up (free blocks grew, or a victim raised M
+    there).  (One class per bucket: the loop in `_replay_static`, with one limit per structure.)"""
+    n_st = _stairs(seg, seg_size, st_c, st_b)
     grow_from = qs[QS_GROW_FROM]
     if free > qs[QS_FREE_SEEN]:
         grow_from = 0  # free blocks grew (a finish, or a preemption freeing more than it takes)
     for s in range(cand.shape[0]):
         c = cand[s]
         b = s % n_buckets
-        if single:
-            limit = free + _seg_prefix_max(seg, seg_size, bucket_top[b])
-            if cand_stale[s] or limit > cand_limit[s] or (c != E.NO_ROW and nd[c, ND_BLOCKS] > limit):
-                cand[s] = _wait_first_runnable(fcfs, s, b, limit, st_c, st_b, 0, wroot, nd, stack, rt, rcls, rt_base,
-                                               rt_size, rt_start, rank_rows)
-                cand_stale[s] = False
-            cand_limit[s] = limit
-        elif cand_stale[s] or bucket_top[b] >= grow_from or (
+        if cand_stale[s] or bucket_top[b] >= grow_from or (
                 c != E.NO_ROW and nd[c, ND_BLOCKS] > free + stair_at_nb(pclass[c], st_c, st_b, n_st)):
             cand[s] = _wait_first_runnable(fcfs, s, b, free, st_c, st_b, n_st, wroot, nd, stack, rt, rcls, rt_base,
                                            rt_size, rt_start, rank_rows)
             cand_stale[s] = False
-    qs[QS_CHANGED] = 0
     qs[QS_FREE_SEEN] = free
     qs[QS_GROW_FROM] = n_classes
 
@@ -447,7 +452,8 @@ def _make_replay_static(stamp):
         wroot = np.full(n_struct, -1, np.int64)  # waiting rows of each (group, bucket), by group key
         cand = np.full(n_struct, -1, np.int64)  # the first runnable one
         cand_stale = np.ones(n_struct, np.bool_)  # its cand was taken: search again
-        cand_limit = np.zeros(n_struct, np.int64)  # see `_refresh_cands`
+        single = n_classes <= MAX_BUCKETS  # one class per bucket
+        cand_limit = np.zeros(n_struct, np.int64)  # one class per bucket: the limit its cand was found at
         vroot = np.full(n_classes, -1, np.int64)
         heap = np.empty((n_groups, max(n, 1)), np.int64)
         hsize = np.zeros(n_groups, np.int64)
@@ -462,7 +468,7 @@ def _make_replay_static(stamp):
         stop = E.STOP_DRAINED
         wait_dirty = True
         qs = np.zeros(QS_N, np.int64)  # see `_refresh_cands`
-        qs[QS_CHANGED] = 1
+        changed = True  # free blocks or victims changed since the cands were found
         qs[QS_FREE_SEEN] = free
         best_wait = E.NO_ROW
 
@@ -484,8 +490,9 @@ def _make_replay_static(stamp):
                 b = bucket[r]
                 s = group[r] * n_buckets + b
                 _wait_add(fcfs, s, b, r, wroot, stack, gk, nd, rt, rcls, rt_base, rt_size, rank)
-                if (required_blocks[r] <= free + _seg_prefix_max(seg, seg_size, pclass[r])
-                        and (cand[s] == E.NO_ROW or key_less_nb(gk, r, cand[s]))):
+                fits = required_blocks[r] <= (cand_limit[s] if single else free + _seg_prefix_max(seg, seg_size,
+                                                                                                     pclass[r]))
+                if fits and (cand[s] == E.NO_ROW or key_less_nb(gk, r, cand[s])):
                     cand[s] = r
                     wait_dirty = True
 
@@ -493,10 +500,23 @@ def _make_replay_static(stamp):
             if wait_dirty or (deadline_policy and clock + E.NO_DEADLINE_SLACK <= max_deadline):
                 # (under deadline, while a real slack may still reach the sentinel, the groups' order
                 # can change with the clock: compare every step)
-                if qs[QS_CHANGED]:  # free blocks or victims changed: check the cands
+                if changed and single:  # free blocks or victims changed: check the cands
+                    for s in range(n_struct):
+                        b = s % n_buckets
+                        limit = free + _seg_prefix_max(seg, seg_size, bucket_top[b])
+                        c = cand[s]
+                        # a lower limit keeps a cand that still fits (nothing before it fitted at the higher one)
+                        if cand_stale[s] or limit > cand_limit[s] or (c != E.NO_ROW and nd[c, ND_BLOCKS] > limit):
+                            cand[s] = _wait_first_fit(fcfs, s, b, limit, wroot, nd, rt, rt_base, rt_size, rt_start,
+                                                      rank_rows)
+                            cand_stale[s] = False
+                        cand_limit[s] = limit
+                    changed = False
+                elif changed:
                     _refresh_cands(qs, free, seg, seg_size, st_c, st_b, n_buckets, n_classes, bucket_top, pclass,
-                                   cand, cand_stale, cand_limit, fcfs, wroot, nd, stack, rt, rcls, rt_base, rt_size,
-                                   rt_start, rank_rows)
+                                   cand, cand_stale, fcfs, wroot, nd, stack, rt, rcls, rt_base, rt_size, rt_start,
+                                   rank_rows)
+                    changed = False
                 best_wait = E.NO_ROW
                 for s in range(n_struct):
                     c = cand[s]
@@ -552,7 +572,11 @@ def _make_replay_static(stamp):
                     b = bucket[victim]
                     s = group[victim] * n_buckets + b
                     _wait_add(fcfs, s, b, victim, wroot, stack, gk, nd, rt, rcls, rt_base, rt_size, rank)
-                    cand_stale[s] = True
+                    if not single:
+                        cand_stale[s] = True
+                    elif required_blocks[victim] <= cand_limit[s] and (cand[s] == E.NO_ROW
+                                                                       or key_less_nb(gk, victim, cand[s])):
+                        cand[s] = victim
                 b = bucket[chosen]
                 s = group[chosen] * n_buckets + b
                 _wait_remove(fcfs, s, b, chosen, wroot, stack, gk, nd, rt, rcls, rt_base, rt_size, rank)
@@ -560,7 +584,7 @@ def _make_replay_static(stamp):
                 free -= need
                 admitted[chosen] = True
                 wait_dirty = True
-                qs[QS_CHANGED] = 1
+                changed = True
             status[chosen] = E.STATUS_RUNNING
             chosen_count[chosen] += 1
 
@@ -581,7 +605,7 @@ def _make_replay_static(stamp):
                         top = treap_first_nb(vroot[k], nd)
                         _seg_set(seg, seg_size, k, required_blocks[top] if top >= 0 else 0)
                 wait_dirty = True
-                qs[QS_CHANGED] = 1
+                changed = True
             else:
                 # The chosen request's key after its step, updated in place (a call passing a dozen
                 # arrays costs more than the rest of a decode step): prefill -> decode, one token more,
@@ -605,7 +629,7 @@ def _make_replay_static(stamp):
                     heap_push_nb(heap, hsize, hpos, group[chosen], chosen, gk)
                     if preemptible[chosen]:
                         k = pclass[chosen]
-                        if required_blocks[chosen] > _seg_prefix_max(seg, seg_size, k + 1):
+                        if not single and required_blocks[chosen] > _seg_prefix_max(seg, seg_size, k + 1):
                             # a new largest victim below the classes above k: more of them may run
                             qs[QS_GROW_FROM] = min(qs[QS_GROW_FROM], k + 1)
                         vroot[k] = treap_insert_nb(vroot[k], chosen, stack, vk, nd)
