@@ -17,7 +17,6 @@ REFERENCE = (ROOT / "grader" / "solutions" / "reference.py").read_text(encoding=
 
 
 def _ns(source):
-    ns = {"__name__": "solution_under_test"}
     import sys
     import types
 
