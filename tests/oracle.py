@@ -125,3 +125,26 @@ def as_trace(rows):
 
 
 __all__ = ["traces", "configs", "wide_configs", "assert_matches_model", "as_trace", "POLICIES", "np"]
+
+
+SJF_MODULE = '''
+import numba
+from decodesched import Policy
+
+@numba.njit
+def key(r, clock):
+    return (r.phase, r.max_new_tokens - r.generated_len)
+
+@numba.njit
+def priority(r, clock):
+    return r.priority
+
+SJF = Policy({name!r}, key=key, effective_priority=priority)
+'''
+
+
+def write_sjf_module(path, name: str):
+    """Write a policy module (a file) whose top-level ``SJF`` is a user Policy called `name`: what a
+    user gives as ``path/to/file.py:SJF``."""
+    path.write_text(SJF_MODULE.format(name=name))
+    return path

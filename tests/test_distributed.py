@@ -234,22 +234,6 @@ def test_chunk_failing_past_retries_is_a_user_error_and_keeps_the_checkpoint(cli
     assert same_rows(rows, simulate_batch(traces, scenarios[:128]).rows())
 
 
-POLICY_FILE = '''
-import numba
-from decodesched import Policy
-
-@numba.njit
-def key(r, clock):
-    return (r.phase, r.max_new_tokens - r.generated_len)
-
-@numba.njit
-def priority(r, clock):
-    return r.priority
-
-SJF = Policy("dask_sjf", key=key, effective_priority=priority)
-'''
-
-
 def test_user_policy_runs_on_dask_by_its_import_spec(client, traces, tmp_path):
     """A user Policy travels to the workers as the module:attr it was resolved from (compiled functions
     do not pickle) and gives the local rows; one built in __main__-like code is a one-line UserError."""
@@ -260,7 +244,9 @@ def test_user_policy_runs_on_dask_by_its_import_spec(client, traces, tmp_path):
     from decodesched import Policy
     from decodesched.policy import builtin, resolve_policy
 
-    (tmp_path / "dask_policies.py").write_text(POLICY_FILE)
+    from oracle import write_sjf_module
+
+    write_sjf_module(tmp_path / "dask_policies.py", "dask_sjf")
     sjf = resolve_policy(f"{tmp_path / 'dask_policies.py'}:SJF")
     assert pickle.loads(pickle.dumps(sjf)) is sjf  # same process: the same object, by its spec
     aging = pickle.loads(pickle.dumps(builtin("aging", aging_interval=3)))

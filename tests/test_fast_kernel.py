@@ -295,17 +295,20 @@ def test_treap_against_sorted_list():
     root = -1
     inside: set[int] = set()
     for _ in range(3000):
-        x = int(rng.integers(0, n))
-        if x in inside:
-            root = treap_delete_nb(root, x, stack, gk, nd)
-            inside.remove(x)
-        else:
-            root = treap_insert_nb(root, x, stack, gk, nd)
-            inside.add(x)
+        root = _toggle(root, int(rng.integers(0, n)), inside, stack, gk, nd)
         limit = int(rng.integers(0, 32))
         in_order = sorted(inside, key=lambda r: tuple(gk[r]))
         want = next((r for r in in_order if blocks[r] <= limit), -1)
         assert treap_first_fit_nb(root, limit, nd) == want
+
+
+def _toggle(root, x, inside, stack, gk, nd):
+    """Insert row x into the treap, or delete it if it is there (`inside` mirrors the members)."""
+    if x in inside:
+        inside.remove(x)
+        return treap_delete_nb(root, x, stack, gk, nd)
+    inside.add(x)
+    return treap_insert_nb(root, x, stack, gk, nd)
 
 
 def random_stairs(rng, n_classes):
@@ -336,13 +339,7 @@ def test_treap_first_runnable_against_sorted_list():
     root = -1
     inside: set[int] = set()
     for _ in range(2000):
-        x = int(rng.integers(0, n))
-        if x in inside:
-            root = treap_delete_nb(root, x, stack, gk, nd)
-            inside.remove(x)
-        else:
-            root = treap_insert_nb(root, x, stack, gk, nd)
-            inside.add(x)
+        root = _toggle(root, int(rng.integers(0, n)), inside, stack, gk, nd)
         st_c, st_b, k, m = random_stairs(rng, 50)
         free = int(rng.integers(0, 25))
         in_order = sorted(inside, key=lambda r: tuple(gk[r]))

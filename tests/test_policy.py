@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from oracle import POLICIES, assert_matches_model, traces
+from oracle import POLICIES, assert_matches_model, traces, write_sjf_module
 
 from decodesched import DecodeSchedulerSim, Policy, grid, simulate, simulate_batch
 from decodesched.errors import UserError
@@ -289,20 +289,7 @@ def test_simulate_command_runs_a_policy_from_a_file(tmp_path, capsys):
     from decodesched.cli import main
     from decodesched.tables_io import read_table
 
-    (tmp_path / "pol.py").write_text(textwrap.dedent("""
-        import numba
-        from decodesched import Policy
-
-        @numba.njit
-        def key(r, clock):
-            return (r.phase, r.max_new_tokens - r.generated_len)
-
-        @numba.njit
-        def priority(r, clock):
-            return r.priority
-
-        SJF = Policy("file_sjf", key=key, effective_priority=priority)
-    """))
+    write_sjf_module(tmp_path / "pol.py", "file_sjf")
     rng = np.random.default_rng(7)
     n = 40
     trace = {"request_id": np.arange(n), "arrival_step": np.sort(rng.integers(0, 30, n)),
