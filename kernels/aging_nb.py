@@ -11,8 +11,12 @@ steps (when ``S mod K == rho``) and the order by ``(phase, cache, -base, total_l
   prefill phase and one for preempted (decode-phase) requests, which sort after every prefill one;
   admitted ones in a third treap per residue whose first row is cached; the real key across
   residues is compared with the effective priority computed at the current step;
-* victims (admitted, preemptible) are a small array kept sorted by effective priority, with prefix
-  maxima of their blocks: ``M(e)`` = max blocks among victims with effective priority below e;
+* victims (admitted, preemptible) are a matrix in ascending order of ``w = priority * K - a``, with
+  prefix maxima of their blocks.  A request's effective priority is ``(S + w) // K``, monotone in
+  w at every step, so this order only changes when a victim is chosen (its w drops by one: at most
+  a swap), and ``M(e)`` = max blocks among victims with effective priority below e is a binary
+  search for ``w < e * K - S`` (priorities are first compressed so that w fits: gaps that waiting
+  can never bridge are cut, see `_compressed_priorities`);
 * the first runnable waiting request of a half (residue and phase) is a pruned in-order walk: a
   subtree is skipped when ``min blocks > free + M(max base + shift)``.  The answer is cached, with a
   *front* of at most FRONT points (blocks, base) such that every row before the answer has at
@@ -36,10 +40,10 @@ and every waiting one when free blocks grow or a victim joins.  Elsewhere runnab
 is checked and, if it no longer runs, its half re-walked, until the top runs.  A dirty slot whose
 leaf is the same row, with the same key and shift, keeps its path in the tree.
 
-Cost per step: O(D (F log V + log R) + V) for D dirty slots (about 2 on a decode step; after a
+Cost per step: O(D (F log V + log R)) for D dirty slots (about 2 on a decode step; after a
 finish, preemption or a preemptible admission also the non-empty ones whose front may run, found
-by a scan of all R of them, R <= min(K, requests in the system)), F = FRONT and the victim array
-(V = admitted preemptible requests, bounded by the capacity, not the backlog); O(log n) expected
+by a scan of all R of them, R <= min(K, requests in the system)), F = FRONT and V = admitted
+preemptible requests (a victim joining or leaving costs O(V) once); O(log n) expected
 treap work for the chosen request (and its victim); and the walks of halves whose front may run:
 O(log n) when the bound prunes well, but not bounded by it in the worst case (a subtree can pass
 the bound without a runnable row).  With many non-empty residues at heavy load, one change of the
@@ -82,6 +86,13 @@ AK_PHASE = 1
 AK_NEG_BASE = 3
 AK_TOTAL = 4
 
+# Columns of the victim matrix (see `_victims_add`).
+VC_W = 0
+VC_ROW = 1
+VC_BLOCKS = 2
+VC_PMAX = 3
+VC_NCOLS = 4
+
 
 @njit(cache=True, _nrt=False)
 def _real_less(gk, sh, a, b):
@@ -101,17 +112,25 @@ def _real_less(gk, sh, a, b):
 
 
 @njit(cache=True, _nrt=False, inline="always")
-def _below(e, n_v, v_eff, v_pmax):
-    """Max blocks among victims with effective priority < e (0 if none)."""
+def _fits(b, e, free, n_v, vic, steps, k):
+    """Whether b blocks fit in the free blocks plus those of one victim with effective priority < e:
+    ``b <= free + M(e)``, M(e) = max blocks among such victims (0 if none), the victims with
+    ``(steps + w) // K < e``, that is ``w < e * K - steps``: a prefix of the victim matrix.  It is
+    only searched when b lies between free and free + the largest victim's blocks."""
+    if b <= free:
+        return True
+    if n_v == 0 or b > free + vic[n_v - 1, VC_PMAX]:
+        return False
+    lim = e * k - steps
     lo = 0
     hi = n_v
     while lo < hi:
         mid = (lo + hi) >> 1
-        if v_eff[mid] < e:
+        if vic[mid, VC_W] < lim:
             lo = mid + 1
         else:
             hi = mid
-    return v_pmax[lo - 1] if lo > 0 else 0
+    return lo > 0 and b <= free + vic[lo - 1, VC_PMAX]
 
 
 @njit(cache=True, _nrt=False, inline="always")
@@ -161,18 +180,25 @@ def _front_add(s, b, x, fb, fx, fn):
 
 
 @njit(cache=True, _nrt=False, inline="always")
-def _front_may_run(s, free, shift, fb, fx, fn, n_v, v_eff, v_pmax):
+def _front_may_run(s, free, shift, fb, fx, fn, n_v, vic, steps, k):
     """Whether a row before slot s's cached answer may run now (always, when fn[s] < 0)."""
-    if fn[s] < 0:
+    n = fn[s]
+    if n < 0:
         return True
-    for i in range(fn[s]):
-        if fb[s, i] <= free + _below(fx[s, i] + shift, n_v, v_eff, v_pmax):
+    # The last point has the fewest blocks (see `_front_add`): it alone decides when it fits in the
+    # free blocks, or not even with the largest victim's.
+    if n == 0 or fb[s, n - 1] > free + (vic[n_v - 1, VC_PMAX] if n_v > 0 else 0):
+        return False
+    if fb[s, n - 1] <= free:
+        return True
+    for i in range(n):
+        if _fits(fb[s, i], fx[s, i] + shift, free, n_v, vic, steps, k):
             return True
     return False
 
 
 @njit(cache=True, _nrt=False)
-def _first_runnable(s, root, free, shift, nd, stack, n_v, v_eff, v_pmax, fb, fx, fn):
+def _first_runnable(s, root, free, shift, nd, stack, n_v, vic, steps, k, fb, fx, fn):
     """The first row in treap order with blocks <= free + M(base + shift): a pruned in-order walk.
     Rebuilds slot s's front from the rows before it (all rows if none runs)."""
     fn[s] = 0
@@ -180,7 +206,7 @@ def _first_runnable(s, root, free, shift, nd, stack, n_v, v_eff, v_pmax, fb, fx,
     sp = 0
     while True:
         while t >= 0:
-            if nd[t, ND_MINB] > free + _below(nd[t, ND_MAXBASE] + shift, n_v, v_eff, v_pmax):
+            if not _fits(nd[t, ND_MINB], nd[t, ND_MAXBASE] + shift, free, n_v, vic, steps, k):
                 _front_add(s, nd[t, ND_MINB], nd[t, ND_MAXBASE], fb, fx, fn)
                 break  # nothing in this subtree can run
             stack[sp] = t
@@ -190,20 +216,20 @@ def _first_runnable(s, root, free, shift, nd, stack, n_v, v_eff, v_pmax, fb, fx,
             return -1
         sp -= 1
         t = stack[sp]
-        if nd[t, ND_BLOCKS] <= free + _below(nd[t, ND_BASE] + shift, n_v, v_eff, v_pmax):
+        if _fits(nd[t, ND_BLOCKS], nd[t, ND_BASE] + shift, free, n_v, vic, steps, k):
             return t
         _front_add(s, nd[t, ND_BLOCKS], nd[t, ND_BASE], fb, fx, fn)
         t = nd[t, ND_RIGHT]
 
 
-@njit(cache=True, _nrt=False)
-def _half_answer(q, wroot, cand, free, shift, nd, stack, n_v, v_eff, v_pmax, fb, fx, fn):
+@njit(cache=True, _nrt=False, inline="always")
+def _half_answer(q, wroot, cand, free, shift, nd, stack, n_v, vic, steps, k, fb, fx, fn):
     """Half q's first runnable row, walking it again only when a row before its cached answer may run."""
     if wroot[q] < 0:
         cand[q] = -1
         fn[q] = 0
-    elif _front_may_run(q, free, shift, fb, fx, fn, n_v, v_eff, v_pmax):
-        cand[q] = _first_runnable(q, wroot[q], free, shift, nd, stack, n_v, v_eff, v_pmax, fb, fx, fn)
+    elif _front_may_run(q, free, shift, fb, fx, fn, n_v, vic, steps, k):
+        cand[q] = _first_runnable(q, wroot[q], free, shift, nd, stack, n_v, vic, steps, k, fb, fx, fn)
     return cand[q]
 
 
@@ -231,6 +257,37 @@ def _set_aging_key(r, a, k, slot, gk, nd, phase, cache_hit, priority, total_len,
     gk[r, 5] = request_id
     nd[r, ND_BASE] = base
     nd[r, ND_MAXBASE] = base
+
+
+@njit(cache=True)
+def _compressed_priorities(priority, max_new_tokens, aging_interval):
+    """(K, priorities) that give every request the same effective priority order and ties as the
+    trace's at every step, with ``priority * K`` far inside int64.  No wait exceeds the trace's work
+    (one step per prefill and per token), W: an interval above W is W + 1 (no one's priority ever
+    rises), and a gap between consecutive distinct priorities above ``W // K`` (which waiting can
+    never bridge) is cut to ``W // K + 1``.  Priorities start at 0."""
+    n = priority.shape[0]
+    work = np.int64(0)
+    for i in range(n):
+        work += 1 + max_new_tokens[i]
+    k = min(aging_interval, work + 1)
+    gap = work // k + 1
+    out = np.empty(n, np.int64)
+    if n == 0:
+        return k, out
+    idx = np.argsort(priority, kind="mergesort")
+    c = np.int64(0)
+    prev = priority[idx[0]]
+    for j in range(n):
+        p = priority[idx[j]]
+        if p != prev:
+            d = p - prev  # wraps to <= 0 only for a difference of 2**63 or more
+            c += gap if d <= 0 or d > gap else d
+            prev = p
+        out[idx[j]] = c
+    if c > (2**62 - 2 * work) // k:
+        raise ValueError("trace too large for the aging kernel: priority range x interval exceeds int64")
+    return k, out
 
 
 # Residues are mapped to slots (only non-empty residues hold one: at most min(K, n) at a time) by an
@@ -336,29 +393,86 @@ def _front_low(q, fb, fn):
     return fb[q, fn[q] - 1]  # bases descending, so blocks descending too
 
 
+# The victims (admitted preemptible rows) are the rows of the matrix ``vic`` (columns VC_*) in
+# ascending order of ``w = priority * K - a`` (priorities compressed, see `_compressed_priorities`),
+# with ``v_pos[row]`` the row's place.  A victim's effective priority is ``(steps + w) // K``, so
+# the order holds at every step; it changes only when a victim is chosen (its w drops by one),
+# joins or leaves.  VC_PMAX holds the prefix maxima of the blocks.
+
 @njit(cache=True, _nrt=False)
-def _victims_drop(v_rows, v_eff, n_v, row):
-    """Remove `row` from the victim array (kept in order); returns the new count."""
-    for i in range(n_v):
-        if v_rows[i] == row:
-            for j in range(i, n_v - 1):
-                v_rows[j] = v_rows[j + 1]
-                v_eff[j] = v_eff[j + 1]
-            return n_v - 1
-    return n_v
+def _victims_pmax(vic, lo, hi):
+    """Recompute the prefix maxima of the blocks on rows lo..hi - 1."""
+    best = vic[lo - 1, VC_PMAX] if lo > 0 else np.int64(0)
+    for i in range(lo, hi):
+        if vic[i, VC_BLOCKS] > best:
+            best = vic[i, VC_BLOCKS]
+        vic[i, VC_PMAX] = best
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _victims_move(vic, v_pos, src, dst):
+    vic[dst, VC_W] = vic[src, VC_W]
+    vic[dst, VC_ROW] = vic[src, VC_ROW]
+    vic[dst, VC_BLOCKS] = vic[src, VC_BLOCKS]
+    v_pos[vic[dst, VC_ROW]] = dst
 
 
 @njit(cache=True, _nrt=False)
-def _mark_may_run(free, n_v, v_rows, blocks, wlist, n_w, fb, fn, dirty, in_dirty, n_d):
+def _victims_add(vic, v_pos, n_v, row, w, blocks):
+    """Row joins the victims (after those of equal w); returns the new count."""
+    i = n_v
+    while i > 0 and vic[i - 1, VC_W] > w:
+        _victims_move(vic, v_pos, i - 1, i)
+        i -= 1
+    vic[i, VC_W] = w
+    vic[i, VC_ROW] = row
+    vic[i, VC_BLOCKS] = blocks
+    v_pos[row] = i
+    _victims_pmax(vic, i, n_v + 1)
+    return n_v + 1
+
+
+@njit(cache=True, _nrt=False)
+def _victims_drop(vic, v_pos, n_v, row):
+    """Row leaves the victims; returns the new count."""
+    i = v_pos[row]
+    v_pos[row] = -1
+    for j in range(i, n_v - 1):
+        _victims_move(vic, v_pos, j + 1, j)
+    _victims_pmax(vic, i, n_v - 1)
+    return n_v - 1
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _victims_chosen(vic, v_pos, row):
+    """Victim `row` was chosen: its w drops by one, before the victims of its old w (swapped with
+    the first of them: the order among equal w does not matter)."""
+    i = v_pos[row]
+    w = vic[i, VC_W]
+    vic[i, VC_W] = w - 1
+    if i > 0 and vic[i - 1, VC_W] == w:
+        j = i - 1
+        while j > 0 and vic[j - 1, VC_W] == w:
+            j -= 1
+        other = vic[j, VC_ROW]
+        ob = vic[j, VC_BLOCKS]
+        vic[j, VC_W] = w - 1
+        vic[j, VC_ROW] = row
+        vic[j, VC_BLOCKS] = vic[i, VC_BLOCKS]
+        v_pos[row] = j
+        vic[i, VC_W] = w
+        vic[i, VC_ROW] = other
+        vic[i, VC_BLOCKS] = ob
+        v_pos[other] = i
+        _victims_pmax(vic, j, i + 1)
+
+
+@njit(cache=True, _nrt=False)
+def _mark_may_run(free, n_v, vic, wlist, n_w, fb, fn, dirty, in_dirty, n_d):
     """Free blocks grew or a victim joined: mark the slots with waiting rows where a front point may
     run now.  A point with more blocks than free + the largest victim's blocks cannot (M never
     exceeds that), which spares the residues whose waiting rows are all too big."""
-    top = free
-    largest = np.int64(0)
-    for i in range(n_v):
-        if blocks[v_rows[i]] > largest:
-            largest = blocks[v_rows[i]]
-    top += largest
+    top = free + (vic[n_v - 1, VC_PMAX] if n_v > 0 else 0)
     for i in range(n_w):
         sl = wlist[i]
         if _front_low(2 * sl, fb, fn) <= top or _front_low(2 * sl + 1, fb, fn) <= top:
@@ -383,6 +497,214 @@ def _list_remove(lst, lpos, cnt, s):
     return cnt - 1
 
 
+# Not cached on its own: it calls kernels of another file (see `stamp`); its caller's cache holds it.
+# Without NRT, so that the helpers inlined into the loop carry no reference counting.
+@njit(_nrt=False)
+def _replay_loop(request_id, arrival_step, prompt_len, max_new_tokens, priority, cache_hit, required_blocks,
+                 deadline_step, has_deadline, preemptible, order, free_kv_blocks, max_steps, events, k, phase,
+                 generated, chosen_count, enqueue_steps, wait_final, status, preemptions, admitted, enqueued,
+                 first_step, first_token_step, finish_step, nd, gk, stack, hkey, hval, mask, free_slots, n_free,
+                 s_rho, wroot, cand, fb, fx, fn, aroot, afirst, sh, wlist, wpos, tb, t_leaves, dirty, in_dirty,
+                 retree, vic, v_pos):
+    """The replay loop of `replay_aging_nb` over its state arrays; returns (steps, clock, free, stop)."""
+    n = request_id.shape[0]
+    n_w = 0
+    n_d = 0
+    n_v = 0
+    pos = 0
+    clock = np.int64(0)
+    free = np.int64(free_kv_blocks)
+    capacity = np.int64(free_kv_blocks)
+    steps = np.int64(0)
+    unfinished = 0
+    stop = E.STOP_DRAINED
+
+    while True:
+        if max_steps >= 0 and steps >= max_steps:
+            stop = E.STOP_MAX_STEPS
+            break
+        while pos < n and arrival_step[order[pos]] <= clock:
+            r = order[pos]
+            pos += 1
+            enqueued[r] = True
+            enqueue_steps[r] = steps
+            unfinished += 1
+            if required_blocks[r] > capacity:
+                continue  # can never be admitted
+            sl, n_free = _slot_acquire(steps % k, steps, k, hkey, hval, mask, free_slots, n_free, s_rho, sh,
+                                       wroot, aroot, cand, afirst, fn)
+            _set_aging_key(r, steps, k, sl, gk, nd, E.PHASE_PREFILL, cache_hit[r], priority[r], prompt_len[r],
+                           request_id[r])
+            if wpos[sl] < 0:
+                n_w = _list_add(wlist, wpos, n_w, sl)
+            if _wait_insert(2 * sl, r, wroot, cand, stack, gk, nd, required_blocks[r], fb, fx, fn):
+                n_d = _mark(sl, dirty, in_dirty, n_d)
+
+        for i in range(n_d):
+            sl = dirty[i]
+            in_dirty[sl] = False
+            # the decode half only matters when no prefill row runs
+            c = _half_answer(2 * sl, wroot, cand, free, sh[sl], nd, stack, n_v, vic, steps, k, fb, fx, fn)
+            if c == E.NO_ROW:
+                c = _half_answer(2 * sl + 1, wroot, cand, free, sh[sl], nd, stack, n_v, vic, steps, k, fb, fx,
+                                 fn)
+            f = afirst[sl]
+            if c == E.NO_ROW or (f != E.NO_ROW and key_less_nb(gk, f, c)):
+                c = f
+            if c != tb[t_leaves + sl] or retree[sl]:
+                _tree_set(tb, t_leaves, sl, c, gk, sh)
+                retree[sl] = False
+        n_d = 0
+        # The top of the tree, once it runs, is the step's request (see `tb`).
+        while True:
+            chosen = tb[1]
+            if chosen == E.NO_ROW:
+                break
+            # With a large backlog the chosen row is often cold (a preempted request back after a
+            # long wait): start the misses in its per-request arrays together.
+            prefetch_nb(admitted, chosen)
+            prefetch_nb(status, chosen)
+            prefetch_nb(chosen_count, chosen)
+            prefetch_nb(phase, chosen)
+            prefetch_nb(generated, chosen)
+            prefetch_nb(max_new_tokens, chosen)
+            prefetch_nb(preemptible, chosen)
+            prefetch_nb(enqueue_steps, chosen)
+            prefetch_nb(cache_hit, chosen)
+            prefetch_nb(priority, chosen)
+            prefetch_nb(prompt_len, chosen)
+            prefetch_nb(request_id, chosen)
+            prefetch_nb(has_deadline, chosen)
+            prefetch_nb(deadline_step, chosen)
+            if admitted[chosen]:
+                break
+            sl = gk[chosen, 0]
+            shift = sh[sl]
+            # (its blocks read from its node, which the walk has just touched: already in cache)
+            if _fits(nd[chosen, ND_BLOCKS], nd[chosen, ND_BASE] + shift, free, n_v, vic, steps, k):
+                break
+            q = 2 * sl + gk[chosen, AK_PHASE]
+            c = _first_runnable(q, wroot[q], free, shift, nd, stack, n_v, vic, steps, k, fb, fx, fn)
+            cand[q] = c
+            if c == E.NO_ROW and q % 2 == 0:
+                c = _half_answer(q + 1, wroot, cand, free, shift, nd, stack, n_v, vic, steps, k, fb, fx, fn)
+            f = afirst[sl]
+            if c == E.NO_ROW or (f != E.NO_ROW and key_less_nb(gk, f, c)):
+                c = f
+            _tree_set(tb, t_leaves, sl, c, gk, sh)
+
+        if chosen == E.NO_ROW:
+            if pos < n:
+                clock = arrival_step[order[pos]]  # idle gap: jump, nobody waits
+                continue
+            stop = E.STOP_DRAINED if unfinished == 0 else E.STOP_STUCK
+            break
+
+        victim = E.NO_ROW
+        was_admitted = admitted[chosen]
+        s_old = gk[chosen, 0]
+        if was_admitted:
+            aroot[s_old] = treap_delete_nb(aroot[s_old], chosen, stack, gk, nd)
+            afirst[s_old] = treap_first_nb(aroot[s_old], nd)
+            n_d = _mark(s_old, dirty, in_dirty, n_d)
+        else:
+            need = nd[chosen, ND_BLOCKS]
+            if need > free:
+                e_c = -gk[chosen, 3] + sh[s_old]
+                best_e = np.int64(0)
+                # The seed's victim: lowest effective priority, then most blocks, then smallest id,
+                # among victims below the challenger that free enough blocks.
+                for i in range(n_v):
+                    e_v = (steps + vic[i, VC_W]) // k
+                    if e_v >= e_c or (victim != E.NO_ROW and e_v > best_e):
+                        break
+                    v = vic[i, VC_ROW]
+                    if free + required_blocks[v] < need:
+                        continue
+                    if victim == E.NO_ROW:
+                        victim = v
+                        best_e = e_v
+                    elif required_blocks[v] > required_blocks[victim] or (
+                            required_blocks[v] == required_blocks[victim] and request_id[v] < request_id[victim]):
+                        victim = v
+                if victim == E.NO_ROW:
+                    raise AssertionError("aging kernel: the chosen request has no victim")
+                prefetch_nb(preemptions, victim)  # counted at the end of the step, when it has arrived
+                admitted[victim] = False
+                status[victim] = E.STATUS_PREEMPTED
+                free += required_blocks[victim]
+                rv = gk[victim, 0]  # its slot keeps a row throughout: out of aroot, into wroot
+                aroot[rv] = treap_delete_nb(aroot[rv], victim, stack, gk, nd)
+                afirst[rv] = treap_first_nb(aroot[rv], nd)
+                if wpos[rv] < 0:
+                    n_w = _list_add(wlist, wpos, n_w, rv)
+                _wait_insert(2 * rv + 1, victim, wroot, cand, stack, gk, nd, required_blocks[victim], fb, fx, fn)
+                n_d = _mark(rv, dirty, in_dirty, n_d)
+                n_v = _victims_drop(vic, v_pos, n_v, victim)
+                # free blocks grew by the victim's blocks
+                n_d = _mark_may_run(free, n_v, vic, wlist, n_w, fb, fn, dirty, in_dirty, n_d)
+            # The chosen request was its residue's cached answer: the next one comes after it.
+            q = 2 * s_old + gk[chosen, AK_PHASE]
+            wroot[q] = treap_delete_nb(wroot[q], chosen, stack, gk, nd)
+            if wroot[2 * s_old] < 0 and wroot[2 * s_old + 1] < 0:
+                n_w = _list_remove(wlist, wpos, n_w, s_old)
+            fn[q] = -1
+            n_d = _mark(s_old, dirty, in_dirty, n_d)
+            free -= need
+            admitted[chosen] = True
+            if preemptible[chosen]:
+                w = priority[chosen] * k - enqueue_steps[chosen] - chosen_count[chosen]
+                n_v = _victims_add(vic, v_pos, n_v, chosen, w, need)
+                # a new victim: more may run
+                n_d = _mark_may_run(free, n_v, vic, wlist, n_w, fb, fn, dirty, in_dirty, n_d)
+        status[chosen] = E.STATUS_RUNNING
+        chosen_count[chosen] += 1
+
+        action = advance_nb(chosen, clock, phase, generated, max_new_tokens, first_step, first_token_step)
+        if action == E.ACTION_FINISH:
+            free += nd[chosen, ND_BLOCKS]
+            admitted[chosen] = False
+            status[chosen] = E.STATUS_FINISHED
+            finish_step[chosen] = clock
+            unfinished -= 1
+            wait_final[chosen] = steps + 1 - enqueue_steps[chosen] - chosen_count[chosen]
+            if preemptible[chosen]:
+                n_v = _victims_drop(vic, v_pos, n_v, chosen)
+            # free blocks grew
+            n_d = _mark_may_run(free, n_v, vic, wlist, n_w, fb, fn, dirty, in_dirty, n_d)
+        else:
+            a = enqueue_steps[chosen] + chosen_count[chosen]
+            sl, n_free = _slot_acquire(a % k, steps, k, hkey, hval, mask, free_slots, n_free, s_rho, sh,
+                                       wroot, aroot, cand, afirst, fn)
+            _set_aging_key(chosen, a, k, sl, gk, nd, E.PHASE_DECODE, cache_hit[chosen], priority[chosen],
+                           prompt_len[chosen] + generated[chosen], request_id[chosen])
+            aroot[sl] = treap_insert_nb(aroot[sl], chosen, stack, gk, nd)
+            if preemptible[chosen]:  # a victim: its w is one lower
+                _victims_chosen(vic, v_pos, chosen)
+            if afirst[sl] == E.NO_ROW or key_less_nb(gk, chosen, afirst[sl]):
+                afirst[sl] = chosen
+            retree[sl] = True  # with K = 1 its leaf may be the same row, with a new key
+            n_d = _mark(sl, dirty, in_dirty, n_d)
+        if wpos[s_old] < 0 and aroot[s_old] < 0:
+            n_free = _slot_release(s_old, s_rho, hkey, hval, mask, free_slots, n_free)
+
+        if victim != E.NO_ROW:
+            preemptions[victim] += 1
+        record_step_nb(events, steps, clock, chosen, action, generated, max_new_tokens, deadline_step, has_deadline,
+                       steps + 1 - enqueue_steps[chosen] - chosen_count[chosen], free, victim)
+        clock += 1
+        steps += 1
+        # Residue steps % K: every effective priority in it rises by one (the chosen request's,
+        # now in another residue, stays), so more of it may run.  An empty residue holds no slot.
+        rs = _slot_lookup(steps % k, hkey, hval, mask)
+        if rs >= 0:
+            sh[rs] += 1
+            retree[rs] = True  # its leaf compares differently now
+            n_d = _mark(rs, dirty, in_dirty, n_d)
+
+    return steps, clock, free, stop
+
+
 def _make_replay_aging(stamp):
     """`replay_aging_nb`, closing over `stamp` so that an edit of a kernel it calls compiles it afresh."""
 
@@ -394,7 +716,7 @@ def _make_replay_aging(stamp):
         if stamp < 0:  # never: the stamp only keys the Numba cache (see `source_stamp`)
             return
         n = request_id.shape[0]
-        k = np.int64(aging_interval)
+        k, cprio = _compressed_priorities(priority, max_new_tokens, np.int64(aging_interval))
         phase = np.zeros(n, np.int64)
         generated = np.zeros(n, np.int64)
         chosen_count = np.zeros(n, np.int64)
@@ -440,7 +762,6 @@ def _make_replay_aging(stamp):
         # The slots with waiting rows, as a compact list.
         wlist = np.empty(m, np.int64)
         wpos = np.full(m, -1, np.int64)
-        n_w = 0
         # A tournament tree over slots: leaf = the first of the slot's cached waiting answer and its first
         # admitted row; internal nodes by the real key.  Slots whose leaf may be out of date are queued
         # in `dirty`.  A cached answer of a slot that is not dirty may have stopped being runnable (free
@@ -455,225 +776,18 @@ def _make_replay_aging(stamp):
         # A dirty slot's path is recomputed when its leaf changes, or when its leaf's key or shift
         # changed (retree); otherwise (free blocks or victims changed) the comparisons stand.
         retree = np.zeros(m, np.bool_)
-        n_d = 0
-        # Victims, sorted by effective priority (insertion sort: the order barely moves per step).
-        v_rows = np.empty(n + 1, np.int64)
-        v_eff = np.empty(n + 1, np.int64)
-        v_pmax = np.empty(n + 1, np.int64)
-        n_v = 0
+        # Victims in ascending order of w (see `_victims_add`).
+        vic = np.empty((n + 1, VC_NCOLS), np.int64)
+        v_pos = np.full(n, -1, np.int64)
 
-        pos = 0
-        clock = np.int64(0)
-        free = np.int64(free_kv_blocks)
-        capacity = np.int64(free_kv_blocks)
-        steps = np.int64(0)
-        unfinished = 0
-        stop = E.STOP_DRAINED
-
-        while True:
-            if max_steps >= 0 and steps >= max_steps:
-                stop = E.STOP_MAX_STEPS
-                break
-            while pos < n and arrival_step[order[pos]] <= clock:
-                r = order[pos]
-                pos += 1
-                enqueued[r] = True
-                enqueue_steps[r] = steps
-                unfinished += 1
-                if required_blocks[r] > capacity:
-                    continue  # can never be admitted
-                sl, n_free = _slot_acquire(steps % k, steps, k, hkey, hval, mask, free_slots, n_free, s_rho, sh,
-                                           wroot, aroot, cand, afirst, fn)
-                _set_aging_key(r, steps, k, sl, gk, nd, E.PHASE_PREFILL, cache_hit[r], priority[r], prompt_len[r],
-                               request_id[r])
-                if wpos[sl] < 0:
-                    n_w = _list_add(wlist, wpos, n_w, sl)
-                if _wait_insert(2 * sl, r, wroot, cand, stack, gk, nd, required_blocks[r], fb, fx, fn):
-                    n_d = _mark(sl, dirty, in_dirty, n_d)
-
-            # Victims sorted by effective priority (kept up to date at the end of each step); prefix
-            # maxima of their blocks.
-            for i in range(n_v):
-                v = v_rows[i]
-                e = v_eff[i]
-                j = i
-                while j > 0 and v_eff[j - 1] > e:
-                    v_eff[j] = v_eff[j - 1]
-                    v_rows[j] = v_rows[j - 1]
-                    j -= 1
-                v_eff[j] = e
-                v_rows[j] = v
-            best = np.int64(0)
-            for i in range(n_v):
-                b = required_blocks[v_rows[i]]
-                if b > best:
-                    best = b
-                v_pmax[i] = best
-
-            for i in range(n_d):
-                sl = dirty[i]
-                in_dirty[sl] = False
-                # the decode half only matters when no prefill row runs
-                c = _half_answer(2 * sl, wroot, cand, free, sh[sl], nd, stack, n_v, v_eff, v_pmax, fb, fx, fn)
-                if c == E.NO_ROW:
-                    c = _half_answer(2 * sl + 1, wroot, cand, free, sh[sl], nd, stack, n_v, v_eff, v_pmax, fb, fx,
-                                     fn)
-                f = afirst[sl]
-                if c == E.NO_ROW or (f != E.NO_ROW and key_less_nb(gk, f, c)):
-                    c = f
-                if c != tb[t_leaves + sl] or retree[sl]:
-                    _tree_set(tb, t_leaves, sl, c, gk, sh)
-                    retree[sl] = False
-            n_d = 0
-            # The top of the tree, once it runs, is the step's request (see `tb`).
-            while True:
-                chosen = tb[1]
-                if chosen == E.NO_ROW:
-                    break
-                # With a large backlog the chosen row is often cold (a preempted request back after a
-                # long wait): start the misses in its per-request arrays together.
-                prefetch_nb(admitted, chosen)
-                prefetch_nb(status, chosen)
-                prefetch_nb(chosen_count, chosen)
-                prefetch_nb(phase, chosen)
-                prefetch_nb(generated, chosen)
-                prefetch_nb(max_new_tokens, chosen)
-                prefetch_nb(preemptible, chosen)
-                prefetch_nb(enqueue_steps, chosen)
-                prefetch_nb(cache_hit, chosen)
-                prefetch_nb(priority, chosen)
-                prefetch_nb(prompt_len, chosen)
-                prefetch_nb(request_id, chosen)
-                prefetch_nb(has_deadline, chosen)
-                prefetch_nb(deadline_step, chosen)
-                if admitted[chosen]:
-                    break
-                sl = gk[chosen, 0]
-                shift = sh[sl]
-                # (its blocks read from its node, which the walk has just touched: already in cache)
-                if nd[chosen, ND_BLOCKS] <= free + _below(nd[chosen, ND_BASE] + shift, n_v, v_eff, v_pmax):
-                    break
-                q = 2 * sl + gk[chosen, AK_PHASE]
-                c = _first_runnable(q, wroot[q], free, shift, nd, stack, n_v, v_eff, v_pmax, fb, fx, fn)
-                cand[q] = c
-                if c == E.NO_ROW and q % 2 == 0:
-                    c = _half_answer(q + 1, wroot, cand, free, shift, nd, stack, n_v, v_eff, v_pmax, fb, fx, fn)
-                f = afirst[sl]
-                if c == E.NO_ROW or (f != E.NO_ROW and key_less_nb(gk, f, c)):
-                    c = f
-                _tree_set(tb, t_leaves, sl, c, gk, sh)
-
-            if chosen == E.NO_ROW:
-                if pos < n:
-                    clock = arrival_step[order[pos]]  # idle gap: jump, nobody waits
-                    continue
-                stop = E.STOP_DRAINED if unfinished == 0 else E.STOP_STUCK
-                break
-
-            victim = E.NO_ROW
-            was_admitted = admitted[chosen]
-            s_old = gk[chosen, 0]
-            if was_admitted:
-                aroot[s_old] = treap_delete_nb(aroot[s_old], chosen, stack, gk, nd)
-                afirst[s_old] = treap_first_nb(aroot[s_old], nd)
-                n_d = _mark(s_old, dirty, in_dirty, n_d)
-            else:
-                need = nd[chosen, ND_BLOCKS]
-                if need > free:
-                    e_c = -gk[chosen, 3] + sh[s_old]
-                    best_e = np.int64(0)
-                    # The seed's victim: lowest effective priority, then most blocks, then smallest id,
-                    # among victims below the challenger that free enough blocks.
-                    for i in range(n_v):
-                        if v_eff[i] >= e_c:
-                            break
-                        v = v_rows[i]
-                        if free + required_blocks[v] < need:
-                            continue
-                        if victim == E.NO_ROW:
-                            victim = v
-                            best_e = v_eff[i]
-                        elif v_eff[i] == best_e and (required_blocks[v] > required_blocks[victim] or (
-                                required_blocks[v] == required_blocks[victim] and request_id[v] < request_id[victim])):
-                            victim = v
-                    if victim == E.NO_ROW:
-                        raise AssertionError("aging kernel: the chosen request has no victim")
-                    prefetch_nb(preemptions, victim)  # counted at the end of the step, when it has arrived
-                    admitted[victim] = False
-                    status[victim] = E.STATUS_PREEMPTED
-                    free += required_blocks[victim]
-                    rv = gk[victim, 0]  # its slot keeps a row throughout: out of aroot, into wroot
-                    aroot[rv] = treap_delete_nb(aroot[rv], victim, stack, gk, nd)
-                    afirst[rv] = treap_first_nb(aroot[rv], nd)
-                    if wpos[rv] < 0:
-                        n_w = _list_add(wlist, wpos, n_w, rv)
-                    _wait_insert(2 * rv + 1, victim, wroot, cand, stack, gk, nd, required_blocks[victim], fb, fx, fn)
-                    n_d = _mark(rv, dirty, in_dirty, n_d)
-                    n_v = _victims_drop(v_rows, v_eff, n_v, victim)
-                    # free blocks grew by the victim's blocks
-                    n_d = _mark_may_run(free, n_v, v_rows, required_blocks, wlist, n_w, fb, fn, dirty, in_dirty, n_d)
-                # The chosen request was its residue's cached answer: the next one comes after it.
-                q = 2 * s_old + gk[chosen, AK_PHASE]
-                wroot[q] = treap_delete_nb(wroot[q], chosen, stack, gk, nd)
-                if wroot[2 * s_old] < 0 and wroot[2 * s_old + 1] < 0:
-                    n_w = _list_remove(wlist, wpos, n_w, s_old)
-                fn[q] = -1
-                n_d = _mark(s_old, dirty, in_dirty, n_d)
-                free -= need
-                admitted[chosen] = True
-                if preemptible[chosen]:
-                    v_rows[n_v] = chosen
-                    v_eff[n_v] = -gk[chosen, 3] + sh[s_old]
-                    n_v += 1
-                    # a new victim: more may run
-                    n_d = _mark_may_run(free, n_v, v_rows, required_blocks, wlist, n_w, fb, fn, dirty, in_dirty, n_d)
-            status[chosen] = E.STATUS_RUNNING
-            chosen_count[chosen] += 1
-
-            action = advance_nb(chosen, clock, phase, generated, max_new_tokens, first_step, first_token_step)
-            if action == E.ACTION_FINISH:
-                free += nd[chosen, ND_BLOCKS]
-                admitted[chosen] = False
-                status[chosen] = E.STATUS_FINISHED
-                finish_step[chosen] = clock
-                unfinished -= 1
-                wait_final[chosen] = steps + 1 - enqueue_steps[chosen] - chosen_count[chosen]
-                if preemptible[chosen]:
-                    n_v = _victims_drop(v_rows, v_eff, n_v, chosen)
-                # free blocks grew
-                n_d = _mark_may_run(free, n_v, v_rows, required_blocks, wlist, n_w, fb, fn, dirty, in_dirty, n_d)
-            else:
-                a = enqueue_steps[chosen] + chosen_count[chosen]
-                sl, n_free = _slot_acquire(a % k, steps, k, hkey, hval, mask, free_slots, n_free, s_rho, sh,
-                                           wroot, aroot, cand, afirst, fn)
-                _set_aging_key(chosen, a, k, sl, gk, nd, E.PHASE_DECODE, cache_hit[chosen], priority[chosen],
-                               prompt_len[chosen] + generated[chosen], request_id[chosen])
-                aroot[sl] = treap_insert_nb(aroot[sl], chosen, stack, gk, nd)
-                if afirst[sl] == E.NO_ROW or key_less_nb(gk, chosen, afirst[sl]):
-                    afirst[sl] = chosen
-                retree[sl] = True  # with K = 1 its leaf may be the same row, with a new key
-                n_d = _mark(sl, dirty, in_dirty, n_d)
-            if wpos[s_old] < 0 and aroot[s_old] < 0:
-                n_free = _slot_release(s_old, s_rho, hkey, hval, mask, free_slots, n_free)
-
-            if victim != E.NO_ROW:
-                preemptions[victim] += 1
-            record_step_nb(events, steps, clock, chosen, action, generated, max_new_tokens, deadline_step, has_deadline,
-                           steps + 1 - enqueue_steps[chosen] - chosen_count[chosen], free, victim)
-            clock += 1
-            steps += 1
-            # Residue steps % K: every effective priority in it rises by one (the chosen request's,
-            # now in another residue, stays), so more of it may run.  An empty residue holds no slot.
-            rs = _slot_lookup(steps % k, hkey, hval, mask)
-            if rs >= 0:
-                sh[rs] += 1
-                for i in range(n_v):
-                    v = v_rows[i]
-                    if gk[v, 0] == rs and v != chosen:
-                        v_eff[i] += 1
-                retree[rs] = True  # its leaf compares differently now
-                n_d = _mark(rs, dirty, in_dirty, n_d)
-
+        steps, clock, free, stop = _replay_loop(request_id, arrival_step, prompt_len, max_new_tokens, cprio,
+                                                cache_hit, required_blocks, deadline_step, has_deadline,
+                                                preemptible, order, free_kv_blocks, max_steps, events, k, phase,
+                                                generated, chosen_count, enqueue_steps, wait_final, status,
+                                                preemptions, admitted, enqueued, first_step, first_token_step,
+                                                finish_step, nd, gk, stack, hkey, hval, mask, free_slots, n_free,
+                                                s_rho, wroot, cand, fb, fx, fn, aroot, afirst, sh, wlist, wpos, tb,
+                                                t_leaves, dirty, in_dirty, retree, vic, v_pos)
         write_state_nb(req_out, summary, steps, clock, free, stop, enqueued, phase, status, generated,
                        wait_final, enqueue_steps, chosen_count, preemptions, admitted, first_step,
                        first_token_step, finish_step)

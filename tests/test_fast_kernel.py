@@ -17,7 +17,7 @@ from oracle import POLICIES, assert_matches_model, configs, traces, wide_configs
 
 from decodesched.engine import policy_code, simulate, trace_arrays
 from decodesched.kernels import enums as E
-from decodesched.kernels.aging_nb import FRONT, _front_add, replay_aging_nb
+from decodesched.kernels.aging_nb import FRONT, _compressed_priorities, _front_add, replay_aging_nb
 from decodesched.kernels.fast_nb import replay_fast_nb
 from decodesched.kernels.ordered_nb import (
     RANK_OUT,
@@ -219,6 +219,26 @@ def test_aging_with_long_intervals_matches_model(rows, capacity, interval, max_s
     result = simulate(rows, policy="aging", free_kv_blocks=capacity, aging_interval=interval, max_steps=max_steps,
                       engine="fast")
     assert_matches_model(result, rows, "aging", capacity, interval, max_steps)
+
+
+@settings(max_examples=300, **SETTINGS)
+@given(prio=st.lists(st.one_of(st.integers(-2**53, 2**53), st.integers(-5, 5)), min_size=1, max_size=12),
+       tokens=st.lists(st.integers(1, 40), min_size=12, max_size=12), interval=st.integers(1, 2**62),
+       data=st.data())
+def test_compressed_priorities_keep_every_effective_priority_comparison(prio, tokens, interval, data):
+    """Any two requests with any waits the trace allows (at most its work) compare the same way,
+    equality included, under the aging kernel's compressed priorities and interval."""
+    priority = np.array(prio, np.int64)
+    max_new = np.array(tokens[:len(prio)], np.int64)
+    work = int((1 + max_new).sum())
+    k, comp = _compressed_priorities(priority, max_new, np.int64(interval))
+    assert 1 <= k <= interval and int(comp.max()) * int(k) < 2**62
+    waits = data.draw(st.lists(st.integers(0, work), min_size=len(prio), max_size=len(prio)))
+    for a in range(len(prio)):
+        for b in range(len(prio)):
+            real = prio[a] + waits[a] // interval - prio[b] - waits[b] // interval
+            mine = int(comp[a]) + waits[a] // int(k) - int(comp[b]) - waits[b] // int(k)
+            assert (real > 0) == (mine > 0) and (real == 0) == (mine == 0)
 
 
 @settings(max_examples=200, **SETTINGS)
