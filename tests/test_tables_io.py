@@ -62,6 +62,19 @@ def test_vectorised_csv_equals_a_plain_rendering(rows):
     assert tables_io.format_csv_rows(cols).tobytes().decode() == reference_csv(cols)
 
 
+def test_integer_spelling_at_the_limb_boundaries():
+    """The digit loop works in uint32 limbs of 10**9 (the top limb can hold ten digits): every
+    boundary of that split, both signs, and the int64 extremes, alone and mixed in one column."""
+    edges = [0, 1, 9, 10, 10**9 - 1, 10**9, 10**9 + 1, 2**32 - 1, 2**32, 4 * 10**9, 10**10, 10**18 - 1,
+             10**18, 10**18 + 7, 2**62, 2**63 - 1]
+    values = sorted({sign * v for v in edges for sign in (1, -1)} | {-(2**63)})
+    for column in [values, *([v] for v in values), [0, 2**32 - 1], [5, 10**18]]:
+        ints = np.array(column, dtype=np.int64)
+        cols = [tables_io.Col("int", ints), tables_io.Col("float?", ints.astype(np.float64),
+                                                           np.zeros(len(ints), bool))]
+        assert tables_io.format_csv_rows(cols).tobytes().decode() == reference_csv(cols)
+
+
 def make_trace(n: int, seed: int):
     rng = np.random.default_rng(seed)
     deadline = [None if rng.random() < 0.5 else int(a) + int(rng.integers(2, 40))

@@ -110,6 +110,7 @@ def _request_chunk(req: dict, lo: int, hi: int) -> list[Col]:
 
 _POW10 = np.array([10**i for i in range(20)], dtype=np.uint64)
 _COMMA, _NL, _MINUS, _ZERO = ord(","), ord("\n"), ord("-"), ord("0")
+_BILLION, _LIMB_FITS = np.uint64(10**9), np.uint64(2**32)
 
 
 def _magnitudes(v: np.ndarray):
@@ -134,18 +135,35 @@ def _digits(mag: np.ndarray) -> np.ndarray:
     return nd
 
 
+def _limbs(mag: np.ndarray) -> list[np.ndarray]:
+    """`mag` (uint64) in base 10**9, least significant limb first, each limb uint32 (NumPy
+    divides uint32 by a constant about 12x faster than uint64); at least one limb."""
+    limbs = []
+    while mag.size and mag.max() >= _LIMB_FITS:
+        q = mag // _BILLION
+        limbs.append((mag - q * _BILLION).astype(np.uint32))
+        mag = q
+    limbs.append(mag.astype(np.uint32))
+    return limbs
+
+
 def _write_int(mat: np.ndarray, end: int, mag: np.ndarray, neg) -> None:
     """Right-align the decimal digits of `mag` (and '-' where `neg`) in columns before `end`."""
-    ten = np.uint64(10)
-    r = mag
-    width = int(_digits(r.max(keepdims=True))[0]) if r.size else 1
+    width = int(_digits(mag.max(keepdims=True))[0]) if mag.size else 1
+    limbs = _limbs(mag)
+    above = [None] * len(limbs)  # above[k]: whether a more significant limb than k is nonzero
+    for k in range(len(limbs) - 2, -1, -1):
+        above[k] = limbs[k + 1] != 0 if above[k + 1] is None else above[k + 1] | (limbs[k + 1] != 0)
+    ten = np.uint32(10)
     for j in range(width):
+        k = min(j // 9, len(limbs) - 1)  # the last limb (< 2**32) may hold a tenth digit
+        r = limbs[k]
         q = r // ten
-        digit = (r - q * ten).astype(np.uint8) + np.uint8(_ZERO)
-        if j:
-            digit *= r > 0  # no leading zeros: a zero byte is padding, dropped at the end
+        digit = r - q * ten + _ZERO
+        if j:  # no leading zeros: a zero byte is padding, dropped at the end
+            digit *= r > 0 if above[k] is None else (r > 0) | above[k]
         mat[:, end - 1 - j] = digit
-        r = q
+        limbs[k] = q
     if neg is not None:
         rows = np.flatnonzero(neg)
         mat[rows, end - 1 - _digits(mag[rows])] = _MINUS
