@@ -62,6 +62,19 @@ def test_vectorised_csv_equals_a_plain_rendering(rows):
     assert tables_io.format_csv_rows(cols).tobytes().decode() == reference_csv(cols)
 
 
+def test_integer_spelling_at_the_limb_boundaries():
+    """The digit loop works in uint32 limbs of 10**9 (the top limb can hold ten digits): every
+    boundary of that split, both signs, and the int64 extremes, alone and mixed in one column."""
+    edges = [0, 1, 9, 10, 10**9 - 1, 10**9, 10**9 + 1, 2**32 - 1, 2**32, 4 * 10**9, 10**10, 10**18 - 1,
+             10**18, 10**18 + 7, 2**62, 2**63 - 1]
+    values = sorted({sign * v for v in edges for sign in (1, -1)} | {-(2**63)})
+    for column in [values, *([v] for v in values), [0, 2**32 - 1], [5, 10**18]]:
+        ints = np.array(column, dtype=np.int64)
+        cols = [tables_io.Col("int", ints), tables_io.Col("float?", ints.astype(np.float64),
+                                                           np.zeros(len(ints), bool))]
+        assert tables_io.format_csv_rows(cols).tobytes().decode() == reference_csv(cols)
+
+
 def make_trace(n: int, seed: int):
     rng = np.random.default_rng(seed)
     deadline = [None if rng.random() < 0.5 else int(a) + int(rng.integers(2, 40))
@@ -101,6 +114,34 @@ def test_csv_and_parquet_round_trip_to_equal_tables(tmp_path, monkeypatch, chunk
         assert np.array_equal(rq[name], req[name], equal_nan=True), name
     assert np.array_equal(rq["deadline_step"].mask, ~req["has_deadline"])
     assert rq["status"].tolist() == req["status"].tolist()
+
+
+def test_parquet_is_the_plain_documented_schema(tmp_path, monkeypatch):
+    """Strings go to the writer as dictionary arrays and integers delta-encoded, but a reader sees
+    plain int64 / bool / string / double columns (no dictionary type: pandas gives no categories),
+    nullable exactly where documented, in row groups of at most PARQUET_CHUNK_ROWS rows; an empty
+    log (max_steps=0) is a valid file too."""
+    pq = pytest.importorskip("pyarrow.parquet")
+    monkeypatch.setattr(tables_io, "PARQUET_CHUNK_ROWS", 16)
+    result = decodesched.simulate(make_trace(40, 3), "aging", free_kv_blocks=8, aging_interval=2)
+    typ = {"int": pa.int64(), "int?": pa.int64(), "bool": pa.bool_(), "bool?": pa.bool_(),
+           "float?": pa.float64(), "str": pa.string()}
+    empty = decodesched.simulate(make_trace(5, 3), "fcfs", free_kv_blocks=8, max_steps=0)
+    for path, write, schema, n in (
+            (tmp_path / "ev.parquet", result.write_events, tables_io.EVENT_SCHEMA, result.n_events),
+            (tmp_path / "rq.pq", result.write_requests, tables_io.REQUEST_SCHEMA, 40),
+            (tmp_path / "empty.parquet", empty.write_events, tables_io.EVENT_SCHEMA, 0)):
+        write(path)
+        f = pq.ParquetFile(path)
+        assert f.schema_arrow == pa.schema([pa.field(c, typ[k], nullable=k.endswith("?")) for c, k in schema])
+        assert f.metadata.num_rows == n
+        assert f.metadata.num_row_groups == max(1, -(-n // 16))
+        frame = f.read().to_pandas()
+        assert not any(str(t) == "category" for t in frame.dtypes)
+    empty.write_events(tmp_path / "empty.csv")
+    back = tables_io.read_table(tmp_path / "empty.parquet")
+    assert tables_io.tables_equal(back, tables_io.read_table(tmp_path / "empty.csv"))
+    assert list(back) == [c for c, _ in tables_io.EVENT_SCHEMA] and all(len(v) == 0 for v in back.values())
 
 
 def test_csv_text_is_the_documented_spelling(tmp_path):
