@@ -24,6 +24,7 @@ from decodesched.kernels.ordered_nb import (
     heap_push_nb,
     heap_remove_nb,
     heap_sift_down_nb,
+    huge_full_nb,
     prefetch_nb,
     ND_BASE,
     ND_MAXBASE,
@@ -278,6 +279,19 @@ def test_equals_scan_on_azure_prefix_at_load_1_5():
     for policy in POLICIES:
         _, req_out, summary = assert_same_as_scan(trace, policy, 400)
         assert summary[E.SM_STOP] == E.STOP_DRAINED
+
+
+def test_equals_scan_with_a_backlog_on_huge_pages():
+    # 60,000 rows: the node and key block (128 bytes a row) spans 2 MiB pages (`huge_full_nb`)
+    trace = backlog_trace(60_000, seed=5, arrival_span=300)
+    for policy in ("fixed_priority", "deadline", "fcfs"):
+        assert_same_as_scan(trace, policy, 24, max_steps=400)
+
+
+def test_huge_full_is_np_full():
+    for n, value in ((0, 7), (5, -1), (3 * 2**20 + 3, RANK_OUT)):  # 24 MiB: advised to huge pages
+        a = huge_full_nb(n, value)
+        assert a.dtype == np.int64 and a.shape == (n,) and (a == value).all()
 
 
 # The ordered structures on their own.
