@@ -57,9 +57,7 @@ Constant factors matter as much: a Numba helper with branches or loops reference
 array it receives on entry and exit (atomic operations: ~100 ns for a dozen arrays, more than a
 whole decode step).  So the per-step path updates keys in place, and every helper that allocates
 nothing is compiled with ``_nrt=False`` (no reference counting; a private but long-standing Numba
-option).  Memory: about 30 int64 per request, the per-row arrays on 2 MiB pages where Linux offers them
-(`ordered_nb.huge_full_nb`: with 1 M waiting, a step that touches cold rows otherwise also misses the
-TLB for each; marginal events/s with 1 M waiting rose 1.1-1.3x).
+option).  Memory: about 30 int64 per request.
 
 **Policy aging** runs in `aging_nb.replay_aging_nb` (one group per residue of ``(enqueue step +
 times chosen) mod aging_interval``, held only while non-empty; see there) for any interval, and
@@ -78,7 +76,6 @@ from .ordered_nb import (
     heap_push_nb,
     heap_remove_nb,
     heap_sift_down_nb,
-    huge_full_nb,
     key_less_nb,
     prefetch_nb,
     rank_tree_first_fit_nb,
@@ -163,8 +160,7 @@ def _stairs(seg, size, st_c, st_b):
         need = b + 1
 
 
-# Not cached on its own: it calls a kernel of another file (see `stamp`); its caller's cache holds it.
-@njit
+@njit(cache=True)
 def _buckets(pclass, n_classes):
     """The waiting structures' split of the priority classes: every class its own bucket when there are
     at most MAX_BUCKETS (then a structure's walk is one descent), else MAX_BUCKETS contiguous ranges of
@@ -183,7 +179,7 @@ def _buckets(pclass, n_classes):
     top = np.full(n_buckets, -1, np.int64)
     for c in range(n_classes):
         top[of_class[c]] = c
-    bucket = huge_full_nb(n, 0)
+    bucket = np.empty(n, np.int64)
     for r in range(n):
         bucket[r] = of_class[pclass[r]]
     return bucket, n_buckets, top
@@ -201,8 +197,8 @@ def _fcfs_rank_trees(arrival_step, request_id, bucket, n_buckets, n_classes, fcf
     rt_start = np.zeros(n_buckets + 1, np.int64)
     rt_size = np.ones(n_buckets, np.int64)
     rt_base = np.zeros(2 * n_buckets, np.int64)
-    rank = huge_full_nb(n, 0)
-    rank_rows = huge_full_nb(n, 0)
+    rank = np.zeros(n, np.int64)
+    rank_rows = np.zeros(n, np.int64)
     if not fcfs:
         return rank, rank_rows, rt_start, rt_size, rt_base, np.full(1, RANK_OUT, np.int64), np.full(1, -1, np.int64)
     by_id = np.argsort(request_id, kind="mergesort")
@@ -222,8 +218,8 @@ def _fcfs_rank_trees(arrival_step, request_id, bucket, n_buckets, n_classes, fcf
     for q in range(1, 2 * n_buckets):
         rt_base[q] = rt_base[q - 1] + 2 * rt_size[(q - 1) // 2]
     total = rt_base[2 * n_buckets - 1] + 2 * rt_size[n_buckets - 1]
-    rcls = huge_full_nb(total if n_classes > n_buckets else 1, -1)  # one class per bucket: none kept
-    return rank, rank_rows, rt_start, rt_size, rt_base, huge_full_nb(total, RANK_OUT), rcls
+    rcls = np.full(total if n_classes > n_buckets else 1, -1, np.int64)  # one class per bucket: none kept
+    return rank, rank_rows, rt_start, rt_size, rt_base, np.full(total, RANK_OUT, np.int64), rcls
 
 
 # The waiting rows of structure s (group * n_buckets + bucket): a treap, or under fcfs (whose keys
@@ -403,8 +399,7 @@ def _make_replay_static(stamp):
         # Priority classes: 0 = the lowest priority.
         classes = np.unique(priority) if n > 0 else np.zeros(1, np.int64)
         n_classes = classes.shape[0]
-        pclass = huge_full_nb(n, 0)  # (the per-row arrays: see `huge_full_nb`)
-        pclass[:] = np.searchsorted(classes, priority)
+        pclass = np.searchsorted(classes, priority)
         seg_size = 1
         while seg_size < n_classes:
             seg_size *= 2
@@ -418,26 +413,26 @@ def _make_replay_static(stamp):
                 if has_deadline[r] and deadline_step[r] > max_deadline:
                     max_deadline = deadline_step[r]
 
-        phase = huge_full_nb(n, 0)
-        generated = huge_full_nb(n, 0)
-        chosen_count = huge_full_nb(n, 0)
-        enqueue_steps = huge_full_nb(n, 0)
-        wait_final = huge_full_nb(n, -1)
-        status = huge_full_nb(n, 0)
-        preemptions = huge_full_nb(n, 0)
+        phase = np.zeros(n, np.int64)
+        generated = np.zeros(n, np.int64)
+        chosen_count = np.zeros(n, np.int64)
+        enqueue_steps = np.zeros(n, np.int64)
+        wait_final = np.full(n, -1, np.int64)
+        status = np.zeros(n, np.int64)
+        preemptions = np.zeros(n, np.int64)
         admitted = np.zeros(n, np.bool_)
         enqueued = np.zeros(n, np.bool_)
-        enqueue_clock = huge_full_nb(n, 0)
-        first_step = huge_full_nb(n, E.NEVER)
-        first_token_step = huge_full_nb(n, E.NEVER)
-        finish_step = huge_full_nb(n, E.NEVER)
-        group = huge_full_nb(n, 0)
+        enqueue_clock = np.zeros(n, np.int64)
+        first_step = np.full(n, E.NEVER, np.int64)
+        first_token_step = np.full(n, E.NEVER, np.int64)
+        finish_step = np.full(n, E.NEVER, np.int64)
+        group = np.zeros(n, np.int64)
         if deadline_policy:
             for r in range(n):
                 if has_deadline[r]:
                     group[r] = 1
 
-        vk = huge_full_nb(2 * n, 0).reshape((n, 2))  # victim order: (-blocks, id)
+        vk = np.empty((n, 2), np.int64)  # victim order: (-blocks, id)
         for r in range(n):
             vk[r, 0] = -required_blocks[r]
             vk[r, 1] = request_id[r]
@@ -459,7 +454,7 @@ def _make_replay_static(stamp):
         vroot = np.full(n_classes, -1, np.int64)
         heap = np.empty((n_groups, max(n, 1)), np.int64)
         hsize = np.zeros(n_groups, np.int64)
-        hpos = huge_full_nb(n, -1)
+        hpos = np.full(n, -1, np.int64)
 
         pos = 0
         clock = np.int64(0)

@@ -24,7 +24,6 @@ from decodesched.kernels.ordered_nb import (
     heap_push_nb,
     heap_remove_nb,
     heap_sift_down_nb,
-    huge_full_nb,
     prefetch_nb,
     ND_BASE,
     ND_MAXBASE,
@@ -288,10 +287,11 @@ def test_equals_scan_with_a_backlog_on_huge_pages():
         assert_same_as_scan(trace, policy, 24, max_steps=400)
 
 
-def test_huge_full_is_np_full():
-    for n, value in ((0, 7), (5, -1), (3 * 2**20 + 3, RANK_OUT)):  # 24 MiB: advised to huge pages
-        a = huge_full_nb(n, value)
-        assert a.dtype == np.int64 and a.shape == (n,) and (a == value).all()
+def test_nodes_on_huge_pages_start_empty():
+    blocks = np.arange(3 * 2**20 // 16, dtype=np.int64) % 7 + 1  # a 3 MiB node block: advised to huge pages
+    nd, gk = treap_nodes_nb(blocks, 6)
+    assert not gk.any() and (nd[:, :2] == -1).all() and (nd[:, 2] == blocks).all() and (nd[:, 3] == blocks).all()
+    assert nd.ctypes.data % 128 == 0 and gk.ctypes.data == nd.ctypes.data + 64
 
 
 # The ordered structures on their own.
