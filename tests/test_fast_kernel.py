@@ -18,7 +18,7 @@ from oracle import POLICIES, assert_matches_model, configs, traces, wide_configs
 from decodesched.engine import policy_code, simulate, trace_arrays
 from decodesched.kernels import enums as E
 from decodesched.kernels.aging_nb import FRONT, _front_add, replay_aging_nb
-from decodesched.kernels.fast_nb import replay_fast_nb
+from decodesched.kernels.fast_nb import _sort_stable, replay_fast_nb
 from decodesched.kernels.ordered_nb import (
     RANK_OUT,
     heap_push_nb,
@@ -292,6 +292,16 @@ def test_nodes_on_huge_pages_start_empty():
     nd, gk = treap_nodes_nb(blocks, 6)
     assert not gk.any() and (nd[:, :2] == -1).all() and (nd[:, 2] == blocks).all() and (nd[:, 3] == blocks).all()
     assert nd.ctypes.data % 128 == 0 and gk.ctypes.data == nd.ctypes.data + 64
+
+
+def test_sort_stable_is_a_stable_argsort():
+    rng = np.random.default_rng(8)
+    for n, lo, hi in ((0, 0, 1), (1, 5, 6), (1_000, -5, 5), (50_000, -(2**62), 2**62), (5_000, 0, 300)):
+        key = rng.integers(lo, hi, n, dtype=np.int64)
+        key[: n // 3] = np.iinfo(np.int64).min if n > 10 else key[: n // 3]  # both ends of int64
+        key[n // 3: n // 2] = np.iinfo(np.int64).max if n > 10 else key[n // 3: n // 2]
+        idx = rng.permutation(n).astype(np.int64)
+        np.testing.assert_array_equal(_sort_stable(idx, key), idx[np.argsort(key[idx], kind="stable")])
 
 
 # The ordered structures on their own.
