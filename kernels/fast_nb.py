@@ -57,13 +57,15 @@ finishes also refreshes the cached query: O(k log P) for the records of M, O(log
 structures, and a walk in each of the G * B structures whose answer may have moved: O(log n) when
 its bucket is one class, O(k log n log k) in the worst case otherwise (the walks on the Azure trace
 with every request its own priority: 0.3-0.4 s for 4.1 M steps, as with three classes).  Nothing
-is linear in P or n.  Set-up sorts the priorities once (O(n log n)).
+is linear in P or n.  Set-up sorts the priorities once (O(n log n)) and ranks the requests' static
+keys (`_static_order`: a few radix passes per key column).
 
 Constant factors matter as much: a Numba helper with branches or loops reference-counts every
 array it receives on entry and exit (atomic operations: ~100 ns for a dozen arrays, more than a
 whole decode step).  So the per-step path updates keys in place, and every helper that allocates
 nothing is compiled with ``_nrt=False`` (no reference counting; a private but long-standing Numba
-option).  Memory: about 30 int64 per request.
+option).  Memory: about 40 int64 per request (the 128-byte node block, a dozen per-request arrays,
+the rank trees: 2-8 per request).
 
 **Policy aging** runs in `aging_nb.replay_aging_nb` (one group per residue of ``(enqueue step +
 times chosen) mod aging_interval``, held only while non-empty; see there) for any interval, and
