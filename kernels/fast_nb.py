@@ -18,10 +18,16 @@ Structures (all allocated inside the call; nothing global, safe to run per scena
 * **Waiting** (not admitted: prefill, or preempted) requests sit in one structure per (group,
   bucket of priority classes): every class its own bucket when there are at most MAX_BUCKETS (8)
   classes, else 8 contiguous ranges of classes holding about as many requests each (`_buckets`).  A
-  structure is a treap keyed by the group key with subtree aggregates min ``required_blocks`` and
-  max class; under fcfs, whose keys never change (the enqueue clock is the arrival step), two
-  segment trees over the requests' static ranks by (arrival step, request_id), prefill then
-  preempted, with the same aggregates (cache-friendlier than a treap).  A waiting request is
+  request whose key cannot change while it waits sits in a segment tree over the static ranks of
+  its structure's requests by that key (`_static_order`, `_rank_trees`), with subtree aggregates
+  min ``required_blocks`` and max class: a request in prefill (its key holds nothing the replay
+  changes), and under fcfs every waiting request (the enqueue clock is the arrival step: two trees,
+  prefill then preempted).  A preempted request under fixed_priority or deadline sits in a treap
+  keyed by the group key with the same aggregates; the structure's answer is the first of the two.
+  A rank tree is far cheaper than a treap with a large backlog: its top levels stay cached and
+  neighbouring ranks share cache lines, where a treap's 25 levels for 300 k rows are scattered rows
+  (with 1 M waiting, an arrival's insert cost ~1.9 us, and fixed_priority ran at 0.5 of its 1 k
+  rate).  A waiting request is
   runnable iff ``blocks <= free + M(class)``, where M(c) = max blocks among victims of a class below
   c is a non-decreasing step function given by its few records (the victims' prefix maxima by
   class, `_stairs`).  A structure's first runnable request is an in-order walk that skips every
@@ -51,13 +57,15 @@ finishes also refreshes the cached query: O(k log P) for the records of M, O(log
 structures, and a walk in each of the G * B structures whose answer may have moved: O(log n) when
 its bucket is one class, O(k log n log k) in the worst case otherwise (the walks on the Azure trace
 with every request its own priority: 0.3-0.4 s for 4.1 M steps, as with three classes).  Nothing
-is linear in P or n.  Set-up sorts the priorities once (O(n log n)).
+is linear in P or n.  Set-up sorts the priorities once (O(n log n)) and ranks the requests' static
+keys (`_static_order`: a few radix passes per key column).
 
 Constant factors matter as much: a Numba helper with branches or loops reference-counts every
 array it receives on entry and exit (atomic operations: ~100 ns for a dozen arrays, more than a
 whole decode step).  So the per-step path updates keys in place, and every helper that allocates
 nothing is compiled with ``_nrt=False`` (no reference counting; a private but long-standing Numba
-option).  Memory: about 30 int64 per request.
+option).  Memory: about 40 int64 per request (the 128-byte node block, a dozen per-request arrays,
+the rank trees: 2-8 per request).
 
 **Policy aging** runs in `aging_nb.replay_aging_nb` (one group per residue of ``(enqueue step +
 times chosen) mod aging_interval``, held only while non-empty; see there) for any interval, and
@@ -76,6 +84,7 @@ from .ordered_nb import (
     heap_push_nb,
     heap_remove_nb,
     heap_sift_down_nb,
+    advise_huge_pages_nb,
     key_less_nb,
     prefetch_nb,
     rank_tree_first_fit_nb,
@@ -185,76 +194,142 @@ def _buckets(pclass, n_classes):
     return bucket, n_buckets, top
 
 
-# Not cached on its own: it uses a constant of another file (see `stamp`); its caller's cache holds it.
+@njit(cache=True)
+def _sort_stable(idx, key):
+    """The rows `idx` sorted stably by ``key[row]`` (int64): an LSD radix sort over the bytes in which
+    the keys differ (two or three passes for most columns; np.argsort's merge sort took 5x longer)."""
+    n = idx.shape[0]
+    cur = idx.copy()
+    cur_u = np.empty(n, np.uint64)
+    flip = np.uint64(1) << np.uint64(63)  # int64 order as unsigned order
+    for i in range(n):
+        cur_u[i] = np.uint64(key[idx[i]]) ^ flip
+    if n == 0:
+        return cur
+    all_and = cur_u[0]
+    all_or = cur_u[0]
+    for i in range(n):
+        all_and &= cur_u[i]
+        all_or |= cur_u[i]
+    differ = all_and ^ all_or
+    out = np.empty_like(cur)
+    out_u = np.empty_like(cur_u)
+    count = np.empty(257, np.int64)
+    byte = np.uint64(255)
+    for shift in range(0, 64, 8):
+        sh = np.uint64(shift)
+        if (differ >> sh) & byte == 0:
+            continue
+        count[:] = 0
+        for i in range(n):
+            count[np.int64((cur_u[i] >> sh) & byte) + 1] += 1
+        for j in range(256):
+            count[j + 1] += count[j]
+        for i in range(n):
+            d = np.int64((cur_u[i] >> sh) & byte)
+            j = count[d]
+            count[d] = j + 1
+            out[j] = cur[i]
+            out_u[j] = cur_u[i]
+        cur, out = out, cur
+        cur_u, out_u = out_u, cur_u
+    return cur
+
+
+# Not cached on its own: it uses constants of another file (see `stamp`); its caller's cache holds it.
 @njit
-def _fcfs_rank_trees(arrival_step, request_id, bucket, n_buckets, n_classes, fcfs):
-    """fcfs's waiting structures, empty: each row's rank in its bucket by (arrival step, request_id),
-    the rows by bucket and rank (bucket b's from rank_rows[rt_start[b]]), each bucket's tree size (a
-    power of two), the offsets of the trees (bucket b: prefill at rt_base[2b], preempted at
-    rt_base[2b + 1]), their blocks, all RANK_OUT, and their classes, all -1 (length 1, none kept,
-    when every bucket is one class).  Sized 0 / 1 when not `fcfs`."""
-    n = arrival_step.shape[0] if fcfs else 0
-    rt_start = np.zeros(n_buckets + 1, np.int64)
-    rt_size = np.ones(n_buckets, np.int64)
-    rt_base = np.zeros(2 * n_buckets, np.int64)
+def _static_order(policy, request_id, arrival_step, prompt_len, max_new_tokens, pclass, cache_hit, deadline_step,
+                  has_deadline):
+    """Every row in the order of its static waiting key: under fcfs (arrival step, request_id), the key
+    of every waiting row (the enqueue clock is the arrival step); otherwise the key of a row still in
+    prefill (`_set_key` with nothing generated: only a preempted row's key depends on the replay)."""
+    idx = _sort_stable(np.arange(request_id.shape[0]), request_id)
+    if policy == E.POLICY_FCFS:
+        return _sort_stable(idx, arrival_step)
+    idx = _sort_stable(idx, prompt_len)
+    idx = _sort_stable(idx, -pclass)  # -priority
+    idx = _sort_stable(idx, np.where(cache_hit, 0, 1))
+    if policy == E.POLICY_DEADLINE:
+        idx = _sort_stable(idx, np.where(has_deadline, deadline_step - max_new_tokens - 1, 0))
+    return idx
+
+
+# Not cached on its own: it uses kernels of another file (see `stamp`); its caller's cache holds it.
+@njit
+def _rank_trees(by_key, struct, n_struct, n_h, several):
+    """The waiting structures' rank trees, empty: each row's rank among its structure's rows in the
+    order `by_key`, the rows by structure and rank (structure s's from rank_rows[rt_start[s]]), each
+    structure's tree size (a power of two), the offsets of its `n_h` trees (tree h of structure s at
+    rt_base[n_h * s + h]), their blocks, all RANK_OUT, and, when a bucket holds `several` classes,
+    their classes, all -1 (else length 1, none kept)."""
+    n = by_key.shape[0]
+    rt_start = np.zeros(n_struct + 1, np.int64)
+    rt_size = np.ones(n_struct, np.int64)
+    rt_base = np.zeros(n_h * n_struct, np.int64)
     rank = np.zeros(n, np.int64)
     rank_rows = np.zeros(n, np.int64)
-    if not fcfs:
-        return rank, rank_rows, rt_start, rt_size, rt_base, np.full(1, RANK_OUT, np.int64), np.full(1, -1, np.int64)
-    by_id = np.argsort(request_id, kind="mergesort")
-    by_arrival = by_id[np.argsort(arrival_step[by_id], kind="mergesort")]
     for r in range(n):
-        rt_start[bucket[r] + 1] += 1
-    for b in range(n_buckets):
-        while rt_size[b] < rt_start[b + 1]:
-            rt_size[b] *= 2
-        rt_start[b + 1] += rt_start[b]
+        rt_start[struct[r] + 1] += 1
+    for s in range(n_struct):
+        while rt_size[s] < rt_start[s + 1]:
+            rt_size[s] *= 2
+        rt_start[s + 1] += rt_start[s]
     fill = rt_start.copy()
-    for r in by_arrival:
-        b = bucket[r]
-        rank[r] = fill[b] - rt_start[b]
-        rank_rows[fill[b]] = r
-        fill[b] += 1
-    for q in range(1, 2 * n_buckets):
-        rt_base[q] = rt_base[q - 1] + 2 * rt_size[(q - 1) // 2]
-    total = rt_base[2 * n_buckets - 1] + 2 * rt_size[n_buckets - 1]
-    rcls = np.full(total if n_classes > n_buckets else 1, -1, np.int64)  # one class per bucket: none kept
-    return rank, rank_rows, rt_start, rt_size, rt_base, np.full(total, RANK_OUT, np.int64), rcls
+    for r in by_key:
+        s = struct[r]
+        rank[r] = fill[s] - rt_start[s]
+        rank_rows[fill[s]] = r
+        fill[s] += 1
+    for q in range(1, n_h * n_struct):
+        rt_base[q] = rt_base[q - 1] + 2 * rt_size[(q - 1) // n_h]
+    total = rt_base[n_h * n_struct - 1] + 2 * rt_size[n_struct - 1]
+    vals = np.empty(total, np.int64)
+    advise_huge_pages_nb(vals)  # 25 MB with 1 M rows, walked at the rank of every arrival
+    vals[:] = RANK_OUT
+    return rank, rank_rows, rt_start, rt_size, rt_base, vals, np.full(total if several else 1, -1, np.int64)
 
 
-# The waiting rows of structure s (group * n_buckets + bucket): a treap, or under fcfs (whose keys
-# are static: the enqueue clock is the arrival step) two rank trees over the bucket's rows' ranks by
-# (arrival step, request_id), the prefill rows' then the preempted ones' (which sort after every
-# prefill row).  Not cached on their own: they call kernels of another file (see `stamp`); their
-# callers' cache holds them.
+# The waiting rows of structure s (group * n_buckets + bucket): rows whose key is static sit in
+# rank trees over the structure's rows' ranks by that key (`_static_order`; cache-friendlier than a
+# treap: neighbouring ranks share cache lines and the top levels stay cached), the others in a
+# treap.  Under fcfs every key is static: two trees, the prefill rows' then the preempted ones' (which
+# sort after every prefill row), no treap (n_h = 2); otherwise one tree for the rows in prefill and
+# a treap for the preempted ones (n_h = 1; under deadline the two interleave).  The tree of a row in
+# phase h is h (rows of phase >= n_h: the treap).  Not cached on their own: they call kernels of
+# another file (see `stamp`); their callers' cache holds them.
 
 @njit(_nrt=False)
-def _wait_add(fcfs, s, b, r, wroot, stack, gk, nd, rt, rcls, rt_base, rt_size, rank):
-    if fcfs:
-        rank_tree_set_nb(rt, rcls, rt_base[2 * b + gk[r, 1]], rt_size[b], rank[r], nd[r, ND_BLOCKS], nd[r, ND_BASE])
+def _wait_add(n_h, s, r, wroot, stack, gk, nd, rt, rcls, rt_base, rt_size, rank):
+    h = gk[r, 1]
+    if h < n_h:
+        rank_tree_set_nb(rt, rcls, rt_base[n_h * s + h], rt_size[s], rank[r], nd[r, ND_BLOCKS], nd[r, ND_BASE])
     else:
         wroot[s] = treap_insert_nb(wroot[s], r, stack, gk, nd)
 
 
 @njit(_nrt=False)
-def _wait_remove(fcfs, s, b, r, wroot, stack, gk, nd, rt, rcls, rt_base, rt_size, rank):
-    if fcfs:
-        rank_tree_set_nb(rt, rcls, rt_base[2 * b + gk[r, 1]], rt_size[b], rank[r], RANK_OUT, -1)
+def _wait_remove(n_h, s, r, wroot, stack, gk, nd, rt, rcls, rt_base, rt_size, rank):
+    h = gk[r, 1]
+    if h < n_h:
+        rank_tree_set_nb(rt, rcls, rt_base[n_h * s + h], rt_size[s], rank[r], RANK_OUT, -1)
     else:
         wroot[s] = treap_delete_nb(wroot[s], r, stack, gk, nd)
 
 
 @njit(_nrt=False)
-def _wait_first_runnable(fcfs, s, b, free, st_c, st_b, k, wroot, nd, stack, rt, rcls, rt_base, rt_size, rt_start,
+def _wait_first_runnable(n_h, s, free, st_c, st_b, k, wroot, gk, nd, stack, rt, rcls, rt_base, rt_size, rt_start,
                          rank_rows):
-    """The first waiting row of structure s (bucket b) with blocks <= free + M(its class), or -1."""
-    if fcfs:
-        for h in range(2):
-            i = rank_tree_first_runnable_nb(rt, rcls, rt_base[2 * b + h], rt_size[b], free, st_c, st_b, k)
-            if i >= 0:
-                return rank_rows[rt_start[b] + i]
-        return -1
-    return treap_first_runnable_nb(wroot[s], free, nd, stack, st_c, st_b, k)
+    """The first waiting row of structure s with blocks <= free + M(its class), or -1."""
+    best = E.NO_ROW
+    for h in range(n_h):  # a tree's rows sort before the next tree's
+        i = rank_tree_first_runnable_nb(rt, rcls, rt_base[n_h * s + h], rt_size[s], free, st_c, st_b, k)
+        if i >= 0:
+            best = rank_rows[rt_start[s] + i]
+            break
+    t = treap_first_runnable_nb(wroot[s], free, nd, stack, st_c, st_b, k)
+    if t >= 0 and (best == E.NO_ROW or key_less_nb(gk, t, best)):
+        best = t
+    return best
 
 
 # The cached query's state (several classes per bucket): the free blocks when the cands were found
@@ -265,21 +340,24 @@ QS_N = 2
 
 
 @njit(_nrt=False)
-def _wait_first_fit(fcfs, s, b, limit, wroot, nd, rt, rt_base, rt_size, rt_start, rank_rows):
-    """The first waiting row of structure s (bucket b, one class) with blocks <= limit, or -1."""
-    if fcfs:
-        for h in range(2):
-            i = rank_tree_first_fit_nb(rt, rt_base[2 * b + h], rt_size[b], limit)
-            if i >= 0:
-                return rank_rows[rt_start[b] + i]
-        return -1
-    return treap_first_fit_nb(wroot[s], limit, nd)
+def _wait_first_fit(n_h, s, limit, wroot, gk, nd, rt, rt_base, rt_size, rt_start, rank_rows):
+    """The first waiting row of structure s (one class) with blocks <= limit, or -1."""
+    best = E.NO_ROW
+    for h in range(n_h):
+        i = rank_tree_first_fit_nb(rt, rt_base[n_h * s + h], rt_size[s], limit)
+        if i >= 0:
+            best = rank_rows[rt_start[s] + i]
+            break
+    t = treap_first_fit_nb(wroot[s], limit, nd)
+    if t >= 0 and (best == E.NO_ROW or key_less_nb(gk, t, best)):
+        best = t
+    return best
 
 
 # Not cached on its own: it calls kernels of another file (see `stamp`); its caller's cache holds it.
 @njit(_nrt=False)
 def _refresh_cands(qs, free, seg, seg_size, st_c, st_b, n_buckets, n_classes, bucket_top, pclass, cand, cand_stale,
-                   fcfs, wroot, nd, stack, rt, rcls, rt_base, rt_size, rt_start, rank_rows):
+                   n_h, wroot, gk, nd, stack, rt, rcls, rt_base, rt_size, rt_start, rank_rows):
     """Several classes per bucket: bring every structure's cand (its first runnable row) up to date
     after free blocks or victims changed.  Where runnability only shrank, a cand that still runs
     stays first (nothing before it ran before) and no cand stays none; the rest are walked again.
@@ -294,7 +372,7 @@ def _refresh_cands(qs, free, seg, seg_size, st_c, st_b, n_buckets, n_classes, bu
         b = s % n_buckets
         if cand_stale[s] or bucket_top[b] >= grow_from or (
                 c != E.NO_ROW and nd[c, ND_BLOCKS] > free + stair_at_nb(pclass[c], st_c, st_b, n_st)):
-            cand[s] = _wait_first_runnable(fcfs, s, b, free, st_c, st_b, n_st, wroot, nd, stack, rt, rcls, rt_base,
+            cand[s] = _wait_first_runnable(n_h, s, free, st_c, st_b, n_st, wroot, gk, nd, stack, rt, rcls, rt_base,
                                            rt_size, rt_start, rank_rows)
             cand_stale[s] = False
     qs[QS_FREE_SEEN] = free
@@ -441,11 +519,13 @@ def _make_replay_static(stamp):
             nd[r, ND_BASE] = pclass[r]
             nd[r, ND_MAXBASE] = pclass[r]
         stack = np.empty(n + 64, np.int64)  # treap path scratch
-        fcfs = policy == E.POLICY_FCFS
         bucket, n_buckets, bucket_top = _buckets(pclass, n_classes)
-        rank, rank_rows, rt_start, rt_size, rt_base, rt, rcls = _fcfs_rank_trees(arrival_step, request_id, bucket,
-                                                                                 n_buckets, n_classes, fcfs)
         n_struct = n_groups * n_buckets
+        n_h = 2 if policy == E.POLICY_FCFS else 1  # rank trees per structure (see `_wait_add`)
+        rank, rank_rows, rt_start, rt_size, rt_base, rt, rcls = _rank_trees(
+            _static_order(policy, request_id, arrival_step, prompt_len, max_new_tokens, pclass, cache_hit, deadline_step,
+                          has_deadline),
+            group * n_buckets + bucket, n_struct, n_h, n_classes > n_buckets)
         wroot = np.full(n_struct, -1, np.int64)  # waiting rows of each (group, bucket), by group key
         cand = np.full(n_struct, -1, np.int64)  # the first runnable one
         cand_stale = np.ones(n_struct, np.bool_)  # its cand was taken: search again
@@ -486,7 +566,7 @@ def _make_replay_static(stamp):
                          priority, cache_hit, deadline_step, has_deadline)
                 b = bucket[r]
                 s = group[r] * n_buckets + b
-                _wait_add(fcfs, s, b, r, wroot, stack, gk, nd, rt, rcls, rt_base, rt_size, rank)
+                _wait_add(n_h, s, r, wroot, stack, gk, nd, rt, rcls, rt_base, rt_size, rank)
                 fits = required_blocks[r] <= (cand_limit[s] if single else free + _seg_prefix_max(seg, seg_size,
                                                                                                      pclass[r]))
                 if fits and (cand[s] == E.NO_ROW or key_less_nb(gk, r, cand[s])):
@@ -504,15 +584,15 @@ def _make_replay_static(stamp):
                         c = cand[s]
                         # a lower limit keeps a cand that still fits (nothing before it fitted at the higher one)
                         if cand_stale[s] or limit > cand_limit[s] or (c != E.NO_ROW and nd[c, ND_BLOCKS] > limit):
-                            cand[s] = _wait_first_fit(fcfs, s, b, limit, wroot, nd, rt, rt_base, rt_size, rt_start,
+                            cand[s] = _wait_first_fit(n_h, s, limit, wroot, gk, nd, rt, rt_base, rt_size, rt_start,
                                                       rank_rows)
                             cand_stale[s] = False
                         cand_limit[s] = limit
                     changed = False
                 elif changed:
                     _refresh_cands(qs, free, seg, seg_size, st_c, st_b, n_buckets, n_classes, bucket_top, pclass,
-                                   cand, cand_stale, fcfs, wroot, nd, stack, rt, rcls, rt_base, rt_size, rt_start,
-                                   rank_rows)
+                                   cand, cand_stale, n_h, wroot, gk, nd, stack, rt, rcls, rt_base, rt_size,
+                                   rt_start, rank_rows)
                     changed = False
                 best_wait = E.NO_ROW
                 for s in range(n_struct):
@@ -537,7 +617,8 @@ def _make_replay_static(stamp):
                 break
 
             # A waiting chosen row is often cold with a large backlog: start the misses in its
-            # per-request arrays together (see `replay_aging_nb`).
+            # per-request arrays together (see `replay_aging_nb`), every array its admission reads
+            # (under fcfs with 1 M waiting, preemptions admit a cold row every ~80 steps).
             if chosen == best_wait:
                 prefetch_nb(status, chosen)
                 prefetch_nb(chosen_count, chosen)
@@ -548,6 +629,14 @@ def _make_replay_static(stamp):
                 prefetch_nb(has_deadline, chosen)
                 prefetch_nb(deadline_step, chosen)
                 prefetch_nb(preemptible, chosen)
+                prefetch_nb(admitted, chosen)
+                prefetch_nb(required_blocks, chosen)
+                prefetch_nb(pclass, chosen)
+                prefetch_nb(bucket, chosen)
+                prefetch_nb(group, chosen)
+                prefetch_nb(rank, chosen)
+                prefetch_nb(first_step, chosen)
+                prefetch_nb(hpos, chosen)
             victim = E.NO_ROW
             was_admitted = admitted[chosen]
             if not was_admitted:
@@ -568,7 +657,7 @@ def _make_replay_static(stamp):
                     heap_remove_nb(heap, hsize, hpos, group[victim], victim, gk)
                     b = bucket[victim]
                     s = group[victim] * n_buckets + b
-                    _wait_add(fcfs, s, b, victim, wroot, stack, gk, nd, rt, rcls, rt_base, rt_size, rank)
+                    _wait_add(n_h, s, victim, wroot, stack, gk, nd, rt, rcls, rt_base, rt_size, rank)
                     if not single:
                         cand_stale[s] = True
                     elif required_blocks[victim] <= cand_limit[s] and (cand[s] == E.NO_ROW
@@ -576,7 +665,7 @@ def _make_replay_static(stamp):
                         cand[s] = victim
                 b = bucket[chosen]
                 s = group[chosen] * n_buckets + b
-                _wait_remove(fcfs, s, b, chosen, wroot, stack, gk, nd, rt, rcls, rt_base, rt_size, rank)
+                _wait_remove(n_h, s, chosen, wroot, stack, gk, nd, rt, rcls, rt_base, rt_size, rank)
                 cand_stale[s] = True
                 free -= need
                 admitted[chosen] = True

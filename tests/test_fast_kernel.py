@@ -18,7 +18,7 @@ from oracle import POLICIES, assert_matches_model, configs, traces, wide_configs
 from decodesched.engine import policy_code, simulate, trace_arrays
 from decodesched.kernels import enums as E
 from decodesched.kernels.aging_nb import FRONT, _compressed_priorities, _front_add, replay_aging_nb
-from decodesched.kernels.fast_nb import replay_fast_nb
+from decodesched.kernels.fast_nb import _sort_stable, replay_fast_nb
 from decodesched.kernels.ordered_nb import (
     RANK_OUT,
     heap_push_nb,
@@ -298,6 +298,30 @@ def test_equals_scan_on_azure_prefix_at_load_1_5():
     for policy in POLICIES:
         _, req_out, summary = assert_same_as_scan(trace, policy, 400)
         assert summary[E.SM_STOP] == E.STOP_DRAINED
+
+
+def test_equals_scan_with_a_backlog_on_huge_pages():
+    # 60,000 rows: the node and key block (128 bytes a row) spans 2 MiB pages (`huge_full_nb`)
+    trace = backlog_trace(60_000, seed=5, arrival_span=300)
+    for policy in ("fixed_priority", "deadline", "fcfs"):
+        assert_same_as_scan(trace, policy, 24, max_steps=400)
+
+
+def test_nodes_on_huge_pages_start_empty():
+    blocks = np.arange(3 * 2**20 // 16, dtype=np.int64) % 7 + 1  # a 3 MiB node block: advised to huge pages
+    nd, gk = treap_nodes_nb(blocks, 6)
+    assert not gk.any() and (nd[:, :2] == -1).all() and (nd[:, 2] == blocks).all() and (nd[:, 3] == blocks).all()
+    assert nd.ctypes.data % 128 == 0 and gk.ctypes.data == nd.ctypes.data + 64
+
+
+def test_sort_stable_is_a_stable_argsort():
+    rng = np.random.default_rng(8)
+    for n, lo, hi in ((0, 0, 1), (1, 5, 6), (1_000, -5, 5), (50_000, -(2**62), 2**62), (5_000, 0, 300)):
+        key = rng.integers(lo, hi, n, dtype=np.int64)
+        key[: n // 3] = np.iinfo(np.int64).min if n > 10 else key[: n // 3]  # both ends of int64
+        key[n // 3: n // 2] = np.iinfo(np.int64).max if n > 10 else key[n // 3: n // 2]
+        idx = rng.permutation(n).astype(np.int64)
+        np.testing.assert_array_equal(_sort_stable(idx, key), idx[np.argsort(key[idx], kind="stable")])
 
 
 # The ordered structures on their own.
