@@ -14,49 +14,7 @@ is how CI tests it; it is slow there (every thread is interpreted Python).
 import numpy as np
 from numba import cuda
 
-from .enums import (
-    ACTION_DECODE_ONE_STEP,
-    ACTION_FINISH,
-    ACTION_PREFILL_TO_DECODE,
-    EV_ACTION,
-    EV_FREE,
-    EV_GENERATED,
-    EV_MISSED,
-    EV_ROW,
-    EV_STEP,
-    EV_VICTIM_ROW,
-    EV_WAIT,
-    NEVER,
-    NO_DEADLINE_SLACK,
-    NO_ROW,
-    PHASE_DECODE,
-    PHASE_PREFILL,
-    POLICY_AGING,
-    POLICY_DEADLINE,
-    POLICY_FCFS,
-    RQ_ADMITTED,
-    RQ_ENQUEUED,
-    RQ_FINISH_STEP,
-    RQ_FIRST_STEP,
-    RQ_FIRST_TOKEN_STEP,
-    RQ_GENERATED,
-    RQ_NCOLS,
-    RQ_PHASE,
-    RQ_PREEMPTIONS,
-    RQ_STATUS,
-    RQ_WAIT,
-    SM_CLOCK,
-    SM_EVENTS,
-    SM_FREE,
-    SM_STOP,
-    STATUS_FINISHED,
-    STATUS_PREEMPTED,
-    STATUS_RUNNING,
-    STATUS_WAITING,
-    STOP_DRAINED,
-    STOP_MAX_STEPS,
-    STOP_STUCK,
-)
+from . import enums as E
 
 THREADS_PER_BLOCK = 64
 
@@ -79,7 +37,7 @@ def key_less_cuda(a0, a1, a2, a3, a4, a5, b0, b1, b2, b3, b4, b5):
 
 @cuda.jit(device=True)
 def effective_priority_cuda(priority, wait, policy, aging_interval):
-    if policy == POLICY_AGING:
+    if policy == E.POLICY_AGING:
         return priority + wait // aging_interval
     return priority
 
@@ -87,17 +45,17 @@ def effective_priority_cuda(priority, wait, policy, aging_interval):
 @cuda.jit(device=True)
 def find_victim_cuda(need, c_eff, victims, s, n_victims, free, policy, aging_interval, a, priority,
                      required_blocks, request_id, req_out, base):
-    """`scan_nb.find_victim_nb` for scenario `s`: the single victim row, or NO_ROW."""
-    best = NO_ROW
+    """`scan_nb.find_victim_nb` for scenario `s`: the single victim row, or E.NO_ROW."""
+    best = E.NO_ROW
     best_eff = 0
     for i in range(n_victims):
         v = victims[s, i]
         if free + required_blocks[a + v] < need:
             continue
-        eff = effective_priority_cuda(priority[a + v], req_out[base + v, RQ_WAIT], policy, aging_interval)
+        eff = effective_priority_cuda(priority[a + v], req_out[base + v, E.RQ_WAIT], policy, aging_interval)
         if eff >= c_eff:
             continue
-        if best == NO_ROW or key_less_cuda(eff, -required_blocks[a + v], request_id[a + v], 0, 0, 0,
+        if best == E.NO_ROW or key_less_cuda(eff, -required_blocks[a + v], request_id[a + v], 0, 0, 0,
                                            best_eff, -required_blocks[a + best], request_id[a + best], 0, 0, 0):
             best = v
             best_eff = eff
@@ -128,28 +86,28 @@ def replay_batch_cuda_kernel(request_id, arrival_step, prompt_len, max_new_token
     max_events = event_start[s + 1] - ev_base
 
     for r in range(n):
-        for c in range(RQ_NCOLS):
+        for c in range(E.RQ_NCOLS):
             req_out[base + r, c] = 0
-        req_out[base + r, RQ_PHASE] = PHASE_PREFILL
-        req_out[base + r, RQ_STATUS] = STATUS_WAITING
-        req_out[base + r, RQ_FIRST_STEP] = NEVER
-        req_out[base + r, RQ_FIRST_TOKEN_STEP] = NEVER
-        req_out[base + r, RQ_FINISH_STEP] = NEVER
+        req_out[base + r, E.RQ_PHASE] = E.PHASE_PREFILL
+        req_out[base + r, E.RQ_STATUS] = E.STATUS_WAITING
+        req_out[base + r, E.RQ_FIRST_STEP] = E.NEVER
+        req_out[base + r, E.RQ_FIRST_TOKEN_STEP] = E.NEVER
+        req_out[base + r, E.RQ_FINISH_STEP] = E.NEVER
 
     n_active = 0
     pos = 0
     clock = 0
     free = sc_capacity[s]
     steps = 0
-    stop = STOP_DRAINED
+    stop = E.STOP_DRAINED
 
     while True:
         if max_steps >= 0 and steps >= max_steps:
-            stop = STOP_MAX_STEPS
+            stop = E.STOP_MAX_STEPS
             break
         while pos < n and arrival_step[a + order[a + pos]] <= clock:
             r = order[a + pos]
-            req_out[base + r, RQ_ENQUEUED] = 1
+            req_out[base + r, E.RQ_ENQUEUED] = 1
             enqueue_clock[s, r] = clock
             active[s, n_active] = r
             n_active += 1
@@ -159,14 +117,14 @@ def replay_batch_cuda_kernel(request_id, arrival_step, prompt_len, max_new_token
         max_victim_blocks = 0
         for i in range(n_active):
             r = active[s, i]
-            if req_out[base + r, RQ_ADMITTED] != 0 and preemptible[a + r]:
+            if req_out[base + r, E.RQ_ADMITTED] != 0 and preemptible[a + r]:
                 victims[s, n_victims] = r
                 n_victims += 1
                 if required_blocks[a + r] > max_victim_blocks:
                     max_victim_blocks = required_blocks[a + r]
 
-        best = NO_ROW
-        best_victim = NO_ROW
+        best = E.NO_ROW
+        best_victim = E.NO_ROW
         b0 = 0
         b1 = 0
         b2 = 0
@@ -175,10 +133,10 @@ def replay_batch_cuda_kernel(request_id, arrival_step, prompt_len, max_new_token
         b5 = 0
         for i in range(n_active):
             r = active[s, i]
-            phase = req_out[base + r, RQ_PHASE]
-            generated = req_out[base + r, RQ_GENERATED]
-            wait = req_out[base + r, RQ_WAIT]
-            if policy == POLICY_FCFS:
+            phase = req_out[base + r, E.RQ_PHASE]
+            generated = req_out[base + r, E.RQ_GENERATED]
+            wait = req_out[base + r, E.RQ_WAIT]
+            if policy == E.POLICY_FCFS:
                 k0 = phase
                 k1 = enqueue_clock[s, r]
                 k2 = request_id[a + r]
@@ -186,10 +144,10 @@ def replay_batch_cuda_kernel(request_id, arrival_step, prompt_len, max_new_token
                 k4 = 0
                 k5 = 0
             else:
-                k0 = NO_DEADLINE_SLACK
-                if policy == POLICY_DEADLINE and has_deadline[a + r]:
+                k0 = E.NO_DEADLINE_SLACK
+                if policy == E.POLICY_DEADLINE and has_deadline[a + r]:
                     remaining = max_new_tokens[a + r] - generated
-                    if phase == PHASE_PREFILL:
+                    if phase == E.PHASE_PREFILL:
                         remaining += 1
                     k0 = deadline_step[a + r] - clock - remaining
                 k1 = phase
@@ -197,17 +155,17 @@ def replay_batch_cuda_kernel(request_id, arrival_step, prompt_len, max_new_token
                 k3 = -effective_priority_cuda(priority[a + r], wait, policy, aging_interval)
                 k4 = prompt_len[a + r] + generated
                 k5 = request_id[a + r]
-            if best != NO_ROW and not key_less_cuda(k0, k1, k2, k3, k4, k5, b0, b1, b2, b3, b4, b5):
+            if best != E.NO_ROW and not key_less_cuda(k0, k1, k2, k3, k4, k5, b0, b1, b2, b3, b4, b5):
                 continue
-            victim = NO_ROW
+            victim = E.NO_ROW
             need = required_blocks[a + r]
-            if req_out[base + r, RQ_ADMITTED] == 0 and need > free:
+            if req_out[base + r, E.RQ_ADMITTED] == 0 and need > free:
                 if need > free + max_victim_blocks:
                     continue
                 c_eff = effective_priority_cuda(priority[a + r], wait, policy, aging_interval)
                 victim = find_victim_cuda(need, c_eff, victims, s, n_victims, free, policy, aging_interval, a,
                                           priority, required_blocks, request_id, req_out, base)
-                if victim == NO_ROW:
+                if victim == E.NO_ROW:
                     continue
             best = r
             best_victim = victim
@@ -218,74 +176,74 @@ def replay_batch_cuda_kernel(request_id, arrival_step, prompt_len, max_new_token
             b4 = k4
             b5 = k5
 
-        if best == NO_ROW:
+        if best == E.NO_ROW:
             if pos < n:
                 clock = arrival_step[a + order[a + pos]]
                 continue
-            stop = STOP_DRAINED if n_active == 0 else STOP_STUCK
+            stop = E.STOP_DRAINED if n_active == 0 else E.STOP_STUCK
             break
 
         chosen = best
-        if req_out[base + chosen, RQ_ADMITTED] == 0:
-            if best_victim != NO_ROW:
-                req_out[base + best_victim, RQ_ADMITTED] = 0
-                req_out[base + best_victim, RQ_STATUS] = STATUS_PREEMPTED
-                req_out[base + best_victim, RQ_PREEMPTIONS] += 1
+        if req_out[base + chosen, E.RQ_ADMITTED] == 0:
+            if best_victim != E.NO_ROW:
+                req_out[base + best_victim, E.RQ_ADMITTED] = 0
+                req_out[base + best_victim, E.RQ_STATUS] = E.STATUS_PREEMPTED
+                req_out[base + best_victim, E.RQ_PREEMPTIONS] += 1
                 free += required_blocks[a + best_victim]
             free -= required_blocks[a + chosen]
-            req_out[base + chosen, RQ_ADMITTED] = 1
-        req_out[base + chosen, RQ_STATUS] = STATUS_RUNNING
+            req_out[base + chosen, E.RQ_ADMITTED] = 1
+        req_out[base + chosen, E.RQ_STATUS] = E.STATUS_RUNNING
 
         for i in range(n_active):
             r = active[s, i]
             if r != chosen:
-                req_out[base + r, RQ_WAIT] += 1
+                req_out[base + r, E.RQ_WAIT] += 1
 
-        if req_out[base + chosen, RQ_PHASE] == PHASE_PREFILL:
-            req_out[base + chosen, RQ_PHASE] = PHASE_DECODE
-            action = ACTION_PREFILL_TO_DECODE
-            req_out[base + chosen, RQ_FIRST_STEP] = clock
+        if req_out[base + chosen, E.RQ_PHASE] == E.PHASE_PREFILL:
+            req_out[base + chosen, E.RQ_PHASE] = E.PHASE_DECODE
+            action = E.ACTION_PREFILL_TO_DECODE
+            req_out[base + chosen, E.RQ_FIRST_STEP] = clock
         else:
-            req_out[base + chosen, RQ_GENERATED] += 1
-            generated = req_out[base + chosen, RQ_GENERATED]
+            req_out[base + chosen, E.RQ_GENERATED] += 1
+            generated = req_out[base + chosen, E.RQ_GENERATED]
             if generated == 1:
-                req_out[base + chosen, RQ_FIRST_TOKEN_STEP] = clock
+                req_out[base + chosen, E.RQ_FIRST_TOKEN_STEP] = clock
             if generated >= max_new_tokens[a + chosen]:
-                action = ACTION_FINISH
+                action = E.ACTION_FINISH
                 free += required_blocks[a + chosen]
-                req_out[base + chosen, RQ_ADMITTED] = 0
-                req_out[base + chosen, RQ_STATUS] = STATUS_FINISHED
-                req_out[base + chosen, RQ_FINISH_STEP] = clock
+                req_out[base + chosen, E.RQ_ADMITTED] = 0
+                req_out[base + chosen, E.RQ_STATUS] = E.STATUS_FINISHED
+                req_out[base + chosen, E.RQ_FINISH_STEP] = clock
                 for i in range(n_active):
                     if active[s, i] == chosen:
                         active[s, i] = active[s, n_active - 1]
                         break
                 n_active -= 1
             else:
-                action = ACTION_DECODE_ONE_STEP
+                action = E.ACTION_DECODE_ONE_STEP
 
-        generated = req_out[base + chosen, RQ_GENERATED]
+        generated = req_out[base + chosen, E.RQ_GENERATED]
         missed = 0
         if has_deadline[a + chosen]:
             if clock + 1 + (max_new_tokens[a + chosen] - generated) > deadline_step[a + chosen]:
                 missed = 1
         if steps < max_events:
             e = ev_base + steps
-            events[e, EV_STEP] = clock
-            events[e, EV_ROW] = chosen
-            events[e, EV_ACTION] = action
-            events[e, EV_GENERATED] = generated
-            events[e, EV_WAIT] = req_out[base + chosen, RQ_WAIT]
-            events[e, EV_FREE] = free
-            events[e, EV_VICTIM_ROW] = best_victim
-            events[e, EV_MISSED] = missed
+            events[e, E.EV_STEP] = clock
+            events[e, E.EV_ROW] = chosen
+            events[e, E.EV_ACTION] = action
+            events[e, E.EV_GENERATED] = generated
+            events[e, E.EV_WAIT] = req_out[base + chosen, E.RQ_WAIT]
+            events[e, E.EV_FREE] = free
+            events[e, E.EV_VICTIM_ROW] = best_victim
+            events[e, E.EV_MISSED] = missed
         clock += 1
         steps += 1
 
-    summary[s, SM_EVENTS] = steps
-    summary[s, SM_CLOCK] = clock
-    summary[s, SM_FREE] = free
-    summary[s, SM_STOP] = stop
+    summary[s, E.SM_EVENTS] = steps
+    summary[s, E.SM_CLOCK] = clock
+    summary[s, E.SM_FREE] = free
+    summary[s, E.SM_STOP] = stop
 
 
 def replay_batch_cuda(request_id, arrival_step, prompt_len, max_new_tokens, priority, cache_hit,

@@ -30,22 +30,7 @@ from types import FunctionType
 import numpy as np
 from numba import njit
 
-from .enums import (
-    ACTION_FINISH,
-    NEVER,
-    NO_DEADLINE_SLACK,
-    NO_ROW,
-    PHASE_PREFILL,
-    POLICY_AGING,
-    POLICY_DEADLINE,
-    POLICY_FCFS,
-    STATUS_FINISHED,
-    STATUS_PREEMPTED,
-    STATUS_RUNNING,
-    STOP_DRAINED,
-    STOP_MAX_STEPS,
-    STOP_STUCK,
-)
+from . import enums as E
 from .stamp import source_stamp
 from .step_nb import advance_nb, record_step_nb, write_state_nb
 
@@ -62,7 +47,7 @@ RequestView = namedtuple("RequestView", REQUEST_FIELDS)
 @njit(cache=True)
 def builtin_effective_priority_nb(r, clock, policy, aging_interval):
     """Business priority, plus one level per `aging_interval` waited steps under aging."""
-    if policy == POLICY_AGING:
+    if policy == E.POLICY_AGING:
         return r.priority + r.wait_steps // aging_interval
     return r.priority
 
@@ -75,12 +60,12 @@ def builtin_key_nb(r, clock, policy, aging_interval):
     ``(slack, phase_rank, cache_rank, -effective_priority, total_len)``.
     """
     zero = np.int64(0)
-    if policy == POLICY_FCFS:
+    if policy == E.POLICY_FCFS:
         return (r.phase, r.arrival_step, zero, zero, zero)
-    slack = np.int64(NO_DEADLINE_SLACK)
-    if policy == POLICY_DEADLINE and r.has_deadline:
+    slack = np.int64(E.NO_DEADLINE_SLACK)
+    if policy == E.POLICY_DEADLINE and r.has_deadline:
         remaining = r.max_new_tokens - r.generated_len
-        if r.phase == PHASE_PREFILL:
+        if r.phase == E.PHASE_PREFILL:
             remaining += 1
         slack = r.deadline_step - clock - remaining
     eff = builtin_effective_priority_nb(r, clock, policy, aging_interval)
@@ -135,9 +120,9 @@ def _make_replay_scan(stamp):
         admitted = np.zeros(n, np.bool_)
         enqueued = np.zeros(n, np.bool_)
         enqueue_clock = np.zeros(n, np.int64)
-        first_step = np.full(n, NEVER, np.int64)
-        first_token_step = np.full(n, NEVER, np.int64)
-        finish_step = np.full(n, NEVER, np.int64)
+        first_step = np.full(n, E.NEVER, np.int64)
+        first_token_step = np.full(n, E.NEVER, np.int64)
+        finish_step = np.full(n, E.NEVER, np.int64)
         active = np.empty(n, np.int64)  # unfinished enqueued rows, in no particular order
         victims = np.empty(n, np.int64)  # scratch: admitted preemptible rows of this step
         victim_eff = np.empty(n, np.int64)  # their effective priorities
@@ -148,11 +133,11 @@ def _make_replay_scan(stamp):
         clock = np.int64(0)
         free = np.int64(free_kv_blocks)
         steps = np.int64(0)
-        stop = STOP_DRAINED
+        stop = E.STOP_DRAINED
 
         while True:
             if max_steps >= 0 and steps >= max_steps:
-                stop = STOP_MAX_STEPS
+                stop = E.STOP_MAX_STEPS
                 break
             while pos < n and arrival_step[order[pos]] <= clock:
                 r = order[pos]
@@ -185,7 +170,7 @@ def _make_replay_scan(stamp):
 
             # The first candidate in key order that can run: admitted, fits, or can preempt one victim.
             # Failed attempts change nothing in the seed, so this equals its walk over sorted candidates.
-            best = NO_ROW
+            best = E.NO_ROW
             best_eff = np.int64(0)
             if n_active > 0:
                 r = active[0]
@@ -199,7 +184,7 @@ def _make_replay_scan(stamp):
                                            cache_hit, deadline_step, has_deadline, preemptible, phase, generated, wait,
                                            preemptions, admitted)
                     key = _key_nb(view, clock, policy, aging_interval) + (request_id[r],)
-                    if best != NO_ROW and not key < best_key:
+                    if best != E.NO_ROW and not key < best_key:
                         continue
                     eff = np.int64(0)
                     if not admitted[r] and required_blocks[r] > free:
@@ -211,26 +196,26 @@ def _make_replay_scan(stamp):
                     best_key = key
                     best_eff = eff
 
-            if best == NO_ROW:
+            if best == E.NO_ROW:
                 if pos < n:
                     clock = arrival_step[order[pos]]  # idle gap: jump, nobody waits
                     continue
-                stop = STOP_DRAINED if n_active == 0 else STOP_STUCK
+                stop = E.STOP_DRAINED if n_active == 0 else E.STOP_STUCK
                 break
 
             chosen = best
-            victim = NO_ROW
+            victim = E.NO_ROW
             if not admitted[chosen]:
                 if required_blocks[chosen] > free:
                     victim = find_victim_nb(required_blocks[chosen], best_eff, victims, victim_eff, n_victims, free,
                                             required_blocks, request_id)
                     admitted[victim] = False
-                    status[victim] = STATUS_PREEMPTED
+                    status[victim] = E.STATUS_PREEMPTED
                     preemptions[victim] += 1
                     free += required_blocks[victim]
                 free -= required_blocks[chosen]
                 admitted[chosen] = True
-            status[chosen] = STATUS_RUNNING
+            status[chosen] = E.STATUS_RUNNING
 
             for i in range(n_active):
                 r = active[i]
@@ -238,10 +223,10 @@ def _make_replay_scan(stamp):
                     wait[r] += 1
 
             action = advance_nb(chosen, clock, phase, generated, max_new_tokens, first_step, first_token_step)
-            if action == ACTION_FINISH:
+            if action == E.ACTION_FINISH:
                 free += required_blocks[chosen]
                 admitted[chosen] = False
-                status[chosen] = STATUS_FINISHED
+                status[chosen] = E.STATUS_FINISHED
                 finish_step[chosen] = clock
                 for i in range(n_active):
                     if active[i] == chosen:
@@ -265,20 +250,20 @@ replay_scan_nb = _make_replay_scan(SOURCE_STAMP)
 
 @njit(cache=True)
 def find_victim_nb(need, challenger_eff, victims, victim_eff, n_victims, free, required_blocks, request_id):
-    """The seed's single victim for a challenger needing `need` blocks, or NO_ROW.
+    """The seed's single victim for a challenger needing `need` blocks, or E.NO_ROW.
 
     Among the `n_victims` admitted preemptible rows `victims` (effective priorities `victim_eff`)
     with effective priority strictly below `challenger_eff` whose blocks, added to `free`, cover
     `need`: the first in order (effective_priority, -required_blocks, request_id).
     """
-    best = NO_ROW
+    best = E.NO_ROW
     best_eff = np.int64(0)
     for i in range(n_victims):
         v = victims[i]
         eff = victim_eff[i]
         if free + required_blocks[v] < need or eff >= challenger_eff:
             continue
-        if best == NO_ROW or (eff, -required_blocks[v], request_id[v]) < (
+        if best == E.NO_ROW or (eff, -required_blocks[v], request_id[v]) < (
             best_eff, -required_blocks[best], request_id[best]
         ):
             best = v
