@@ -80,11 +80,10 @@ SOURCE_STAMP = source_stamp("enums.py", "ordered_nb.py", "step_nb.py")
 FRONT = 6
 BIG = 2**62
 
-# Columns of the aging key matrix: residue, phase, cache rank, -base, total_len, request_id.
-AK_RHO = 0
+# Columns of the aging key matrix: the residue's slot, phase, cache rank, -base, total_len, request_id.
+AK_SLOT = 0
 AK_PHASE = 1
 AK_NEG_BASE = 3
-AK_TOTAL = 4
 
 # Columns of the victim matrix (see `_victims_add`).
 VC_W = 0
@@ -249,10 +248,10 @@ def _set_aging_key(r, a, k, slot, gk, nd, phase, cache_hit, priority, total_len,
     """Row r's key in residue a mod k, whose structures live in `slot` (column 0 holds the slot)."""
     rho = a % k
     base = priority - (a - rho) // k
-    gk[r, 0] = slot
+    gk[r, AK_SLOT] = slot
     gk[r, 1] = phase
     gk[r, 2] = 0 if cache_hit else 1
-    gk[r, 3] = -base
+    gk[r, AK_NEG_BASE] = -base
     gk[r, 4] = total_len
     gk[r, 5] = request_id
     nd[r, ND_BASE] = base
@@ -578,7 +577,7 @@ def _replay_loop(request_id, arrival_step, prompt_len, max_new_tokens, priority,
             prefetch_nb(deadline_step, chosen)
             if admitted[chosen]:
                 break
-            sl = gk[chosen, 0]
+            sl = gk[chosen, AK_SLOT]
             shift = sh[sl]
             # (its blocks read from its node, which the walk has just touched: already in cache)
             if _fits(nd[chosen, ND_BLOCKS], nd[chosen, ND_BASE] + shift, free, n_v, vic, steps, k):
@@ -602,7 +601,7 @@ def _replay_loop(request_id, arrival_step, prompt_len, max_new_tokens, priority,
 
         victim = E.NO_ROW
         was_admitted = admitted[chosen]
-        s_old = gk[chosen, 0]
+        s_old = gk[chosen, AK_SLOT]
         if was_admitted:
             aroot[s_old] = treap_delete_nb(aroot[s_old], chosen, stack, gk, nd)
             afirst[s_old] = treap_first_nb(aroot[s_old], nd)
@@ -610,7 +609,7 @@ def _replay_loop(request_id, arrival_step, prompt_len, max_new_tokens, priority,
         else:
             need = nd[chosen, ND_BLOCKS]
             if need > free:
-                e_c = -gk[chosen, 3] + sh[s_old]
+                e_c = -gk[chosen, AK_NEG_BASE] + sh[s_old]
                 best_e = np.int64(0)
                 # The seed's victim: lowest effective priority, then most blocks, then smallest id,
                 # among victims below the challenger that free enough blocks.
@@ -633,7 +632,7 @@ def _replay_loop(request_id, arrival_step, prompt_len, max_new_tokens, priority,
                 admitted[victim] = False
                 status[victim] = E.STATUS_PREEMPTED
                 free += required_blocks[victim]
-                rv = gk[victim, 0]  # its slot keeps a row throughout: out of aroot, into wroot
+                rv = gk[victim, AK_SLOT]  # its slot keeps a row throughout: out of aroot, into wroot
                 aroot[rv] = treap_delete_nb(aroot[rv], victim, stack, gk, nd)
                 afirst[rv] = treap_first_nb(aroot[rv], nd)
                 if wpos[rv] < 0:
