@@ -64,10 +64,8 @@ from .ordered_nb import (
     ND_MAXBASE,
     ND_MINB,
     ND_RIGHT,
-    key_less_nb,
     prefetch_nb,
     treap_delete_nb,
-    treap_first_nb,
     treap_insert_nb,
     treap_nodes_nb,
 )
@@ -84,6 +82,22 @@ BIG = 2**62
 AK_SLOT = 0
 AK_PHASE = 1
 AK_NEG_BASE = 3
+AK_PACKED = 6  # cache rank and -base in one int64, for the admitted heaps (see `_set_aging_key`)
+AK_NCOLS = 7
+CACHE_BIT = 2**62
+
+# Columns of the heap table (see `_adm_put`).
+HM_LO = 0
+HM_CAP = 1
+HM_N = 2
+HM_HOT = 3
+HM_NCOLS = 4
+
+# Flags of a dirty slot (see `_mark`): its leaf may be out of date; its waiting rows' answers may be
+# (waiting rows joined or left, or more of them may run); its leaf's key or shift changed.
+DIRTY_LEAF = 1
+DIRTY_WAIT = 2
+DIRTY_KEY = 4
 
 # Columns of the victim matrix (see `_victims_add`).
 VC_W = 0
@@ -105,6 +119,20 @@ def _real_less(gk, sh, a, b):
     eb = -gk[b, 3] + sh[gk[b, 0]]
     if ea != eb:
         return ea > eb
+    if gk[a, 4] != gk[b, 4]:
+        return gk[a, 4] < gk[b, 4]
+    return gk[a, 5] < gk[b, 5]
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _slot_less(gk, a, b):
+    """Row a before row b, both of one slot (column 0 equal): `key_less_nb` unrolled."""
+    if gk[a, 1] != gk[b, 1]:
+        return gk[a, 1] < gk[b, 1]
+    if gk[a, 2] != gk[b, 2]:
+        return gk[a, 2] < gk[b, 2]
+    if gk[a, 3] != gk[b, 3]:
+        return gk[a, 3] < gk[b, 3]
     if gk[a, 4] != gk[b, 4]:
         return gk[a, 4] < gk[b, 4]
     return gk[a, 5] < gk[b, 5]
@@ -179,20 +207,50 @@ def _front_add(s, b, x, fb, fx, fn):
 
 
 @njit(cache=True, _nrt=False, inline="always")
-def _front_may_run(s, free, shift, fb, fx, fn, n_v, vic, steps, k):
-    """Whether a row before slot s's cached answer may run now (always, when fn[s] < 0)."""
+def _victims_below(lim, n_v, vic, j):
+    """The number of victims with ``w < lim`` (a prefix of the victim matrix), from the guess j:
+    checked in O(1), searched only when wrong."""
+    if j > n_v:
+        j = n_v
+    if (j == 0 or vic[j - 1, VC_W] < lim) and (j == n_v or vic[j, VC_W] >= lim):
+        return j
+    lo = 0
+    hi = n_v
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if vic[mid, VC_W] < lim:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _front_may_run(s, free, shift, fb, fx, fn, fj, n_v, vic, steps, k):
+    """Whether a row before slot s's cached answer may run now (always, when fn[s] < 0).  Point i
+    runs when its blocks fit in free + M(its base + shift), the prefix maxima of the victims with
+    ``w < (base + shift) * K - steps``; fj[s, i] keeps that prefix's length from the last check as
+    the guess for the next (at the step when a residue's priorities rise the limit is the same
+    each time, ``base * K - rho``, and the victims rarely move)."""
     n = fn[s]
     if n < 0:
         return True
     # The last point has the fewest blocks (see `_front_add`): it alone decides when it fits in the
     # free blocks, or not even with the largest victim's.
-    if n == 0 or fb[s, n - 1] > free + (vic[n_v - 1, VC_PMAX] if n_v > 0 else 0):
+    last = fb[s, n - 1] if n > 0 else np.int64(0)
+    if n == 0 or last > free + (vic[n_v - 1, VC_PMAX] if n_v > 0 else 0):
         return False
-    if fb[s, n - 1] <= free:
+    if last <= free:
         return True
     for i in range(n):
-        if _fits(fb[s, i], fx[s, i] + shift, free, n_v, vic, steps, k):
+        j = _victims_below((fx[s, i] + shift) * k - steps, n_v, vic, fj[s, i])
+        fj[s, i] = j
+        room = free + (vic[j - 1, VC_PMAX] if j > 0 else 0)
+        if fb[s, i] <= room:
             return True
+        # M is largest at the first point's base: when even that leaves the fewest blocks out, none fits.
+        if i == 0 and last > room:
+            return False
     return False
 
 
@@ -222,12 +280,12 @@ def _first_runnable(s, root, free, shift, nd, stack, n_v, vic, steps, k, fb, fx,
 
 
 @njit(cache=True, _nrt=False, inline="always")
-def _half_answer(q, wroot, cand, free, shift, nd, stack, n_v, vic, steps, k, fb, fx, fn):
+def _half_answer(q, wroot, cand, free, shift, nd, stack, n_v, vic, steps, k, fb, fx, fn, fj):
     """Half q's first runnable row, walking it again only when a row before its cached answer may run."""
     if wroot[q] < 0:
         cand[q] = -1
         fn[q] = 0
-    elif _front_may_run(q, free, shift, fb, fx, fn, n_v, vic, steps, k):
+    elif _front_may_run(q, free, shift, fb, fx, fn, fj, n_v, vic, steps, k):
         cand[q] = _first_runnable(q, wroot[q], free, shift, nd, stack, n_v, vic, steps, k, fb, fx, fn)
     return cand[q]
 
@@ -237,21 +295,26 @@ def _half_answer(q, wroot, cand, free, shift, nd, stack, n_v, vic, steps, k, fb,
 def _wait_insert(q, r, wroot, cand, stack, gk, nd, blocks, fb, fx, fn):
     """Row r joins half q's waiting treap; returns whether it lands before the cached answer."""
     wroot[q] = treap_insert_nb(wroot[q], r, stack, gk, nd)
-    if fn[q] >= 0 and (cand[q] < 0 or key_less_nb(gk, r, cand[q])):
+    if fn[q] >= 0 and (cand[q] < 0 or _slot_less(gk, r, cand[q])):
         _front_add(q, blocks, nd[r, ND_BASE], fb, fx, fn)
         return True
     return False
 
 
 @njit(cache=True, _nrt=False)
-def _set_aging_key(r, a, k, slot, gk, nd, phase, cache_hit, priority, total_len, request_id):
-    """Row r's key in residue a mod k, whose structures live in `slot` (column 0 holds the slot)."""
+def _set_aging_key(r, a, k, slot, gk, nd, phase, cache_hit, priority, top, total_len, request_id):
+    """Row r's key in residue a mod k, whose structures live in `slot` (column 0 holds the slot).
+    Column AK_PACKED orders (cache rank, -base) as one int64: ``top - base`` lies in [0, 2**62) for
+    every base (at most the top compressed priority, `top`, and at least ``-work // k - 1``; see
+    `_compressed_priorities`).  It is never reached by `key_less_nb`: the request ids before it differ."""
     rho = a % k
     base = priority - (a - rho) // k
+    rank = 0 if cache_hit else 1
     gk[r, AK_SLOT] = slot
     gk[r, 1] = phase
-    gk[r, 2] = 0 if cache_hit else 1
+    gk[r, 2] = rank
     gk[r, AK_NEG_BASE] = -base
+    gk[r, AK_PACKED] = rank * CACHE_BIT + (top - base)
     gk[r, 4] = total_len
     gk[r, 5] = request_id
     nd[r, ND_BASE] = base
@@ -304,7 +367,7 @@ def _slot_lookup(rho, hkey, hval, mask):
 
 
 @njit(cache=True, _nrt=False)
-def _slot_acquire(rho, steps, k, hkey, hval, mask, free_slots, n_free, s_rho, sh, wroot, aroot, cand, afirst,
+def _slot_acquire(rho, steps, k, hkey, hval, mask, free_slots, n_free, s_rho, sh, wroot, hmeta, cand, afirst,
                   fn):
     """The slot of residue rho, a fresh one (empty, shift (steps - rho) // K) if it has none; returns
     (slot, n_free)."""
@@ -323,7 +386,8 @@ def _slot_acquire(rho, steps, k, hkey, hval, mask, free_slots, n_free, s_rho, sh
         wroot[q] = -1
         cand[q] = -1
         fn[q] = 0
-    aroot[s] = -1
+    hmeta[s, HM_N] = 0  # its heap keeps its room
+    hmeta[s, HM_HOT] = -1
     afirst[s] = -1
     return s, n_free
 
@@ -374,11 +438,12 @@ def _tree_set(tb, size, s, row, gk, sh):
 
 
 @njit(cache=True, _nrt=False)
-def _mark(s, dirty, in_dirty, n_d):
-    if not in_dirty[s]:
-        in_dirty[s] = True
+def _mark(s, flags, dirty, in_dirty, n_d):
+    """Queue slot s as dirty (once), with `flags` (DIRTY_*) added to its own."""
+    if in_dirty[s] == 0:
         dirty[n_d] = s
         n_d += 1
+    in_dirty[s] |= flags
     return n_d
 
 
@@ -390,6 +455,128 @@ def _front_low(q, fb, fn):
     if fn[q] == 0:
         return np.int64(BIG)
     return fb[q, fn[q] - 1]  # bases descending, so blocks descending too
+
+
+# The admitted rows of a slot (all in decode phase) are its *hot* row hmeta[s, HM_HOT] (the last
+# one chosen into it, or -1) and a binary heap by `_adm_less` of the others: the heap's place in the
+# pool ``hp`` starts at hmeta[s, HM_LO], with room for hmeta[s, HM_CAP] rows, hmeta[s, HM_N] of them
+# used, and hpos[row] is a row's place in its heap.  The last row of hmeta holds the pool's first
+# unused place (HM_LO) and its size (HM_CAP).  A heap that is full moves to the end of the pool with
+# twice the room; a full pool is first repacked (`_adm_grow`).  A decode step of an admitted row takes
+# it from one slot and puts it in the next; a request is often chosen several steps running, and
+# then it only moves from hot place to hot place (a heap holds the row it displaces: O(log A) with A
+# admitted rows).
+
+@njit(cache=True, _nrt=False, inline="always")
+def _adm_less(gk, a, b):
+    """Admitted row a before admitted row b of the same slot (phase and slot equal): cache rank and
+    -base (packed), total_len, request_id."""
+    if gk[a, AK_PACKED] != gk[b, AK_PACKED]:
+        return gk[a, AK_PACKED] < gk[b, AK_PACKED]
+    if gk[a, 4] != gk[b, 4]:
+        return gk[a, 4] < gk[b, 4]
+    return gk[a, 5] < gk[b, 5]
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _adm_up(hp, lo, hpos, i, x, gk):
+    """Put row x at place i of the heap at lo, or above it while it sorts before its parent."""
+    while i > 0:
+        p = (i - 1) >> 1
+        y = hp[lo + p]
+        if not _adm_less(gk, x, y):
+            break
+        hp[lo + i] = y
+        hpos[y] = i
+        i = p
+    hp[lo + i] = x
+    hpos[x] = i
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _adm_first(s, hp, hmeta, gk):
+    """Slot s's first admitted row (-1 if it has none): its hot row or its heap's top."""
+    h = hmeta[s, HM_HOT]
+    if hmeta[s, HM_N] == 0:
+        return h
+    r = hp[hmeta[s, HM_LO]]
+    return h if h >= 0 and _adm_less(gk, h, r) else r
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _adm_take(s, x, hp, hmeta, hpos, gk):
+    """Admitted row x leaves slot s; returns the slot's first admitted row (-1 if none is left)."""
+    if hmeta[s, HM_HOT] == x:
+        hmeta[s, HM_HOT] = -1
+        return _adm_first(s, hp, hmeta, gk)
+    lo = hmeta[s, HM_LO]
+    n = hmeta[s, HM_N] - 1
+    hmeta[s, HM_N] = n
+    i = hpos[x]
+    hpos[x] = -1
+    if i < n:
+        # Bottom-up: the hole sinks to a leaf along the smaller children (one comparison a level),
+        # where the last row goes in and rises (rarely far: it was a leaf).
+        while True:
+            c = 2 * i + 1
+            if c >= n:
+                break
+            y = hp[lo + c]
+            if c + 1 < n:
+                z = hp[lo + c + 1]
+                if _adm_less(gk, z, y):
+                    c += 1
+                    y = z
+            hp[lo + i] = y
+            hpos[y] = i
+            i = c
+        _adm_up(hp, lo, hpos, i, hp[lo + n], gk)
+    return _adm_first(s, hp, hmeta, gk)
+
+
+@njit(cache=True, _nrt=False)
+def _adm_grow(s, hp, hmeta, tmp):
+    """Give slot s's full heap twice its room at the end of the pool.  When the pool has no room
+    left, every heap is first repacked (through `tmp`) with room for twice its rows: the pool holds
+    4 places per row, so a repack leaves at least half of it free and costs O(1) per push."""
+    m = hmeta.shape[0] - 1
+    cap = max(2, 2 * hmeta[s, HM_CAP])
+    if hmeta[m, HM_LO] + cap > hmeta[m, HM_CAP]:
+        top = 0
+        for t in range(m):
+            lo = hmeta[t, HM_LO]
+            for j in range(hmeta[t, HM_N]):
+                tmp[top + j] = hp[lo + j]
+            hmeta[t, HM_LO] = top
+            hmeta[t, HM_CAP] = 2 * hmeta[t, HM_N]
+            top += hmeta[t, HM_CAP]
+        for j in range(top):
+            hp[j] = tmp[j]
+        hmeta[m, HM_LO] = top
+        if hmeta[s, HM_N] < hmeta[s, HM_CAP]:
+            return
+    lo = hmeta[s, HM_LO]
+    new = hmeta[m, HM_LO]
+    for j in range(hmeta[s, HM_N]):
+        hp[new + j] = hp[lo + j]
+    hmeta[s, HM_LO] = new
+    hmeta[s, HM_CAP] = cap
+    hmeta[m, HM_LO] = new + cap
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _adm_put(s, x, hp, hmeta, hpos, gk, tmp):
+    """Row x, just chosen, joins slot s as its hot row; the row it displaces joins the heap.
+    Returns the slot's first admitted row."""
+    h = hmeta[s, HM_HOT]
+    hmeta[s, HM_HOT] = x
+    if h >= 0:
+        n = hmeta[s, HM_N]
+        if n == hmeta[s, HM_CAP]:
+            _adm_grow(s, hp, hmeta, tmp)
+        hmeta[s, HM_N] = n + 1
+        _adm_up(hp, hmeta[s, HM_LO], hpos, n, h, gk)
+    return _adm_first(s, hp, hmeta, gk)
 
 
 # The victims (admitted preemptible rows) are the rows of the matrix ``vic`` (columns VC_*) in
@@ -475,7 +662,7 @@ def _mark_may_run(free, n_v, vic, wlist, n_w, fb, fn, dirty, in_dirty, n_d):
     for i in range(n_w):
         sl = wlist[i]
         if _front_low(2 * sl, fb, fn) <= top or _front_low(2 * sl + 1, fb, fn) <= top:
-            n_d = _mark(sl, dirty, in_dirty, n_d)
+            n_d = _mark(sl, DIRTY_WAIT, dirty, in_dirty, n_d)
     return n_d
 
 
@@ -500,11 +687,11 @@ def _list_remove(lst, lpos, cnt, s):
 # Without NRT, so that the helpers inlined into the loop carry no reference counting.
 @njit(_nrt=False)
 def _replay_loop(request_id, arrival_step, prompt_len, max_new_tokens, priority, cache_hit, required_blocks,
-                 deadline_step, has_deadline, preemptible, order, free_kv_blocks, max_steps, events, k, phase,
+                 deadline_step, has_deadline, preemptible, order, free_kv_blocks, max_steps, events, k, top, phase,
                  generated, chosen_count, enqueue_steps, wait_final, status, preemptions, admitted, enqueued,
                  first_step, first_token_step, finish_step, nd, gk, stack, hkey, hval, mask, free_slots, n_free,
-                 s_rho, wroot, cand, fb, fx, fn, aroot, afirst, sh, wlist, wpos, tb, t_leaves, dirty, in_dirty,
-                 retree, vic, v_pos):
+                 s_rho, wroot, cand, fb, fx, fn, fj, hp, hmeta, hpos, htmp, afirst, sh, wlist, wpos, tb, t_leaves,
+                 dirty, in_dirty, vic, v_pos):
     """The replay loop of `replay_aging_nb` over its state arrays; returns (steps, clock, free, stop)."""
     n = request_id.shape[0]
     n_w = 0
@@ -531,28 +718,34 @@ def _replay_loop(request_id, arrival_step, prompt_len, max_new_tokens, priority,
             if required_blocks[r] > capacity:
                 continue  # can never be admitted
             sl, n_free = _slot_acquire(steps % k, steps, k, hkey, hval, mask, free_slots, n_free, s_rho, sh,
-                                       wroot, aroot, cand, afirst, fn)
-            _set_aging_key(r, steps, k, sl, gk, nd, E.PHASE_PREFILL, cache_hit[r], priority[r], prompt_len[r],
+                                       wroot, hmeta, cand, afirst, fn)
+            _set_aging_key(r, steps, k, sl, gk, nd, E.PHASE_PREFILL, cache_hit[r], priority[r], top, prompt_len[r],
                            request_id[r])
             if wpos[sl] < 0:
                 n_w = _list_add(wlist, wpos, n_w, sl)
             if _wait_insert(2 * sl, r, wroot, cand, stack, gk, nd, required_blocks[r], fb, fx, fn):
-                n_d = _mark(sl, dirty, in_dirty, n_d)
+                n_d = _mark(sl, DIRTY_WAIT, dirty, in_dirty, n_d)
 
         for i in range(n_d):
             sl = dirty[i]
-            in_dirty[sl] = False
+            flags = in_dirty[sl]
+            in_dirty[sl] = 0
             # the decode half only matters when no prefill row runs
-            c = _half_answer(2 * sl, wroot, cand, free, sh[sl], nd, stack, n_v, vic, steps, k, fb, fx, fn)
-            if c == E.NO_ROW:
-                c = _half_answer(2 * sl + 1, wroot, cand, free, sh[sl], nd, stack, n_v, vic, steps, k, fb, fx,
-                                 fn)
+            if flags & DIRTY_WAIT:
+                c = _half_answer(2 * sl, wroot, cand, free, sh[sl], nd, stack, n_v, vic, steps, k, fb, fx, fn,
+                                 fj)
+                if c == E.NO_ROW:
+                    c = _half_answer(2 * sl + 1, wroot, cand, free, sh[sl], nd, stack, n_v, vic, steps, k, fb,
+                                     fx, fn, fj)
+            else:  # only its admitted rows changed: the cached answers stand
+                c = cand[2 * sl]
+                if c == E.NO_ROW:
+                    c = cand[2 * sl + 1]
             f = afirst[sl]
-            if c == E.NO_ROW or (f != E.NO_ROW and key_less_nb(gk, f, c)):
+            if c == E.NO_ROW or (f != E.NO_ROW and _slot_less(gk, f, c)):
                 c = f
-            if c != tb[t_leaves + sl] or retree[sl]:
+            if c != tb[t_leaves + sl] or flags & DIRTY_KEY:
                 _tree_set(tb, t_leaves, sl, c, gk, sh)
-                retree[sl] = False
         n_d = 0
         # The top of the tree, once it runs, is the step's request (see `tb`).
         while True:
@@ -586,9 +779,9 @@ def _replay_loop(request_id, arrival_step, prompt_len, max_new_tokens, priority,
             c = _first_runnable(q, wroot[q], free, shift, nd, stack, n_v, vic, steps, k, fb, fx, fn)
             cand[q] = c
             if c == E.NO_ROW and q % 2 == 0:
-                c = _half_answer(q + 1, wroot, cand, free, shift, nd, stack, n_v, vic, steps, k, fb, fx, fn)
+                c = _half_answer(q + 1, wroot, cand, free, shift, nd, stack, n_v, vic, steps, k, fb, fx, fn, fj)
             f = afirst[sl]
-            if c == E.NO_ROW or (f != E.NO_ROW and key_less_nb(gk, f, c)):
+            if c == E.NO_ROW or (f != E.NO_ROW and _slot_less(gk, f, c)):
                 c = f
             _tree_set(tb, t_leaves, sl, c, gk, sh)
 
@@ -603,9 +796,8 @@ def _replay_loop(request_id, arrival_step, prompt_len, max_new_tokens, priority,
         was_admitted = admitted[chosen]
         s_old = gk[chosen, AK_SLOT]
         if was_admitted:
-            aroot[s_old] = treap_delete_nb(aroot[s_old], chosen, stack, gk, nd)
-            afirst[s_old] = treap_first_nb(aroot[s_old], nd)
-            n_d = _mark(s_old, dirty, in_dirty, n_d)
+            afirst[s_old] = _adm_take(s_old, chosen, hp, hmeta, hpos, gk)
+            n_d = _mark(s_old, DIRTY_LEAF, dirty, in_dirty, n_d)
         else:
             need = nd[chosen, ND_BLOCKS]
             if need > free:
@@ -632,13 +824,12 @@ def _replay_loop(request_id, arrival_step, prompt_len, max_new_tokens, priority,
                 admitted[victim] = False
                 status[victim] = E.STATUS_PREEMPTED
                 free += required_blocks[victim]
-                rv = gk[victim, AK_SLOT]  # its slot keeps a row throughout: out of aroot, into wroot
-                aroot[rv] = treap_delete_nb(aroot[rv], victim, stack, gk, nd)
-                afirst[rv] = treap_first_nb(aroot[rv], nd)
+                rv = gk[victim, AK_SLOT]  # its slot keeps a row throughout: out of its heap, into wroot
+                afirst[rv] = _adm_take(rv, victim, hp, hmeta, hpos, gk)
                 if wpos[rv] < 0:
                     n_w = _list_add(wlist, wpos, n_w, rv)
                 _wait_insert(2 * rv + 1, victim, wroot, cand, stack, gk, nd, required_blocks[victim], fb, fx, fn)
-                n_d = _mark(rv, dirty, in_dirty, n_d)
+                n_d = _mark(rv, DIRTY_WAIT, dirty, in_dirty, n_d)
                 n_v = _victims_drop(vic, v_pos, n_v, victim)
                 # free blocks grew by the victim's blocks
                 n_d = _mark_may_run(free, n_v, vic, wlist, n_w, fb, fn, dirty, in_dirty, n_d)
@@ -648,7 +839,7 @@ def _replay_loop(request_id, arrival_step, prompt_len, max_new_tokens, priority,
             if wroot[2 * s_old] < 0 and wroot[2 * s_old + 1] < 0:
                 n_w = _list_remove(wlist, wpos, n_w, s_old)
             fn[q] = -1
-            n_d = _mark(s_old, dirty, in_dirty, n_d)
+            n_d = _mark(s_old, DIRTY_WAIT, dirty, in_dirty, n_d)
             free -= need
             admitted[chosen] = True
             if preemptible[chosen]:
@@ -674,17 +865,15 @@ def _replay_loop(request_id, arrival_step, prompt_len, max_new_tokens, priority,
         else:
             a = enqueue_steps[chosen] + chosen_count[chosen]
             sl, n_free = _slot_acquire(a % k, steps, k, hkey, hval, mask, free_slots, n_free, s_rho, sh,
-                                       wroot, aroot, cand, afirst, fn)
-            _set_aging_key(chosen, a, k, sl, gk, nd, E.PHASE_DECODE, cache_hit[chosen], priority[chosen],
+                                       wroot, hmeta, cand, afirst, fn)
+            _set_aging_key(chosen, a, k, sl, gk, nd, E.PHASE_DECODE, cache_hit[chosen], priority[chosen], top,
                            prompt_len[chosen] + generated[chosen], request_id[chosen])
-            aroot[sl] = treap_insert_nb(aroot[sl], chosen, stack, gk, nd)
+            afirst[sl] = _adm_put(sl, chosen, hp, hmeta, hpos, gk, htmp)
             if preemptible[chosen]:  # a victim: its w is one lower
                 _victims_chosen(vic, v_pos, chosen)
-            if afirst[sl] == E.NO_ROW or key_less_nb(gk, chosen, afirst[sl]):
-                afirst[sl] = chosen
-            retree[sl] = True  # with K = 1 its leaf may be the same row, with a new key
-            n_d = _mark(sl, dirty, in_dirty, n_d)
-        if wpos[s_old] < 0 and aroot[s_old] < 0:
+            # (with K = 1 its leaf may be the same row, with a new key)
+            n_d = _mark(sl, DIRTY_LEAF | DIRTY_KEY, dirty, in_dirty, n_d)
+        if wpos[s_old] < 0 and afirst[s_old] < 0:
             n_free = _slot_release(s_old, s_rho, hkey, hval, mask, free_slots, n_free)
 
         if victim != E.NO_ROW:
@@ -698,8 +887,8 @@ def _replay_loop(request_id, arrival_step, prompt_len, max_new_tokens, priority,
         rs = _slot_lookup(steps % k, hkey, hval, mask)
         if rs >= 0:
             sh[rs] += 1
-            retree[rs] = True  # its leaf compares differently now
-            n_d = _mark(rs, dirty, in_dirty, n_d)
+            # more of its waiting rows may run, and its leaf compares differently now
+            n_d = _mark(rs, DIRTY_WAIT | DIRTY_KEY, dirty, in_dirty, n_d)
 
     return steps, clock, free, stop
 
@@ -729,11 +918,12 @@ def _make_replay_aging(stamp):
         first_token_step = np.full(n, E.NEVER, np.int64)
         finish_step = np.full(n, E.NEVER, np.int64)
 
-        nd, gk = treap_nodes_nb(required_blocks, 6)
+        top = cprio.max() if n > 0 else np.int64(0)
+        nd, gk = treap_nodes_nb(required_blocks, AK_NCOLS)
         stack = np.empty(n + 64, np.int64)
         # Per-slot structures: a slot is held by a non-empty residue (a live row sits in its residue's
         # slot), so at most min(K, n) are in use; sized by that, not by K.
-        m = min(k, np.int64(n)) + 1
+        m = min(k, np.int64(n) + 1)
         t_size = 2
         while t_size < 2 * m:
             t_size *= 2
@@ -755,8 +945,14 @@ def _make_replay_aging(stamp):
         fb = np.zeros((2 * m, FRONT + 1), np.int64)
         fx = np.zeros((2 * m, FRONT + 1), np.int64)
         fn = np.zeros(2 * m, np.int64)
-        aroot = np.full(m, -1, np.int64)   # admitted, per slot
-        afirst = np.full(m, -1, np.int64)  # first admitted row per slot
+        fj = np.zeros((2 * m, FRONT + 1), np.int64)  # guesses for `_victims_below`
+        # Admitted rows, a heap per slot in one pool (see `_adm_put`), and each slot's first.
+        hp = np.empty(4 * n + 4, np.int64)
+        htmp = np.empty(4 * n + 4, np.int64)
+        hmeta = np.zeros((m + 1, HM_NCOLS), np.int64)
+        hmeta[m, HM_CAP] = hp.shape[0]
+        hpos = np.full(n, -1, np.int64)
+        afirst = np.full(m, -1, np.int64)
         sh = np.zeros(m, np.int64)  # sh[slot] = (steps - rho) // K: its residue's shift, kept per step
         # The slots with waiting rows, as a compact list.
         wlist = np.empty(m, np.int64)
@@ -770,23 +966,22 @@ def _make_replay_aging(stamp):
         while t_leaves < m:
             t_leaves *= 2
         tb = np.full(2 * t_leaves, -1, np.int64)
-        dirty = np.empty(m, np.int64)
-        in_dirty = np.zeros(m, np.bool_)
         # A dirty slot's path is recomputed when its leaf changes, or when its leaf's key or shift
-        # changed (retree); otherwise (free blocks or victims changed) the comparisons stand.
-        retree = np.zeros(m, np.bool_)
+        # changed (DIRTY_KEY); otherwise (free blocks or victims changed) the comparisons stand.
+        dirty = np.empty(m, np.int64)
+        in_dirty = np.zeros(m, np.int64)  # DIRTY_* flags
         # Victims in ascending order of w (see `_victims_add`).
         vic = np.empty((n + 1, VC_NCOLS), np.int64)
         v_pos = np.full(n, -1, np.int64)
 
         steps, clock, free, stop = _replay_loop(request_id, arrival_step, prompt_len, max_new_tokens, cprio,
                                                 cache_hit, required_blocks, deadline_step, has_deadline,
-                                                preemptible, order, free_kv_blocks, max_steps, events, k, phase,
+                                                preemptible, order, free_kv_blocks, max_steps, events, k, top, phase,
                                                 generated, chosen_count, enqueue_steps, wait_final, status,
                                                 preemptions, admitted, enqueued, first_step, first_token_step,
                                                 finish_step, nd, gk, stack, hkey, hval, mask, free_slots, n_free,
-                                                s_rho, wroot, cand, fb, fx, fn, aroot, afirst, sh, wlist, wpos, tb,
-                                                t_leaves, dirty, in_dirty, retree, vic, v_pos)
+                                                s_rho, wroot, cand, fb, fx, fn, fj, hp, hmeta, hpos, htmp, afirst,
+                                                sh, wlist, wpos, tb, t_leaves, dirty, in_dirty, vic, v_pos)
         write_state_nb(req_out, summary, steps, clock, free, stop, enqueued, phase, status, generated,
                        wait_final, enqueue_steps, chosen_count, preemptions, admitted, first_step,
                        first_token_step, finish_step)
