@@ -78,9 +78,10 @@ SOURCE_STAMP = source_stamp("enums.py", "ordered_nb.py", "step_nb.py")
 FRONT = 6
 BIG = 2**62
 
-# Columns of the aging key matrix: the residue's slot, phase, cache rank, -base, total_len, request_id.
+# Columns of the aging key matrix: the residue's slot, phase and cache rank (``2 * phase + rank``),
+# cache rank, -base, total_len, request_id.
 AK_SLOT = 0
-AK_PHASE = 1
+AK_PHASE_CACHE = 1
 AK_NEG_BASE = 3
 AK_PACKED = 6  # cache rank and -base in one int64, for the admitted heaps (see `_set_aging_key`)
 AK_NCOLS = 7
@@ -111,10 +112,8 @@ VC_NCOLS = 4
 def _real_less(gk, sh, a, b):
     """The real sort key of row a before that of b (any residues); column 0 is the row's slot and
     sh[slot] = (steps - rho) // K for its residue rho."""
-    if gk[a, 1] != gk[b, 1]:
+    if gk[a, 1] != gk[b, 1]:  # phase, then cache rank
         return gk[a, 1] < gk[b, 1]
-    if gk[a, 2] != gk[b, 2]:
-        return gk[a, 2] < gk[b, 2]
     ea = -gk[a, 3] + sh[gk[a, 0]]
     eb = -gk[b, 3] + sh[gk[b, 0]]
     if ea != eb:
@@ -127,10 +126,8 @@ def _real_less(gk, sh, a, b):
 @njit(cache=True, _nrt=False, inline="always")
 def _slot_less(gk, a, b):
     """Row a before row b, both of one slot (column 0 equal): `key_less_nb` unrolled."""
-    if gk[a, 1] != gk[b, 1]:
+    if gk[a, 1] != gk[b, 1]:  # phase, then cache rank (column 2 repeats the rank)
         return gk[a, 1] < gk[b, 1]
-    if gk[a, 2] != gk[b, 2]:
-        return gk[a, 2] < gk[b, 2]
     if gk[a, 3] != gk[b, 3]:
         return gk[a, 3] < gk[b, 3]
     if gk[a, 4] != gk[b, 4]:
@@ -311,7 +308,7 @@ def _set_aging_key(r, a, k, slot, gk, nd, phase, cache_hit, priority, top, total
     base = priority - (a - rho) // k
     rank = 0 if cache_hit else 1
     gk[r, AK_SLOT] = slot
-    gk[r, 1] = phase
+    gk[r, AK_PHASE_CACHE] = 2 * phase + rank
     gk[r, 2] = rank
     gk[r, AK_NEG_BASE] = -base
     gk[r, AK_PACKED] = rank * CACHE_BIT + (top - base)
@@ -355,7 +352,7 @@ def _compressed_priorities(priority, max_new_tokens, aging_interval):
 # Residues are mapped to slots (only non-empty residues hold one: at most min(K, n) at a time) by an
 # open-addressing hash table with linear probing on ``rho & mask`` (the identity when K fits).
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, inline="always")
 def _slot_lookup(rho, hkey, hval, mask):
     """The slot of residue rho, or -1."""
     i = rho & mask
@@ -437,7 +434,7 @@ def _tree_set(tb, size, s, row, gk, sh):
         i >>= 1
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, inline="always")
 def _mark(s, flags, dirty, in_dirty, n_d):
     """Queue slot s as dirty (once), with `flags` (DIRTY_*) added to its own."""
     if in_dirty[s] == 0:
@@ -704,14 +701,18 @@ def _replay_loop(request_id, arrival_step, prompt_len, max_new_tokens, priority,
     steps = np.int64(0)
     unfinished = 0
     stop = E.STOP_DRAINED
+    limit = max_steps if max_steps >= 0 else BIG
+    next_arrival = arrival_step[order[0]] if n > 0 else BIG  # of row order[pos]
 
     while True:
-        if max_steps >= 0 and steps >= max_steps:
+        if steps >= limit:
             stop = E.STOP_MAX_STEPS
             break
-        while pos < n and arrival_step[order[pos]] <= clock:
+        while pos < n and next_arrival <= clock:
             r = order[pos]
             pos += 1
+            if pos < n:
+                next_arrival = arrival_step[order[pos]]
             enqueued[r] = True
             enqueue_steps[r] = steps
             unfinished += 1
@@ -752,9 +753,10 @@ def _replay_loop(request_id, arrival_step, prompt_len, max_new_tokens, priority,
             chosen = tb[1]
             if chosen == E.NO_ROW:
                 break
+            if admitted[chosen]:
+                break
             # With a large backlog the chosen row is often cold (a preempted request back after a
             # long wait): start the misses in its per-request arrays together.
-            prefetch_nb(admitted, chosen)
             prefetch_nb(status, chosen)
             prefetch_nb(chosen_count, chosen)
             prefetch_nb(phase, chosen)
@@ -768,14 +770,12 @@ def _replay_loop(request_id, arrival_step, prompt_len, max_new_tokens, priority,
             prefetch_nb(request_id, chosen)
             prefetch_nb(has_deadline, chosen)
             prefetch_nb(deadline_step, chosen)
-            if admitted[chosen]:
-                break
             sl = gk[chosen, AK_SLOT]
             shift = sh[sl]
             # (its blocks read from its node, which the walk has just touched: already in cache)
             if _fits(nd[chosen, ND_BLOCKS], nd[chosen, ND_BASE] + shift, free, n_v, vic, steps, k):
                 break
-            q = 2 * sl + gk[chosen, AK_PHASE]
+            q = 2 * sl + (gk[chosen, AK_PHASE_CACHE] >> 1)
             c = _first_runnable(q, wroot[q], free, shift, nd, stack, n_v, vic, steps, k, fb, fx, fn)
             cand[q] = c
             if c == E.NO_ROW and q % 2 == 0:
@@ -787,7 +787,7 @@ def _replay_loop(request_id, arrival_step, prompt_len, max_new_tokens, priority,
 
         if chosen == E.NO_ROW:
             if pos < n:
-                clock = arrival_step[order[pos]]  # idle gap: jump, nobody waits
+                clock = next_arrival  # idle gap: jump, nobody waits
                 continue
             stop = E.STOP_DRAINED if unfinished == 0 else E.STOP_STUCK
             break
@@ -834,7 +834,7 @@ def _replay_loop(request_id, arrival_step, prompt_len, max_new_tokens, priority,
                 # free blocks grew by the victim's blocks
                 n_d = _mark_may_run(free, n_v, vic, wlist, n_w, fb, fn, dirty, in_dirty, n_d)
             # The chosen request was its residue's cached answer: the next one comes after it.
-            q = 2 * s_old + gk[chosen, AK_PHASE]
+            q = 2 * s_old + (gk[chosen, AK_PHASE_CACHE] >> 1)
             wroot[q] = treap_delete_nb(wroot[q], chosen, stack, gk, nd)
             if wroot[2 * s_old] < 0 and wroot[2 * s_old + 1] < 0:
                 n_w = _list_remove(wlist, wpos, n_w, s_old)
@@ -864,8 +864,10 @@ def _replay_loop(request_id, arrival_step, prompt_len, max_new_tokens, priority,
             n_d = _mark_may_run(free, n_v, vic, wlist, n_w, fb, fn, dirty, in_dirty, n_d)
         else:
             a = enqueue_steps[chosen] + chosen_count[chosen]
-            sl, n_free = _slot_acquire(a % k, steps, k, hkey, hval, mask, free_slots, n_free, s_rho, sh,
-                                       wroot, hmeta, cand, afirst, fn)
+            sl = _slot_lookup(a % k, hkey, hval, mask)
+            if sl < 0:
+                sl, n_free = _slot_acquire(a % k, steps, k, hkey, hval, mask, free_slots, n_free, s_rho, sh,
+                                           wroot, hmeta, cand, afirst, fn)
             _set_aging_key(chosen, a, k, sl, gk, nd, E.PHASE_DECODE, cache_hit[chosen], priority[chosen], top,
                            prompt_len[chosen] + generated[chosen], request_id[chosen])
             afirst[sl] = _adm_put(sl, chosen, hp, hmeta, hpos, gk, htmp)
