@@ -124,6 +124,20 @@ def _real_less(gk, sh, a, b):
 
 
 @njit(cache=True, _nrt=False, inline="always")
+def _chosen_key(r, slot, wrap, total_len, gk, nd):
+    """Row r's key once it was chosen (it is in decode phase now): a is one more, so it moves to the
+    next residue's `slot`, and when that wraps around to residue 0 its base is one lower."""
+    gk[r, AK_SLOT] = slot
+    gk[r, AK_PHASE_CACHE] = 2 * E.PHASE_DECODE + gk[r, 2]
+    if wrap:
+        gk[r, AK_NEG_BASE] += 1
+        gk[r, AK_PACKED] += 1
+        nd[r, ND_BASE] -= 1
+        nd[r, ND_MAXBASE] = nd[r, ND_BASE]
+    gk[r, 4] = total_len
+
+
+@njit(cache=True, _nrt=False, inline="always")
 def _slot_less(gk, a, b):
     """Row a before row b, both of one slot (column 0 equal): `key_less_nb` unrolled."""
     if gk[a, 1] != gk[b, 1]:  # phase, then cache rank (column 2 repeats the rank)
@@ -299,13 +313,13 @@ def _wait_insert(q, r, wroot, cand, stack, gk, nd, blocks, fb, fx, fn):
 
 
 @njit(cache=True, _nrt=False)
-def _set_aging_key(r, a, k, slot, gk, nd, phase, cache_hit, priority, top, total_len, request_id):
-    """Row r's key in residue a mod k, whose structures live in `slot` (column 0 holds the slot).
+def _set_aging_key(r, cycles, slot, gk, nd, phase, cache_hit, priority, top, total_len, request_id):
+    """Row r's key when ``a = enqueue step + times chosen = cycles * K + rho`` (its residue rho's
+    structures live in `slot`, held in column 0): base = priority - cycles.
     Column AK_PACKED orders (cache rank, -base) as one int64: ``top - base`` lies in [0, 2**62) for
     every base (at most the top compressed priority, `top`, and at least ``-work // k - 1``; see
     `_compressed_priorities`).  It is never reached by `key_less_nb`: the request ids before it differ."""
-    rho = a % k
-    base = priority - (a - rho) // k
+    base = priority - cycles
     rank = 0 if cache_hit else 1
     gk[r, AK_SLOT] = slot
     gk[r, AK_PHASE_CACHE] = 2 * phase + rank
@@ -699,6 +713,8 @@ def _replay_loop(request_id, arrival_step, prompt_len, max_new_tokens, priority,
     free = np.int64(free_kv_blocks)
     capacity = np.int64(free_kv_blocks)
     steps = np.int64(0)
+    rmod = np.int64(0)  # steps % K
+    sdiv = np.int64(0)  # steps // K
     unfinished = 0
     stop = E.STOP_DRAINED
     limit = max_steps if max_steps >= 0 else BIG
@@ -718,9 +734,9 @@ def _replay_loop(request_id, arrival_step, prompt_len, max_new_tokens, priority,
             unfinished += 1
             if required_blocks[r] > capacity:
                 continue  # can never be admitted
-            sl, n_free = _slot_acquire(steps % k, steps, k, hkey, hval, mask, free_slots, n_free, s_rho, sh,
+            sl, n_free = _slot_acquire(rmod, steps, k, hkey, hval, mask, free_slots, n_free, s_rho, sh,
                                        wroot, hmeta, cand, afirst, fn)
-            _set_aging_key(r, steps, k, sl, gk, nd, E.PHASE_PREFILL, cache_hit[r], priority[r], top, prompt_len[r],
+            _set_aging_key(r, sdiv, sl, gk, nd, E.PHASE_PREFILL, cache_hit[r], priority[r], top, prompt_len[r],
                            request_id[r])
             if wpos[sl] < 0:
                 n_w = _list_add(wlist, wpos, n_w, sl)
@@ -863,13 +879,15 @@ def _replay_loop(request_id, arrival_step, prompt_len, max_new_tokens, priority,
             # free blocks grew
             n_d = _mark_may_run(free, n_v, vic, wlist, n_w, fb, fn, dirty, in_dirty, n_d)
         else:
-            a = enqueue_steps[chosen] + chosen_count[chosen]
-            sl = _slot_lookup(a % k, hkey, hval, mask)
+            rho = s_rho[s_old] + 1  # its residue, one more now that it was chosen
+            wrap = rho == k
+            if wrap:
+                rho = 0
+            sl = _slot_lookup(rho, hkey, hval, mask)
             if sl < 0:
-                sl, n_free = _slot_acquire(a % k, steps, k, hkey, hval, mask, free_slots, n_free, s_rho, sh,
+                sl, n_free = _slot_acquire(rho, steps, k, hkey, hval, mask, free_slots, n_free, s_rho, sh,
                                            wroot, hmeta, cand, afirst, fn)
-            _set_aging_key(chosen, a, k, sl, gk, nd, E.PHASE_DECODE, cache_hit[chosen], priority[chosen], top,
-                           prompt_len[chosen] + generated[chosen], request_id[chosen])
+            _chosen_key(chosen, sl, wrap, prompt_len[chosen] + generated[chosen], gk, nd)
             afirst[sl] = _adm_put(sl, chosen, hp, hmeta, hpos, gk, htmp)
             if preemptible[chosen]:  # a victim: its w is one lower
                 _victims_chosen(vic, v_pos, chosen)
@@ -884,9 +902,13 @@ def _replay_loop(request_id, arrival_step, prompt_len, max_new_tokens, priority,
                        steps + 1 - enqueue_steps[chosen] - chosen_count[chosen], free, victim)
         clock += 1
         steps += 1
+        rmod += 1
+        if rmod == k:
+            rmod = 0
+            sdiv += 1
         # Residue steps % K: every effective priority in it rises by one (the chosen request's,
         # now in another residue, stays), so more of it may run.  An empty residue holds no slot.
-        rs = _slot_lookup(steps % k, hkey, hval, mask)
+        rs = _slot_lookup(rmod, hkey, hval, mask)
         if rs >= 0:
             sh[rs] += 1
             # more of its waiting rows may run, and its leaf compares differently now
