@@ -75,7 +75,7 @@ from .stamp import source_stamp
 SOURCE_STAMP = source_stamp("enums.py", "ordered_nb.py", "step_nb.py")
 
 # Points kept per residue to bound the rows before its cached answer (see `_front_add`).
-FRONT = 6
+FRONT = 12
 BIG = 2**62
 
 # Columns of the aging key matrix: the residue's slot, phase and cache rank (``2 * phase + rank``),
