@@ -108,19 +108,11 @@ VC_PMAX = 3
 VC_NCOLS = 4
 
 
-@njit(cache=True, _nrt=False)
-def _real_less(gk, sh, a, b):
-    """The real sort key of row a before that of b (any residues); column 0 is the row's slot and
-    sh[slot] = (steps - rho) // K for its residue rho."""
-    if gk[a, 1] != gk[b, 1]:  # phase, then cache rank
-        return gk[a, 1] < gk[b, 1]
-    ea = -gk[a, 3] + sh[gk[a, 0]]
-    eb = -gk[b, 3] + sh[gk[b, 0]]
-    if ea != eb:
-        return ea > eb
-    if gk[a, 4] != gk[b, 4]:
-        return gk[a, 4] < gk[b, 4]
-    return gk[a, 5] < gk[b, 5]
+# Columns of the tournament tree ``tb`` (see `_tree_set`).
+TB_ROW = 0
+TB_PHASE_CACHE = 1
+TB_NEG_EFF = 2
+TB_NCOLS = 3
 
 
 @njit(cache=True, _nrt=False, inline="always")
@@ -432,19 +424,37 @@ def _slot_release(s, s_rho, hkey, hval, mask, free_slots, n_free):
 
 @njit(cache=True, _nrt=False)
 def _tree_set(tb, size, s, row, gk, sh):
-    """Slot s's leaf of the tournament tree (the first of its cached rows, -1 for none) and its path."""
+    """Slot s's leaf of the tournament tree (the first of its cached rows, -1 for none) and its path.
+    A node holds its row with the first two parts of the row's real key at the current step (phase
+    and cache rank, -effective priority ``= -base - sh[slot]``), so that rows of any residues compare
+    without their slots' shifts; total_len and request_id break ties.  A node's key parts are the
+    same as its leaf's, and a slot whose shift rose sets its leaf again (DIRTY_KEY)."""
     i = s + size
-    tb[i] = row
+    tb[i, TB_ROW] = row
+    if row >= 0:
+        tb[i, TB_PHASE_CACHE] = gk[row, AK_PHASE_CACHE]
+        tb[i, TB_NEG_EFF] = gk[row, AK_NEG_BASE] - sh[s]
     i >>= 1
     while i >= 1:
-        a = tb[2 * i]
-        b = tb[2 * i + 1]
-        if a < 0:
-            tb[i] = b
-        elif b < 0 or _real_less(gk, sh, a, b):
-            tb[i] = a
+        a = 2 * i
+        b = a + 1
+        ra = tb[a, TB_ROW]
+        rb = tb[b, TB_ROW]
+        if ra < 0:
+            w = b
+        elif rb < 0:
+            w = a
+        elif tb[a, TB_PHASE_CACHE] != tb[b, TB_PHASE_CACHE]:
+            w = a if tb[a, TB_PHASE_CACHE] < tb[b, TB_PHASE_CACHE] else b
+        elif tb[a, TB_NEG_EFF] != tb[b, TB_NEG_EFF]:
+            w = a if tb[a, TB_NEG_EFF] < tb[b, TB_NEG_EFF] else b
+        elif gk[ra, 4] != gk[rb, 4]:
+            w = a if gk[ra, 4] < gk[rb, 4] else b
         else:
-            tb[i] = b
+            w = a if gk[ra, 5] < gk[rb, 5] else b
+        tb[i, TB_ROW] = tb[w, TB_ROW]
+        tb[i, TB_PHASE_CACHE] = tb[w, TB_PHASE_CACHE]
+        tb[i, TB_NEG_EFF] = tb[w, TB_NEG_EFF]
         i >>= 1
 
 
@@ -761,12 +771,12 @@ def _replay_loop(request_id, arrival_step, prompt_len, max_new_tokens, priority,
             f = afirst[sl]
             if c == E.NO_ROW or (f != E.NO_ROW and _slot_less(gk, f, c)):
                 c = f
-            if c != tb[t_leaves + sl] or flags & DIRTY_KEY:
+            if c != tb[t_leaves + sl, TB_ROW] or flags & DIRTY_KEY:
                 _tree_set(tb, t_leaves, sl, c, gk, sh)
         n_d = 0
         # The top of the tree, once it runs, is the step's request (see `tb`).
         while True:
-            chosen = tb[1]
+            chosen = tb[1, TB_ROW]
             if chosen == E.NO_ROW:
                 break
             if admitted[chosen]:
@@ -989,7 +999,7 @@ def _make_replay_aging(stamp):
         t_leaves = 1
         while t_leaves < m:
             t_leaves *= 2
-        tb = np.full(2 * t_leaves, -1, np.int64)
+        tb = np.full((2 * t_leaves, TB_NCOLS), -1, np.int64)
         # A dirty slot's path is recomputed when its leaf changes, or when its leaf's key or shift
         # changed (DIRTY_KEY); otherwise (free blocks or victims changed) the comparisons stand.
         dirty = np.empty(m, np.int64)
