@@ -5,18 +5,24 @@ With ``a = enqueue step + times chosen`` (steps counted as steps that ran), ``rh
 steps is ``priority + (S - a) // K = base + (S - rho) // K``.  A request's a, rho and base change
 only when it is chosen, so inside one residue rho every effective priority rises at the same
 steps (when ``S mod K == rho``) and the order by ``(phase, cache, -base, total_len, id)`` is static
-(column 0 of the key matrix holds the residue's slot, equal within a treap):
+(column 0 of the key matrix holds the residue's slot, equal within a structure).  When a request is
+chosen, a grows by one: it moves to the next residue (on a wrap to residue 0, its base drops by one):
 
 * waiting requests sit in two treaps per residue (aggregates: min blocks, max base), one for the
   prefill phase and one for preempted (decode-phase) requests, which sort after every prefill one;
-  admitted ones in a third treap per residue whose first row is cached; the real key across
-  residues is compared with the effective priority computed at the current step;
+  admitted ones (all in decode phase) are a residue's *hot* row (the last one chosen into it) and a
+  binary heap of the others, all heaps in one pool (`_adm_put`): a request chosen several steps
+  running (the usual case) moves from hot place to hot place at O(1), and a heap only takes the row
+  a hot one displaces; the real key across residues is compared with the effective priority at the
+  current step;
 * victims (admitted, preemptible) are a matrix in ascending order of ``w = priority * K - a``, with
   prefix maxima of their blocks.  A request's effective priority is ``(S + w) // K``, monotone in
   w at every step, so this order only changes when a victim is chosen (its w drops by one: at most
   a swap), and ``M(e)`` = max blocks among victims with effective priority below e is a binary
   search for ``w < e * K - S`` (priorities are first compressed so that w fits: gaps that waiting
-  can never bridge are cut, see `_compressed_priorities`);
+  can never bridge are cut, see `_compressed_priorities`), started from the last answer for the
+  same point (`_victims_below`: at the step a residue's priorities rise the limit is the same each
+  time, and the victims rarely move);
 * the first runnable waiting request of a half (residue and phase) is a pruned in-order walk: a
   subtree is skipped when ``min blocks > free + M(max base + shift)``.  The answer is cached, with a
   *front* of at most FRONT points (blocks, base) such that every row before the answer has at
@@ -27,15 +33,17 @@ steps (when ``S mod K == rho``) and the order by ``(phase, cache, -base, total_l
   answer that stopped running (victims' priorities only rise, free blocks shrink) is found at the
   top of the tournament tree below and re-walked there.
 
-Residues are held lazily: a residue has a *slot* (its three treaps, cached answers and shift) only
+Residues are held lazily: a residue has a *slot* (its treaps, heap, cached answers and shift) only
 while some row sits in it, found through a small open-addressing table ``residue -> slot``; the
 slots with waiting rows are kept as a compact list.  So memory is O(min(K, n)) whatever K is; at
 the end of step S only the residue ``S mod K`` (one table lookup) has its shift raised.
 
 The request a step runs is the top of a tournament tree over the slots (leaf: the first of the
-slot's cached waiting answer and its first admitted row, by the real key).  Only slots that changed
-are re-evaluated (queued as dirty): the residue whose shift rose, those whose membership changed,
-and every waiting one when free blocks grow or a victim joins.  Elsewhere runnability only shrinks
+slot's cached waiting answer and its first admitted row, by the real key; a node keeps its row's
+phase, cache rank and effective priority beside it).  Only slots that changed are re-evaluated
+(queued as dirty, with what changed: `_mark`): the residue whose shift rose, those whose membership
+changed, and every waiting one when free blocks grow or a victim joins; a slot whose admitted rows
+alone changed keeps its cached waiting answers.  Elsewhere runnability only shrinks
 (free blocks shrink, victims' priorities rise), so a cached answer can only come too early; the top
 is checked and, if it no longer runs, its half re-walked, until the top runs.  A dirty slot whose
 leaf is the same row, with the same key and shift, keeps its path in the tree.
@@ -43,8 +51,9 @@ leaf is the same row, with the same key and shift, keeps its path in the tree.
 Cost per step: O(D (F log V + log R)) for D dirty slots (about 2 on a decode step; after a
 finish, preemption or a preemptible admission also the non-empty ones whose front may run, found
 by a scan of all R of them, R <= min(K, requests in the system)), F = FRONT and V = admitted
-preemptible requests (a victim joining or leaving costs O(V) once); O(log n) expected
-treap work for the chosen request (and its victim); and the walks of halves whose front may run:
+preemptible requests (a victim joining or leaving costs O(V) once); O(log A) heap work for the
+chosen request when it displaces a hot row (A admitted), O(log n) expected treap work when it or
+its victim was waiting; and the walks of halves whose front may run:
 O(log n) when the bound prunes well, but not bounded by it in the worst case (a subtree can pass
 the bound without a runnable row).  With many non-empty residues at heavy load, one change of the
 victims can stop the cached answers of many residues from running, and each is walked again as it

@@ -17,7 +17,21 @@ from oracle import POLICIES, assert_matches_model, configs, traces, wide_configs
 
 from decodesched.engine import policy_code, simulate, trace_arrays
 from decodesched.kernels import enums as E
-from decodesched.kernels.aging_nb import FRONT, _compressed_priorities, _front_add, replay_aging_nb
+from decodesched.kernels.aging_nb import (
+    AK_PACKED,
+    FRONT,
+    HM_CAP,
+    HM_HOT,
+    HM_LO,
+    HM_N,
+    HM_NCOLS,
+    _adm_first,
+    _adm_put,
+    _adm_take,
+    _compressed_priorities,
+    _front_add,
+    replay_aging_nb,
+)
 from decodesched.kernels.fast_nb import _sort_stable, replay_fast_nb
 from decodesched.kernels.ordered_nb import (
     RANK_OUT,
@@ -478,6 +492,52 @@ def test_heap_against_sorted_list():
         if inside:
             assert heap[0, 0] == min(inside, key=lambda r: tuple(gk[r]))
         assert all(heap[0, pos[r]] == r for r in inside)
+
+
+@pytest.mark.parametrize("slots", [1, 3, 40])
+def test_aging_slot_heaps_against_sorted_lists(slots):
+    """The admitted rows of the aging kernel's slots (a hot row and a heap each, all heaps in one pool
+    of 4 places per row that fills up and is repacked): every slot's first row is its smallest key
+    after every put and take, and no row is lost or doubled, whichever rows leave."""
+    rng = np.random.default_rng(slots)
+    n = 120
+    gk = np.zeros((n, 7), np.int64)
+    gk[:, AK_PACKED] = rng.integers(0, 4, n) * 2**62 + rng.integers(0, 3, n)
+    gk[:, 4] = rng.integers(0, 6, n)
+    gk[:, 5] = rng.permutation(n)
+    hp = np.full(4 * n + 4, -7, np.int64)
+    tmp = np.empty_like(hp)
+    hmeta = np.zeros((slots + 1, HM_NCOLS), np.int64)
+    hmeta[slots, HM_CAP] = hp.shape[0]
+    hmeta[:slots, HM_HOT] = -1
+    hpos = np.full(n, -1, np.int64)
+    where = {}  # row -> slot
+    repacks = 0
+    for i in range(6000):
+        x = int(rng.integers(0, n))
+        top = hmeta[slots, HM_LO]
+        if x in where and rng.random() < 0.5:
+            s = where.pop(x)
+            first = _adm_take(s, x, hp, hmeta, hpos, gk)
+        elif x not in where:
+            # rows crowd into one slot after another, so that many heaps once grew large
+            s = (i // 200) % slots if rng.random() < 0.8 else int(rng.integers(0, slots))
+            gk[x, 4] += 1  # chosen again: one more token
+            where[x] = s
+            first = _adm_put(s, x, hp, hmeta, hpos, gk, tmp)
+        else:
+            continue
+        repacks += hmeta[slots, HM_LO] < top
+        rows = sorted((r for r, t in where.items() if t == s), key=lambda r: (gk[r, AK_PACKED], gk[r, 4], gk[r, 5]))
+        assert first == (rows[0] if rows else -1) == _adm_first(s, hp, hmeta, gk)
+        for t in range(slots):
+            held = [hmeta[t, HM_HOT]] if hmeta[t, HM_HOT] >= 0 else []
+            lo, size = hmeta[t, HM_LO], hmeta[t, HM_N]
+            held += list(hp[lo:lo + size])
+            assert sorted(held) == sorted(r for r, u in where.items() if u == t)
+            assert all(hp[lo + hpos[r]] == r for r in hp[lo:lo + size])
+            assert size <= hmeta[t, HM_CAP] and lo + hmeta[t, HM_CAP] <= hmeta[slots, HM_LO]
+    assert repacks > 0 or slots < 40
 
 
 def test_aging_with_an_interval_no_wait_reaches_equals_scan():
