@@ -250,18 +250,23 @@ def _front_may_run(s, free, shift, fb, fx, fn, fj, n_v, vic, steps, k):
     # The last point has the fewest blocks (see `_front_add`): it alone decides when it fits in the
     # free blocks, or not even with the largest victim's.
     last = fb[s, n - 1] if n > 0 else np.int64(0)
-    if n == 0 or last > free + (vic[n_v - 1, VC_PMAX] if n_v > 0 else 0):
+    top = free + (vic[n_v - 1, VC_PMAX] if n_v > 0 else 0)
+    if n == 0 or last > top:
         return False
     if last <= free:
         return True
     for i in range(n):
+        b = fb[s, i]
+        if b > top:
+            continue  # not even with the largest victim
         j = _victims_below((fx[s, i] + shift) * k - steps, n_v, vic, fj[s, i])
         fj[s, i] = j
         room = free + (vic[j - 1, VC_PMAX] if j > 0 else 0)
-        if fb[s, i] <= room:
+        if b <= room:
             return True
-        # M is largest at the first point's base: when even that leaves the fewest blocks out, none fits.
-        if i == 0 and last > room:
+        # The later points have lower bases (M no larger) and at least the last one's blocks: when
+        # even those leave the room, none of them fits.
+        if last > room:
             return False
     return False
 
