@@ -160,7 +160,13 @@ def _fits(b, e, free, n_v, vic, steps, k):
         return True
     if n_v == 0 or b > free + vic[n_v - 1, VC_PMAX]:
         return False
-    lim = e * k - steps
+    j = _victims_search(e * k - steps, n_v, vic)
+    return j > 0 and b <= free + vic[j - 1, VC_PMAX]
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _victims_search(lim, n_v, vic):
+    """The number of victims with ``w < lim`` (a prefix of the victim matrix): a binary search."""
     lo = 0
     hi = n_v
     while lo < hi:
@@ -169,7 +175,7 @@ def _fits(b, e, free, n_v, vic, steps, k):
             lo = mid + 1
         else:
             hi = mid
-    return lo > 0 and b <= free + vic[lo - 1, VC_PMAX]
+    return lo
 
 
 @njit(cache=True, _nrt=False, inline="always")
@@ -220,21 +226,12 @@ def _front_add(s, b, x, fb, fx, fn):
 
 @njit(cache=True, _nrt=False, inline="always")
 def _victims_below(lim, n_v, vic, j):
-    """The number of victims with ``w < lim`` (a prefix of the victim matrix), from the guess j:
-    checked in O(1), searched only when wrong."""
+    """`_victims_search` from the guess j: checked in O(1), searched only when wrong."""
     if j > n_v:
         j = n_v
     if (j == 0 or vic[j - 1, VC_W] < lim) and (j == n_v or vic[j, VC_W] >= lim):
         return j
-    lo = 0
-    hi = n_v
-    while lo < hi:
-        mid = (lo + hi) >> 1
-        if vic[mid, VC_W] < lim:
-            lo = mid + 1
-        else:
-            hi = mid
-    return lo
+    return _victims_search(lim, n_v, vic)
 
 
 @njit(cache=True, _nrt=False, inline="always")
