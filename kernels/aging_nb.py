@@ -91,7 +91,10 @@ BIG = 2**62
 # cache rank, -base, total_len, request_id.
 AK_SLOT = 0
 AK_PHASE_CACHE = 1
+AK_CACHE = 2
 AK_NEG_BASE = 3
+AK_TOTAL_LEN = 4
+AK_ID = 5
 AK_PACKED = 6  # cache rank and -base in one int64, for the admitted heaps (see `_set_aging_key`)
 AK_NCOLS = 7
 CACHE_BIT = 2**62
@@ -129,25 +132,25 @@ def _chosen_key(r, slot, wrap, total_len, gk, nd):
     """Row r's key once it was chosen (it is in decode phase now): a is one more, so it moves to the
     next residue's `slot`, and when that wraps around to residue 0 its base is one lower."""
     gk[r, AK_SLOT] = slot
-    gk[r, AK_PHASE_CACHE] = 2 * E.PHASE_DECODE + gk[r, 2]
+    gk[r, AK_PHASE_CACHE] = 2 * E.PHASE_DECODE + gk[r, AK_CACHE]
     if wrap:
         gk[r, AK_NEG_BASE] += 1
         gk[r, AK_PACKED] += 1
         nd[r, ND_BASE] -= 1
         nd[r, ND_MAXBASE] = nd[r, ND_BASE]
-    gk[r, 4] = total_len
+    gk[r, AK_TOTAL_LEN] = total_len
 
 
 @njit(cache=True, _nrt=False, inline="always")
 def _slot_less(gk, a, b):
     """Row a before row b, both of one slot (column 0 equal): `key_less_nb` unrolled."""
-    if gk[a, 1] != gk[b, 1]:  # phase, then cache rank (column 2 repeats the rank)
-        return gk[a, 1] < gk[b, 1]
-    if gk[a, 3] != gk[b, 3]:
-        return gk[a, 3] < gk[b, 3]
-    if gk[a, 4] != gk[b, 4]:
-        return gk[a, 4] < gk[b, 4]
-    return gk[a, 5] < gk[b, 5]
+    if gk[a, AK_PHASE_CACHE] != gk[b, AK_PHASE_CACHE]:  # phase, then cache rank (AK_CACHE repeats it)
+        return gk[a, AK_PHASE_CACHE] < gk[b, AK_PHASE_CACHE]
+    if gk[a, AK_NEG_BASE] != gk[b, AK_NEG_BASE]:
+        return gk[a, AK_NEG_BASE] < gk[b, AK_NEG_BASE]
+    if gk[a, AK_TOTAL_LEN] != gk[b, AK_TOTAL_LEN]:
+        return gk[a, AK_TOTAL_LEN] < gk[b, AK_TOTAL_LEN]
+    return gk[a, AK_ID] < gk[b, AK_ID]
 
 
 @njit(cache=True, _nrt=False, inline="always")
@@ -326,11 +329,11 @@ def _set_aging_key(r, cycles, slot, gk, nd, phase, cache_hit, priority, top, tot
     rank = 0 if cache_hit else 1
     gk[r, AK_SLOT] = slot
     gk[r, AK_PHASE_CACHE] = 2 * phase + rank
-    gk[r, 2] = rank
+    gk[r, AK_CACHE] = rank
     gk[r, AK_NEG_BASE] = -base
     gk[r, AK_PACKED] = rank * CACHE_BIT + (top - base)
-    gk[r, 4] = total_len
-    gk[r, 5] = request_id
+    gk[r, AK_TOTAL_LEN] = total_len
+    gk[r, AK_ID] = request_id
     nd[r, ND_BASE] = base
     nd[r, ND_MAXBASE] = base
 
@@ -459,10 +462,10 @@ def _tree_set(tb, size, s, row, gk, sh):
             w = a if tb[a, TB_PHASE_CACHE] < tb[b, TB_PHASE_CACHE] else b
         elif tb[a, TB_NEG_EFF] != tb[b, TB_NEG_EFF]:
             w = a if tb[a, TB_NEG_EFF] < tb[b, TB_NEG_EFF] else b
-        elif gk[ra, 4] != gk[rb, 4]:
-            w = a if gk[ra, 4] < gk[rb, 4] else b
+        elif gk[ra, AK_TOTAL_LEN] != gk[rb, AK_TOTAL_LEN]:
+            w = a if gk[ra, AK_TOTAL_LEN] < gk[rb, AK_TOTAL_LEN] else b
         else:
-            w = a if gk[ra, 5] < gk[rb, 5] else b
+            w = a if gk[ra, AK_ID] < gk[rb, AK_ID] else b
         tb[i, TB_ROW] = tb[w, TB_ROW]
         tb[i, TB_PHASE_CACHE] = tb[w, TB_PHASE_CACHE]
         tb[i, TB_NEG_EFF] = tb[w, TB_NEG_EFF]
@@ -505,9 +508,9 @@ def _adm_less(gk, a, b):
     -base (packed), total_len, request_id."""
     if gk[a, AK_PACKED] != gk[b, AK_PACKED]:
         return gk[a, AK_PACKED] < gk[b, AK_PACKED]
-    if gk[a, 4] != gk[b, 4]:
-        return gk[a, 4] < gk[b, 4]
-    return gk[a, 5] < gk[b, 5]
+    if gk[a, AK_TOTAL_LEN] != gk[b, AK_TOTAL_LEN]:
+        return gk[a, AK_TOTAL_LEN] < gk[b, AK_TOTAL_LEN]
+    return gk[a, AK_ID] < gk[b, AK_ID]
 
 
 @njit(cache=True, _nrt=False, inline="always")
