@@ -99,6 +99,12 @@ AK_PACKED = 6  # cache rank and -base in one int64, for the admitted heaps (see 
 AK_NCOLS = 7
 CACHE_BIT = 2**62
 
+# Columns of a half's taken-answer key (see `_half_taken`).
+RK_PACKED = 0
+RK_TOTAL_LEN = 1
+RK_ID = 2
+RK_NCOLS = 3
+
 # Columns of the heap table (see `_adm_put`).
 HM_LO = 0
 HM_CAP = 1
@@ -271,13 +277,52 @@ def _front_may_run(s, free, shift, fb, fx, fn, fj, n_v, vic, steps, k):
     return False
 
 
+@njit(cache=True, _nrt=False, inline="always")
+def _after_taken(gk, t, rk, q):
+    """Row t of half q after the half's taken answer, whose key `_half_taken` kept in rk[q]: cache rank
+    and -base (packed), total_len, request_id (the phase is the half's)."""
+    if gk[t, AK_PACKED] != rk[q, RK_PACKED]:
+        return gk[t, AK_PACKED] > rk[q, RK_PACKED]
+    if gk[t, AK_TOTAL_LEN] != rk[q, RK_TOTAL_LEN]:
+        return gk[t, AK_TOTAL_LEN] > rk[q, RK_TOTAL_LEN]
+    return gk[t, AK_ID] > rk[q, RK_ID]
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _half_taken(q, r, gk, cand, rk, taken):
+    """Half q's cached answer r was chosen (and left the half): the next answer comes after its key,
+    kept in rk[q] (r's own key changes as it runs on)."""
+    rk[q, RK_PACKED] = gk[r, AK_PACKED]
+    rk[q, RK_TOTAL_LEN] = gk[r, AK_TOTAL_LEN]
+    rk[q, RK_ID] = gk[r, AK_ID]
+    taken[q] = True
+    cand[q] = -1
+
+
 @njit(cache=True, _nrt=False)
-def _first_runnable(s, root, free, shift, nd, stack, n_v, vic, steps, k, fb, fx, fn):
-    """The first row in treap order with blocks <= free + M(base + shift): a pruned in-order walk.
-    Rebuilds slot s's front from the rows before it (all rows if none runs)."""
-    fn[s] = 0
+def _first_runnable(s, root, free, shift, nd, stack, n_v, vic, steps, k, fb, fx, fn, gk, rk, after):
+    """The first row in treap order with blocks <= free + M(base + shift): a pruned in-order walk
+    that adds the rows it passes to slot s's front (all rows if none runs).  It rebuilds the front
+    from the first row, or with `after` keeps it and walks only the rows after the taken answer's
+    key rk[s] (the caller has checked that no point of the front may run: the rows before the key
+    still cannot)."""
     t = root
     sp = 0
+    if after:
+        # Down to the first row after the key: a row after it stays on the path (its left subtree may
+        # hold more such rows), a row before it is passed with its left subtree.
+        while t >= 0:
+            if not _after_taken(gk, t, rk, s):
+                t = nd[t, ND_RIGHT]
+            elif not _fits(nd[t, ND_MINB], nd[t, ND_MAXBASE] + shift, free, n_v, vic, steps, k):
+                _front_add(s, nd[t, ND_MINB], nd[t, ND_MAXBASE], fb, fx, fn)
+                t = -1  # nothing in this subtree can run
+            else:
+                stack[sp] = t
+                sp += 1
+                t = nd[t, ND_LEFT]
+    else:
+        fn[s] = 0
     while True:
         while t >= 0:
             if not _fits(nd[t, ND_MINB], nd[t, ND_MAXBASE] + shift, free, n_v, vic, steps, k):
@@ -297,25 +342,37 @@ def _first_runnable(s, root, free, shift, nd, stack, n_v, vic, steps, k, fb, fx,
 
 
 @njit(cache=True, _nrt=False, inline="always")
-def _half_answer(q, wroot, cand, free, shift, nd, stack, n_v, vic, steps, k, fb, fx, fn, fj):
-    """Half q's first runnable row, walking it again only when a row before its cached answer may run."""
+def _half_answer(q, wroot, cand, free, shift, nd, stack, n_v, vic, steps, k, fb, fx, fn, fj, gk, rk, taken):
+    """Half q's first runnable row, walking it again only when a row before its cached answer may run
+    (from its first row) or its answer was taken (from there)."""
     if wroot[q] < 0:
         cand[q] = -1
         fn[q] = 0
+        taken[q] = False
     elif _front_may_run(q, free, shift, fb, fx, fn, fj, n_v, vic, steps, k):
-        cand[q] = _first_runnable(q, wroot[q], free, shift, nd, stack, n_v, vic, steps, k, fb, fx, fn)
+        cand[q] = _first_runnable(q, wroot[q], free, shift, nd, stack, n_v, vic, steps, k, fb, fx, fn, gk, rk, False)
+        taken[q] = False
+    elif taken[q]:
+        cand[q] = _first_runnable(q, wroot[q], free, shift, nd, stack, n_v, vic, steps, k, fb, fx, fn, gk, rk, True)
+        taken[q] = False
     return cand[q]
 
 
 # Not cached on its own: it calls kernels of another file (see `stamp`); its callers' cache holds it.
 @njit(_nrt=False)
-def _wait_insert(q, r, wroot, cand, stack, gk, nd, blocks, fb, fx, fn):
-    """Row r joins half q's waiting treap; returns whether it lands before the cached answer."""
+def _wait_insert(q, r, wroot, cand, stack, gk, nd, blocks, fb, fx, fn, rk, taken):
+    """Row r joins half q's waiting treap; returns whether it lands before the cached answer (or the
+    taken one's key: a row after it is met by the walk from there)."""
     wroot[q] = treap_insert_nb(wroot[q], r, stack, gk, nd)
-    if fn[q] >= 0 and (cand[q] < 0 or _slot_less(gk, r, cand[q])):
+    if fn[q] < 0:
+        return False
+    if taken[q]:
+        before = not _after_taken(gk, r, rk, q)
+    else:
+        before = cand[q] < 0 or _slot_less(gk, r, cand[q])
+    if before:
         _front_add(q, blocks, nd[r, ND_BASE], fb, fx, fn)
-        return True
-    return False
+    return before
 
 
 @njit(cache=True, _nrt=False)
@@ -385,7 +442,7 @@ def _slot_lookup(rho, hkey, hval, mask):
 
 @njit(cache=True, _nrt=False)
 def _slot_acquire(rho, steps, k, hkey, hval, mask, free_slots, n_free, s_rho, sh, wroot, hmeta, cand, afirst,
-                  fn):
+                  fn, taken):
     """The slot of residue rho, a fresh one (empty, shift (steps - rho) // K) if it has none; returns
     (slot, n_free)."""
     i = rho & mask
@@ -403,6 +460,7 @@ def _slot_acquire(rho, steps, k, hkey, hval, mask, free_slots, n_free, s_rho, sh
         wroot[q] = -1
         cand[q] = -1
         fn[q] = 0
+        taken[q] = False
     hmeta[s, HM_N] = 0  # its heap keeps its room
     hmeta[s, HM_HOT] = -1
     afirst[s] = -1
@@ -725,7 +783,7 @@ def _replay_loop(request_id, arrival_step, prompt_len, max_new_tokens, priority,
                  deadline_step, has_deadline, preemptible, order, free_kv_blocks, max_steps, events, k, top, phase,
                  generated, chosen_count, enqueue_steps, wait_final, status, preemptions, admitted, enqueued,
                  first_step, first_token_step, finish_step, nd, gk, stack, hkey, hval, mask, free_slots, n_free,
-                 s_rho, wroot, cand, fb, fx, fn, fj, hp, hmeta, hpos, htmp, afirst, sh, wlist, wpos, tb, t_leaves,
+                 s_rho, wroot, cand, fb, fx, fn, fj, rk, taken, hp, hmeta, hpos, htmp, afirst, sh, wlist, wpos, tb, t_leaves,
                  dirty, in_dirty, vic, v_pos):
     """The replay loop of `replay_aging_nb` over its state arrays; returns (steps, clock, free, stop)."""
     n = request_id.shape[0]
@@ -759,12 +817,13 @@ def _replay_loop(request_id, arrival_step, prompt_len, max_new_tokens, priority,
             if required_blocks[r] > capacity:
                 continue  # can never be admitted
             sl, n_free = _slot_acquire(rmod, steps, k, hkey, hval, mask, free_slots, n_free, s_rho, sh,
-                                       wroot, hmeta, cand, afirst, fn)
+                                       wroot, hmeta, cand, afirst, fn, taken)
             _set_aging_key(r, sdiv, sl, gk, nd, E.PHASE_PREFILL, cache_hit[r], priority[r], top, prompt_len[r],
                            request_id[r])
             if wpos[sl] < 0:
                 n_w = _list_add(wlist, wpos, n_w, sl)
-            if _wait_insert(2 * sl, r, wroot, cand, stack, gk, nd, required_blocks[r], fb, fx, fn):
+            if _wait_insert(2 * sl, r, wroot, cand, stack, gk, nd, required_blocks[r], fb, fx, fn, rk,
+                            taken):
                 n_d = _mark(sl, DIRTY_WAIT, dirty, in_dirty, n_d)
 
         for i in range(n_d):
@@ -774,10 +833,10 @@ def _replay_loop(request_id, arrival_step, prompt_len, max_new_tokens, priority,
             # the decode half only matters when no prefill row runs
             if flags & DIRTY_WAIT:
                 c = _half_answer(2 * sl, wroot, cand, free, sh[sl], nd, stack, n_v, vic, steps, k, fb, fx, fn,
-                                 fj)
+                                 fj, gk, rk, taken)
                 if c == E.NO_ROW:
                     c = _half_answer(2 * sl + 1, wroot, cand, free, sh[sl], nd, stack, n_v, vic, steps, k, fb,
-                                     fx, fn, fj)
+                                     fx, fn, fj, gk, rk, taken)
             else:  # only its admitted rows changed: the cached answers stand
                 c = cand[2 * sl]
                 if c == E.NO_ROW:
@@ -816,10 +875,11 @@ def _replay_loop(request_id, arrival_step, prompt_len, max_new_tokens, priority,
             if _fits(nd[chosen, ND_BLOCKS], nd[chosen, ND_BASE] + shift, free, n_v, vic, steps, k):
                 break
             q = 2 * sl + (gk[chosen, AK_PHASE_CACHE] >> 1)
-            c = _first_runnable(q, wroot[q], free, shift, nd, stack, n_v, vic, steps, k, fb, fx, fn)
+            c = _first_runnable(q, wroot[q], free, shift, nd, stack, n_v, vic, steps, k, fb, fx, fn, gk, rk, False)
             cand[q] = c
             if c == E.NO_ROW and q % 2 == 0:
-                c = _half_answer(q + 1, wroot, cand, free, shift, nd, stack, n_v, vic, steps, k, fb, fx, fn, fj)
+                c = _half_answer(q + 1, wroot, cand, free, shift, nd, stack, n_v, vic, steps, k, fb, fx, fn, fj, gk,
+                                    rk, taken)
             f = afirst[sl]
             if c == E.NO_ROW or (f != E.NO_ROW and _slot_less(gk, f, c)):
                 c = f
@@ -868,7 +928,8 @@ def _replay_loop(request_id, arrival_step, prompt_len, max_new_tokens, priority,
                 afirst[rv] = _adm_take(rv, victim, hp, hmeta, hpos, gk)
                 if wpos[rv] < 0:
                     n_w = _list_add(wlist, wpos, n_w, rv)
-                _wait_insert(2 * rv + 1, victim, wroot, cand, stack, gk, nd, required_blocks[victim], fb, fx, fn)
+                _wait_insert(2 * rv + 1, victim, wroot, cand, stack, gk, nd, required_blocks[victim], fb, fx, fn,
+                             rk, taken)
                 n_d = _mark(rv, DIRTY_WAIT, dirty, in_dirty, n_d)
                 n_v = _victims_drop(vic, v_pos, n_v, victim)
                 # free blocks grew by the victim's blocks
@@ -878,7 +939,7 @@ def _replay_loop(request_id, arrival_step, prompt_len, max_new_tokens, priority,
             wroot[q] = treap_delete_nb(wroot[q], chosen, stack, gk, nd)
             if wroot[2 * s_old] < 0 and wroot[2 * s_old + 1] < 0:
                 n_w = _list_remove(wlist, wpos, n_w, s_old)
-            fn[q] = -1
+            _half_taken(q, chosen, gk, cand, rk, taken)
             n_d = _mark(s_old, DIRTY_WAIT, dirty, in_dirty, n_d)
             free -= need
             admitted[chosen] = True
@@ -910,7 +971,7 @@ def _replay_loop(request_id, arrival_step, prompt_len, max_new_tokens, priority,
             sl = _slot_lookup(rho, hkey, hval, mask)
             if sl < 0:
                 sl, n_free = _slot_acquire(rho, steps, k, hkey, hval, mask, free_slots, n_free, s_rho, sh,
-                                           wroot, hmeta, cand, afirst, fn)
+                                           wroot, hmeta, cand, afirst, fn, taken)
             _chosen_key(chosen, sl, wrap, prompt_len[chosen] + generated[chosen], gk, nd)
             afirst[sl] = _adm_put(sl, chosen, hp, hmeta, hpos, gk, htmp)
             if preemptible[chosen]:  # a victim: its w is one lower
@@ -994,6 +1055,9 @@ def _make_replay_aging(stamp):
         fx = np.zeros((2 * m, FRONT + 1), np.int64)
         fn = np.zeros(2 * m, np.int64)
         fj = np.zeros((2 * m, FRONT + 1), np.int64)  # guesses for `_victims_below`
+        # A half whose answer was chosen walks on from its key (see `_half_taken`).
+        rk = np.zeros((2 * m, RK_NCOLS), np.int64)
+        taken = np.zeros(2 * m, np.bool_)
         # Admitted rows, a heap per slot in one pool (see `_adm_put`), and each slot's first.
         hp = np.empty(4 * n + 4, np.int64)
         htmp = np.empty(4 * n + 4, np.int64)
@@ -1028,7 +1092,7 @@ def _make_replay_aging(stamp):
                                                 generated, chosen_count, enqueue_steps, wait_final, status,
                                                 preemptions, admitted, enqueued, first_step, first_token_step,
                                                 finish_step, nd, gk, stack, hkey, hval, mask, free_slots, n_free,
-                                                s_rho, wroot, cand, fb, fx, fn, fj, hp, hmeta, hpos, htmp, afirst,
+                                                s_rho, wroot, cand, fb, fx, fn, fj, rk, taken, hp, hmeta, hpos, htmp, afirst,
                                                 sh, wlist, wpos, tb, t_leaves, dirty, in_dirty, vic, v_pos)
         write_state_nb(req_out, summary, steps, clock, free, stop, enqueued, phase, status, generated,
                        wait_final, enqueue_steps, chosen_count, preemptions, admitted, first_step,
