@@ -98,7 +98,7 @@ from .ordered_nb import (
     treap_insert_nb,
     treap_nodes_nb,
 )
-from .step_nb import advance_nb, record_step_nb, write_state_nb
+from .step_nb import advance_nb, new_requests_nb, record_step_nb, write_state_nb
 from .stamp import source_stamp
 from .aging_nb import replay_aging_nb
 
@@ -109,12 +109,13 @@ MAX_BUCKETS = 8  # waiting structures per group (see `_buckets`)
 
 
 @njit(cache=True, _nrt=False)
-def _set_key(r, policy, gk, phase, generated, enqueue_clock, request_id, prompt_len, max_new_tokens, priority,
-             cache_hit, deadline_step, has_deadline):
-    """Write row r's group key: its sort key with the parts shared by its whole group left out."""
+def _set_key(r, policy, gk, req, enqueue_clock, request_id, prompt_len, max_new_tokens, priority, cache_hit,
+             deadline_step, has_deadline):
+    """Write row r's group key (`req`: the replay state): its sort key with the parts shared by its whole
+    group left out."""
     if policy == E.POLICY_FCFS:
         gk[r, 0] = 0
-        gk[r, 1] = phase[r]
+        gk[r, 1] = req.phase[r]
         gk[r, 2] = enqueue_clock[r]
         gk[r, 3] = request_id[r]
         gk[r, 4] = 0
@@ -122,15 +123,15 @@ def _set_key(r, policy, gk, phase, generated, enqueue_clock, request_id, prompt_
         return
     d = np.int64(0)
     if policy == E.POLICY_DEADLINE and has_deadline[r]:
-        remaining = max_new_tokens[r] - generated[r]
-        if phase[r] == E.PHASE_PREFILL:
+        remaining = max_new_tokens[r] - req.generated[r]
+        if req.phase[r] == E.PHASE_PREFILL:
             remaining += 1
         d = deadline_step[r] - remaining  # slack = d - clock
     gk[r, 0] = d
-    gk[r, 1] = phase[r]
+    gk[r, 1] = req.phase[r]
     gk[r, 2] = 0 if cache_hit[r] else 1
     gk[r, 3] = -priority[r]
-    gk[r, 4] = prompt_len[r] + generated[r]
+    gk[r, 4] = prompt_len[r] + req.generated[r]
     gk[r, 5] = request_id[r]
 
 
@@ -491,19 +492,8 @@ def _make_replay_static(stamp):
                 if has_deadline[r] and deadline_step[r] > max_deadline:
                     max_deadline = deadline_step[r]
 
-        phase = np.zeros(n, np.int64)
-        generated = np.zeros(n, np.int64)
-        chosen_count = np.zeros(n, np.int64)
-        enqueue_steps = np.zeros(n, np.int64)
-        wait_final = np.full(n, -1, np.int64)
-        status = np.zeros(n, np.int64)
-        preemptions = np.zeros(n, np.int64)
-        admitted = np.zeros(n, np.bool_)
-        enqueued = np.zeros(n, np.bool_)
+        req = new_requests_nb(n)
         enqueue_clock = np.zeros(n, np.int64)
-        first_step = np.full(n, E.NEVER, np.int64)
-        first_token_step = np.full(n, E.NEVER, np.int64)
-        finish_step = np.full(n, E.NEVER, np.int64)
         group = np.zeros(n, np.int64)
         if deadline_policy:
             for r in range(n):
@@ -556,14 +546,14 @@ def _make_replay_static(stamp):
             while pos < n and arrival_step[order[pos]] <= clock:
                 r = order[pos]
                 pos += 1
-                enqueued[r] = True
+                req.enqueued[r] = True
                 enqueue_clock[r] = clock
-                enqueue_steps[r] = steps
+                req.enqueue_steps[r] = steps
                 unfinished += 1
                 if required_blocks[r] > capacity:
                     continue  # can never be admitted: free never exceeds the capacity
-                _set_key(r, policy, gk, phase, generated, enqueue_clock, request_id, prompt_len, max_new_tokens,
-                         priority, cache_hit, deadline_step, has_deadline)
+                _set_key(r, policy, gk, req, enqueue_clock, request_id, prompt_len, max_new_tokens, priority,
+                         cache_hit, deadline_step, has_deadline)
                 b = bucket[r]
                 s = group[r] * n_buckets + b
                 _wait_add(n_h, s, r, wroot, stack, gk, nd, rt, rcls, rt_base, rt_size, rank)
@@ -620,25 +610,25 @@ def _make_replay_static(stamp):
             # per-request arrays together (see `replay_aging_nb`), every array its admission reads
             # (under fcfs with 1 M waiting, preemptions admit a cold row every ~80 steps).
             if chosen == best_wait:
-                prefetch_nb(status, chosen)
-                prefetch_nb(chosen_count, chosen)
-                prefetch_nb(phase, chosen)
-                prefetch_nb(generated, chosen)
+                prefetch_nb(req.status, chosen)
+                prefetch_nb(req.chosen_count, chosen)
+                prefetch_nb(req.phase, chosen)
+                prefetch_nb(req.generated, chosen)
                 prefetch_nb(max_new_tokens, chosen)
-                prefetch_nb(enqueue_steps, chosen)
+                prefetch_nb(req.enqueue_steps, chosen)
                 prefetch_nb(has_deadline, chosen)
                 prefetch_nb(deadline_step, chosen)
                 prefetch_nb(preemptible, chosen)
-                prefetch_nb(admitted, chosen)
+                prefetch_nb(req.admitted, chosen)
                 prefetch_nb(required_blocks, chosen)
                 prefetch_nb(pclass, chosen)
                 prefetch_nb(bucket, chosen)
                 prefetch_nb(group, chosen)
                 prefetch_nb(rank, chosen)
-                prefetch_nb(first_step, chosen)
+                prefetch_nb(req.first_step, chosen)
                 prefetch_nb(hpos, chosen)
             victim = E.NO_ROW
-            was_admitted = admitted[chosen]
+            was_admitted = req.admitted[chosen]
             if not was_admitted:
                 need = nd[chosen, ND_BLOCKS]
                 if need > free:
@@ -647,9 +637,9 @@ def _make_replay_static(stamp):
                     if k < 0 or k >= pclass[chosen]:
                         raise AssertionError("fast kernel: no victim below the challenger's class")
                     victim = treap_first_nb(vroot[k], nd)
-                    admitted[victim] = False
-                    status[victim] = E.STATUS_PREEMPTED
-                    preemptions[victim] += 1
+                    req.admitted[victim] = False
+                    req.status[victim] = E.STATUS_PREEMPTED
+                    req.preemptions[victim] += 1
                     free += required_blocks[victim]
                     vroot[k] = treap_delete_nb(vroot[k], victim, stack, vk, nd)
                     top = treap_first_nb(vroot[k], nd)
@@ -668,21 +658,21 @@ def _make_replay_static(stamp):
                 _wait_remove(n_h, s, chosen, wroot, stack, gk, nd, rt, rcls, rt_base, rt_size, rank)
                 cand_stale[s] = True
                 free -= need
-                admitted[chosen] = True
+                req.admitted[chosen] = True
                 wait_dirty = True
                 changed = True
-            status[chosen] = E.STATUS_RUNNING
-            chosen_count[chosen] += 1
+            req.status[chosen] = E.STATUS_RUNNING
+            req.chosen_count[chosen] += 1
 
-            action = advance_nb(chosen, clock, phase, generated, max_new_tokens, first_step, first_token_step)
+            action = advance_nb(chosen, clock, req, max_new_tokens)
 
             if action == E.ACTION_FINISH:
                 free += required_blocks[chosen]
-                admitted[chosen] = False
-                status[chosen] = E.STATUS_FINISHED
-                finish_step[chosen] = clock
+                req.admitted[chosen] = False
+                req.status[chosen] = E.STATUS_FINISHED
+                req.finish_step[chosen] = clock
                 unfinished -= 1
-                wait_final[chosen] = steps + 1 - enqueue_steps[chosen] - chosen_count[chosen]
+                req.wait_final[chosen] = steps + 1 - req.enqueue_steps[chosen] - req.chosen_count[chosen]
                 if was_admitted:
                     heap_remove_nb(heap, hsize, hpos, group[chosen], chosen, gk)
                     if preemptible[chosen]:
@@ -722,14 +712,12 @@ def _make_replay_static(stamp):
                         top = treap_first_nb(vroot[k], nd)
                         _seg_set(seg, seg_size, k, required_blocks[top])
 
-            record_step_nb(events, steps, clock, chosen, action, generated, max_new_tokens, deadline_step, has_deadline,
-                           steps + 1 - enqueue_steps[chosen] - chosen_count[chosen], free, victim)
+            record_step_nb(events, steps, clock, chosen, action, req, max_new_tokens, deadline_step, has_deadline,
+                           steps + 1 - req.enqueue_steps[chosen] - req.chosen_count[chosen], free, victim)
             clock += 1
             steps += 1
 
-        write_state_nb(req_out, summary, steps, clock, free, stop, enqueued, phase, status, generated,
-                       wait_final, enqueue_steps, chosen_count, preemptions, admitted, first_step,
-                       first_token_step, finish_step)
+        write_state_nb(req_out, summary, steps, clock, free, stop, req)
 
     return _replay_static
 
