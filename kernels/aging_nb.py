@@ -78,7 +78,7 @@ from .ordered_nb import (
     treap_insert_nb,
     treap_nodes_nb,
 )
-from .step_nb import advance_nb, record_step_nb, write_state_nb
+from .step_nb import advance_nb, new_requests_nb, record_step_nb, write_state_nb
 from .stamp import source_stamp
 
 SOURCE_STAMP = source_stamp("enums.py", "ordered_nb.py", "step_nb.py")
@@ -780,12 +780,11 @@ def _list_remove(lst, lpos, cnt, s):
 # Without NRT, so that the helpers inlined into the loop carry no reference counting.
 @njit(_nrt=False)
 def _replay_loop(request_id, arrival_step, prompt_len, max_new_tokens, priority, cache_hit, required_blocks,
-                 deadline_step, has_deadline, preemptible, order, free_kv_blocks, max_steps, events, k, top, phase,
-                 generated, chosen_count, enqueue_steps, wait_final, status, preemptions, admitted, enqueued,
-                 first_step, first_token_step, finish_step, nd, gk, stack, hkey, hval, mask, free_slots, n_free,
-                 s_rho, wroot, cand, fb, fx, fn, fj, rk, taken, hp, hmeta, hpos, htmp, afirst, sh, wlist, wpos, tb, t_leaves,
-                 dirty, in_dirty, vic, v_pos):
-    """The replay loop of `replay_aging_nb` over its state arrays; returns (steps, clock, free, stop)."""
+                 deadline_step, has_deadline, preemptible, order, free_kv_blocks, max_steps, events, k, top, req,
+                 nd, gk, stack, hkey, hval, mask, free_slots, n_free, s_rho, wroot, cand, fb, fx, fn, fj, rk, taken, hp,
+                 hmeta, hpos, htmp, afirst, sh, wlist, wpos, tb, t_leaves, dirty, in_dirty, vic, v_pos):
+    """The replay loop of `replay_aging_nb` over its state (`req`: the per-request state); returns
+    (steps, clock, free, stop)."""
     n = request_id.shape[0]
     n_w = 0
     n_d = 0
@@ -811,8 +810,8 @@ def _replay_loop(request_id, arrival_step, prompt_len, max_new_tokens, priority,
             pos += 1
             if pos < n:
                 next_arrival = arrival_step[order[pos]]
-            enqueued[r] = True
-            enqueue_steps[r] = steps
+            req.enqueued[r] = True
+            req.enqueue_steps[r] = steps
             unfinished += 1
             if required_blocks[r] > capacity:
                 continue  # can never be admitted
@@ -852,17 +851,17 @@ def _replay_loop(request_id, arrival_step, prompt_len, max_new_tokens, priority,
             chosen = tb[1, TB_ROW]
             if chosen == E.NO_ROW:
                 break
-            if admitted[chosen]:
+            if req.admitted[chosen]:
                 break
             # With a large backlog the chosen row is often cold (a preempted request back after a
             # long wait): start the misses in its per-request arrays together.
-            prefetch_nb(status, chosen)
-            prefetch_nb(chosen_count, chosen)
-            prefetch_nb(phase, chosen)
-            prefetch_nb(generated, chosen)
+            prefetch_nb(req.status, chosen)
+            prefetch_nb(req.chosen_count, chosen)
+            prefetch_nb(req.phase, chosen)
+            prefetch_nb(req.generated, chosen)
             prefetch_nb(max_new_tokens, chosen)
             prefetch_nb(preemptible, chosen)
-            prefetch_nb(enqueue_steps, chosen)
+            prefetch_nb(req.enqueue_steps, chosen)
             prefetch_nb(cache_hit, chosen)
             prefetch_nb(priority, chosen)
             prefetch_nb(prompt_len, chosen)
@@ -893,7 +892,7 @@ def _replay_loop(request_id, arrival_step, prompt_len, max_new_tokens, priority,
             break
 
         victim = E.NO_ROW
-        was_admitted = admitted[chosen]
+        was_admitted = req.admitted[chosen]
         s_old = gk[chosen, AK_SLOT]
         if was_admitted:
             afirst[s_old] = _adm_take(s_old, chosen, hp, hmeta, hpos, gk)
@@ -920,9 +919,9 @@ def _replay_loop(request_id, arrival_step, prompt_len, max_new_tokens, priority,
                         victim = v
                 if victim == E.NO_ROW:
                     raise AssertionError("aging kernel: the chosen request has no victim")
-                prefetch_nb(preemptions, victim)  # counted at the end of the step, when it has arrived
-                admitted[victim] = False
-                status[victim] = E.STATUS_PREEMPTED
+                prefetch_nb(req.preemptions, victim)  # counted at the end of the step, when it has arrived
+                req.admitted[victim] = False
+                req.status[victim] = E.STATUS_PREEMPTED
                 free += required_blocks[victim]
                 rv = gk[victim, AK_SLOT]  # its slot keeps a row throughout: out of its heap, into wroot
                 afirst[rv] = _adm_take(rv, victim, hp, hmeta, hpos, gk)
@@ -942,23 +941,23 @@ def _replay_loop(request_id, arrival_step, prompt_len, max_new_tokens, priority,
             _half_taken(q, chosen, gk, cand, rk, taken)
             n_d = _mark(s_old, DIRTY_WAIT, dirty, in_dirty, n_d)
             free -= need
-            admitted[chosen] = True
+            req.admitted[chosen] = True
             if preemptible[chosen]:
-                w = priority[chosen] * k - enqueue_steps[chosen] - chosen_count[chosen]
+                w = priority[chosen] * k - req.enqueue_steps[chosen] - req.chosen_count[chosen]
                 n_v = _victims_add(vic, v_pos, n_v, chosen, w, need)
                 # a new victim: more may run
                 n_d = _mark_may_run(free, n_v, vic, wlist, n_w, fb, fn, dirty, in_dirty, n_d)
-        status[chosen] = E.STATUS_RUNNING
-        chosen_count[chosen] += 1
+        req.status[chosen] = E.STATUS_RUNNING
+        req.chosen_count[chosen] += 1
 
-        action = advance_nb(chosen, clock, phase, generated, max_new_tokens, first_step, first_token_step)
+        action = advance_nb(chosen, clock, req, max_new_tokens)
         if action == E.ACTION_FINISH:
             free += nd[chosen, ND_BLOCKS]
-            admitted[chosen] = False
-            status[chosen] = E.STATUS_FINISHED
-            finish_step[chosen] = clock
+            req.admitted[chosen] = False
+            req.status[chosen] = E.STATUS_FINISHED
+            req.finish_step[chosen] = clock
             unfinished -= 1
-            wait_final[chosen] = steps + 1 - enqueue_steps[chosen] - chosen_count[chosen]
+            req.wait_final[chosen] = steps + 1 - req.enqueue_steps[chosen] - req.chosen_count[chosen]
             if preemptible[chosen]:
                 n_v = _victims_drop(vic, v_pos, n_v, chosen)
             # free blocks grew
@@ -972,7 +971,7 @@ def _replay_loop(request_id, arrival_step, prompt_len, max_new_tokens, priority,
             if sl < 0:
                 sl, n_free = _slot_acquire(rho, steps, k, hkey, hval, mask, free_slots, n_free, s_rho, sh,
                                            wroot, hmeta, cand, afirst, fn, taken)
-            _chosen_key(chosen, sl, wrap, prompt_len[chosen] + generated[chosen], gk, nd)
+            _chosen_key(chosen, sl, wrap, prompt_len[chosen] + req.generated[chosen], gk, nd)
             afirst[sl] = _adm_put(sl, chosen, hp, hmeta, hpos, gk, htmp)
             if preemptible[chosen]:  # a victim: its w is one lower
                 _victims_chosen(vic, v_pos, chosen)
@@ -982,9 +981,9 @@ def _replay_loop(request_id, arrival_step, prompt_len, max_new_tokens, priority,
             n_free = _slot_release(s_old, s_rho, hkey, hval, mask, free_slots, n_free)
 
         if victim != E.NO_ROW:
-            preemptions[victim] += 1
-        record_step_nb(events, steps, clock, chosen, action, generated, max_new_tokens, deadline_step, has_deadline,
-                       steps + 1 - enqueue_steps[chosen] - chosen_count[chosen], free, victim)
+            req.preemptions[victim] += 1
+        record_step_nb(events, steps, clock, chosen, action, req, max_new_tokens, deadline_step, has_deadline,
+                       steps + 1 - req.enqueue_steps[chosen] - req.chosen_count[chosen], free, victim)
         clock += 1
         steps += 1
         rmod += 1
@@ -1014,18 +1013,7 @@ def _make_replay_aging(stamp):
             return
         n = request_id.shape[0]
         k, cprio = _compressed_priorities(priority, max_new_tokens, np.int64(aging_interval))
-        phase = np.zeros(n, np.int64)
-        generated = np.zeros(n, np.int64)
-        chosen_count = np.zeros(n, np.int64)
-        enqueue_steps = np.zeros(n, np.int64)
-        wait_final = np.full(n, -1, np.int64)
-        status = np.zeros(n, np.int64)
-        preemptions = np.zeros(n, np.int64)
-        admitted = np.zeros(n, np.bool_)
-        enqueued = np.zeros(n, np.bool_)
-        first_step = np.full(n, E.NEVER, np.int64)
-        first_token_step = np.full(n, E.NEVER, np.int64)
-        finish_step = np.full(n, E.NEVER, np.int64)
+        req = new_requests_nb(n)
 
         top = cprio.max() if n > 0 else np.int64(0)
         nd, gk = treap_nodes_nb(required_blocks, AK_NCOLS)
@@ -1088,15 +1076,11 @@ def _make_replay_aging(stamp):
 
         steps, clock, free, stop = _replay_loop(request_id, arrival_step, prompt_len, max_new_tokens, cprio,
                                                 cache_hit, required_blocks, deadline_step, has_deadline,
-                                                preemptible, order, free_kv_blocks, max_steps, events, k, top, phase,
-                                                generated, chosen_count, enqueue_steps, wait_final, status,
-                                                preemptions, admitted, enqueued, first_step, first_token_step,
-                                                finish_step, nd, gk, stack, hkey, hval, mask, free_slots, n_free,
-                                                s_rho, wroot, cand, fb, fx, fn, fj, rk, taken, hp, hmeta, hpos, htmp, afirst,
-                                                sh, wlist, wpos, tb, t_leaves, dirty, in_dirty, vic, v_pos)
-        write_state_nb(req_out, summary, steps, clock, free, stop, enqueued, phase, status, generated,
-                       wait_final, enqueue_steps, chosen_count, preemptions, admitted, first_step,
-                       first_token_step, finish_step)
+                                                preemptible, order, free_kv_blocks, max_steps, events, k, top, req,
+                                                nd, gk, stack, hkey, hval, mask, free_slots, n_free, s_rho, wroot,
+                                                cand, fb, fx, fn, fj, rk, taken, hp, hmeta, hpos, htmp, afirst, sh, wlist,
+                                                wpos, tb, t_leaves, dirty, in_dirty, vic, v_pos)
+        write_state_nb(req_out, summary, steps, clock, free, stop, req)
 
     return replay_aging_nb
 

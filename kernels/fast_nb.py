@@ -19,7 +19,7 @@ Structures (all allocated inside the call; nothing global, safe to run per scena
   bucket of priority classes): every class its own bucket when there are at most MAX_BUCKETS (8)
   classes, else 8 contiguous ranges of classes holding about as many requests each (`_buckets`).  A
   request whose key cannot change while it waits sits in a segment tree over the static ranks of
-  its structure's requests by that key (`_static_order`, `_rank_trees`), with subtree aggregates
+  its structure's requests by that key (`_static_order`, `_waiting`), with subtree aggregates
   min ``required_blocks`` and max class: a request in prefill (its key holds nothing the replay
   changes), and under fcfs every waiting request (the enqueue clock is the arrival step: two trees,
   prefill then preempted).  A preempted request under fixed_priority or deadline sits in a treap
@@ -72,6 +72,8 @@ times chosen) mod aging_interval``, held only while non-empty; see there) for an
 as fixed_priority when ``aging_interval`` exceeds the trace's total work steps (no wait can reach it).
 """
 
+from collections import namedtuple
+
 import numpy as np
 from numba import njit
 
@@ -98,7 +100,7 @@ from .ordered_nb import (
     treap_insert_nb,
     treap_nodes_nb,
 )
-from .step_nb import advance_nb, record_step_nb, write_state_nb
+from .step_nb import advance_nb, new_requests_nb, record_step_nb, write_state_nb
 from .stamp import source_stamp
 from .aging_nb import replay_aging_nb
 
@@ -107,14 +109,39 @@ SOURCE_STAMP = source_stamp("enums.py", "ordered_nb.py", "step_nb.py", "aging_nb
 GK_NCOLS = 6
 MAX_BUCKETS = 8  # waiting structures per group (see `_buckets`)
 
+# The waiting rows of every structure s (group * n_buckets + bucket): a treap and `n_h` rank trees
+# each (see `_wait_add`; built empty by `_waiting`).
+Waiting = namedtuple("Waiting", (
+    "n_h",    # rank trees per structure
+    "root",   # each structure's treap root (-1: empty)
+    "rank",   # each row's rank among its structure's rows in their static order
+    "rows",   # the rows by structure and rank: structure s's from rows[start[s]]
+    "start",  # (n_struct + 1 entries)
+    "size",   # each structure's tree size (a power of two)
+    "base",   # tree h of structure s at vals[base[n_h * s + h]:]
+    "vals",   # the trees' blocks (RANK_OUT: no row)
+    "cls",    # their classes (-1: no row) when a bucket holds several classes, else length 1
+))
+
+# The victims (admitted, preemptible rows; see `_victims_add`).
+Victims = namedtuple("Victims", (
+    "root",   # a treap per priority class, ordered by `key`
+    "key",    # each row's victim order: (-required_blocks, request_id)
+    "seg",    # a max segment tree over the classes: each class's largest blocks (0: none)
+    "size",   # its leaves (a power of two)
+    "st_c",   # the records of the staircase M (see `_stairs`): classes
+    "st_b",   # and blocks
+))
+
 
 @njit(cache=True, _nrt=False)
-def _set_key(r, policy, gk, phase, generated, enqueue_clock, request_id, prompt_len, max_new_tokens, priority,
-             cache_hit, deadline_step, has_deadline):
-    """Write row r's group key: its sort key with the parts shared by its whole group left out."""
+def _set_key(r, policy, gk, req, enqueue_clock, request_id, prompt_len, max_new_tokens, priority, cache_hit,
+             deadline_step, has_deadline):
+    """Write row r's group key (`req`: the replay state): its sort key with the parts shared by its whole
+    group left out."""
     if policy == E.POLICY_FCFS:
         gk[r, 0] = 0
-        gk[r, 1] = phase[r]
+        gk[r, 1] = req.phase[r]
         gk[r, 2] = enqueue_clock[r]
         gk[r, 3] = request_id[r]
         gk[r, 4] = 0
@@ -122,15 +149,15 @@ def _set_key(r, policy, gk, phase, generated, enqueue_clock, request_id, prompt_
         return
     d = np.int64(0)
     if policy == E.POLICY_DEADLINE and has_deadline[r]:
-        remaining = max_new_tokens[r] - generated[r]
-        if phase[r] == E.PHASE_PREFILL:
+        remaining = max_new_tokens[r] - req.generated[r]
+        if req.phase[r] == E.PHASE_PREFILL:
             remaining += 1
         d = deadline_step[r] - remaining  # slack = d - clock
     gk[r, 0] = d
-    gk[r, 1] = phase[r]
+    gk[r, 1] = req.phase[r]
     gk[r, 2] = 0 if cache_hit[r] else 1
     gk[r, 3] = -priority[r]
-    gk[r, 4] = prompt_len[r] + generated[r]
+    gk[r, 4] = prompt_len[r] + req.generated[r]
     gk[r, 5] = request_id[r]
 
 
@@ -256,37 +283,36 @@ def _static_order(policy, request_id, arrival_step, prompt_len, max_new_tokens, 
 
 # Not cached on its own: it uses kernels of another file (see `stamp`); its caller's cache holds it.
 @njit
-def _rank_trees(by_key, struct, n_struct, n_h, several):
-    """The waiting structures' rank trees, empty: each row's rank among its structure's rows in the
-    order `by_key`, the rows by structure and rank (structure s's from rank_rows[rt_start[s]]), each
-    structure's tree size (a power of two), the offsets of its `n_h` trees (tree h of structure s at
-    rt_base[n_h * s + h]), their blocks, all RANK_OUT, and, when a bucket holds `several` classes,
-    their classes, all -1 (else length 1, none kept)."""
+def _waiting(by_key, struct, n_struct, n_h, several):
+    """The `Waiting` structures, empty: every row ranked among its structure's (``struct[row]``) rows
+    in the order `by_key`, `n_h` rank trees per structure, their classes kept when a bucket holds
+    `several`."""
     n = by_key.shape[0]
-    rt_start = np.zeros(n_struct + 1, np.int64)
-    rt_size = np.ones(n_struct, np.int64)
-    rt_base = np.zeros(n_h * n_struct, np.int64)
+    start = np.zeros(n_struct + 1, np.int64)
+    size = np.ones(n_struct, np.int64)
+    base = np.zeros(n_h * n_struct, np.int64)
     rank = np.zeros(n, np.int64)
-    rank_rows = np.zeros(n, np.int64)
+    rows = np.zeros(n, np.int64)
     for r in range(n):
-        rt_start[struct[r] + 1] += 1
+        start[struct[r] + 1] += 1
     for s in range(n_struct):
-        while rt_size[s] < rt_start[s + 1]:
-            rt_size[s] *= 2
-        rt_start[s + 1] += rt_start[s]
-    fill = rt_start.copy()
+        while size[s] < start[s + 1]:
+            size[s] *= 2
+        start[s + 1] += start[s]
+    fill = start.copy()
     for r in by_key:
         s = struct[r]
-        rank[r] = fill[s] - rt_start[s]
-        rank_rows[fill[s]] = r
+        rank[r] = fill[s] - start[s]
+        rows[fill[s]] = r
         fill[s] += 1
     for q in range(1, n_h * n_struct):
-        rt_base[q] = rt_base[q - 1] + 2 * rt_size[(q - 1) // n_h]
-    total = rt_base[n_h * n_struct - 1] + 2 * rt_size[n_struct - 1]
+        base[q] = base[q - 1] + 2 * size[(q - 1) // n_h]
+    total = base[n_h * n_struct - 1] + 2 * size[n_struct - 1]
     vals = np.empty(total, np.int64)
     advise_huge_pages_nb(vals)  # 25 MB with 1 M rows, walked at the rank of every arrival
     vals[:] = RANK_OUT
-    return rank, rank_rows, rt_start, rt_size, rt_base, vals, np.full(total if several else 1, -1, np.int64)
+    return Waiting(n_h=n_h, root=np.full(n_struct, -1, np.int64), rank=rank, rows=rows, start=start, size=size,
+                   base=base, vals=vals, cls=np.full(total if several else 1, -1, np.int64))
 
 
 # The waiting rows of structure s (group * n_buckets + bucket): rows whose key is static sit in
@@ -299,34 +325,33 @@ def _rank_trees(by_key, struct, n_struct, n_h, several):
 # another file (see `stamp`); their callers' cache holds them.
 
 @njit(_nrt=False)
-def _wait_add(n_h, s, r, wroot, stack, gk, nd, rt, rcls, rt_base, rt_size, rank):
+def _wait_add(w, s, r, stack, gk, nd):
     h = gk[r, 1]
-    if h < n_h:
-        rank_tree_set_nb(rt, rcls, rt_base[n_h * s + h], rt_size[s], rank[r], nd[r, ND_BLOCKS], nd[r, ND_BASE])
+    if h < w.n_h:
+        rank_tree_set_nb(w.vals, w.cls, w.base[w.n_h * s + h], w.size[s], w.rank[r], nd[r, ND_BLOCKS], nd[r, ND_BASE])
     else:
-        wroot[s] = treap_insert_nb(wroot[s], r, stack, gk, nd)
+        w.root[s] = treap_insert_nb(w.root[s], r, stack, gk, nd)
 
 
 @njit(_nrt=False)
-def _wait_remove(n_h, s, r, wroot, stack, gk, nd, rt, rcls, rt_base, rt_size, rank):
+def _wait_remove(w, s, r, stack, gk, nd):
     h = gk[r, 1]
-    if h < n_h:
-        rank_tree_set_nb(rt, rcls, rt_base[n_h * s + h], rt_size[s], rank[r], RANK_OUT, -1)
+    if h < w.n_h:
+        rank_tree_set_nb(w.vals, w.cls, w.base[w.n_h * s + h], w.size[s], w.rank[r], RANK_OUT, -1)
     else:
-        wroot[s] = treap_delete_nb(wroot[s], r, stack, gk, nd)
+        w.root[s] = treap_delete_nb(w.root[s], r, stack, gk, nd)
 
 
 @njit(_nrt=False)
-def _wait_first_runnable(n_h, s, free, st_c, st_b, k, wroot, gk, nd, stack, rt, rcls, rt_base, rt_size, rt_start,
-                         rank_rows):
+def _wait_first_runnable(w, s, free, st_c, st_b, k, gk, nd, stack):
     """The first waiting row of structure s with blocks <= free + M(its class), or -1."""
     best = E.NO_ROW
-    for h in range(n_h):  # a tree's rows sort before the next tree's
-        i = rank_tree_first_runnable_nb(rt, rcls, rt_base[n_h * s + h], rt_size[s], free, st_c, st_b, k)
+    for h in range(w.n_h):  # a tree's rows sort before the next tree's
+        i = rank_tree_first_runnable_nb(w.vals, w.cls, w.base[w.n_h * s + h], w.size[s], free, st_c, st_b, k)
         if i >= 0:
-            best = rank_rows[rt_start[s] + i]
+            best = w.rows[w.start[s] + i]
             break
-    t = treap_first_runnable_nb(wroot[s], free, nd, stack, st_c, st_b, k)
+    t = treap_first_runnable_nb(w.root[s], free, nd, stack, st_c, st_b, k)
     if t >= 0 and (best == E.NO_ROW or key_less_nb(gk, t, best)):
         best = t
     return best
@@ -340,15 +365,15 @@ QS_N = 2
 
 
 @njit(_nrt=False)
-def _wait_first_fit(n_h, s, limit, wroot, gk, nd, rt, rt_base, rt_size, rt_start, rank_rows):
+def _wait_first_fit(w, s, limit, gk, nd):
     """The first waiting row of structure s (one class) with blocks <= limit, or -1."""
     best = E.NO_ROW
-    for h in range(n_h):
-        i = rank_tree_first_fit_nb(rt, rt_base[n_h * s + h], rt_size[s], limit)
+    for h in range(w.n_h):
+        i = rank_tree_first_fit_nb(w.vals, w.base[w.n_h * s + h], w.size[s], limit)
         if i >= 0:
-            best = rank_rows[rt_start[s] + i]
+            best = w.rows[w.start[s] + i]
             break
-    t = treap_first_fit_nb(wroot[s], limit, nd)
+    t = treap_first_fit_nb(w.root[s], limit, nd)
     if t >= 0 and (best == E.NO_ROW or key_less_nb(gk, t, best)):
         best = t
     return best
@@ -356,14 +381,13 @@ def _wait_first_fit(n_h, s, limit, wroot, gk, nd, rt, rt_base, rt_size, rt_start
 
 # Not cached on its own: it calls kernels of another file (see `stamp`); its caller's cache holds it.
 @njit(_nrt=False)
-def _refresh_cands(qs, free, seg, seg_size, st_c, st_b, n_buckets, n_classes, bucket_top, pclass, cand, cand_stale,
-                   n_h, wroot, gk, nd, stack, rt, rcls, rt_base, rt_size, rt_start, rank_rows):
+def _refresh_cands(qs, free, v, n_buckets, n_classes, bucket_top, pclass, cand, cand_stale, w, gk, nd, stack):
     """Several classes per bucket: bring every structure's cand (its first runnable row) up to date
     after free blocks or victims changed.  Where runnability only shrank, a cand that still runs
     stays first (nothing before it ran before) and no cand stays none; the rest are walked again.
     Runnability grew for the classes from ``grow_from`` up (free blocks grew, or a victim raised M
     there).  (One class per bucket: the loop in `_replay_static`, with one limit per structure.)"""
-    n_st = _stairs(seg, seg_size, st_c, st_b)
+    n_st = _stairs(v.seg, v.size, v.st_c, v.st_b)
     grow_from = qs[QS_GROW_FROM]
     if free > qs[QS_FREE_SEEN]:
         grow_from = 0  # free blocks grew (a finish, or a preemption freeing more than it takes)
@@ -371,12 +395,27 @@ def _refresh_cands(qs, free, seg, seg_size, st_c, st_b, n_buckets, n_classes, bu
         c = cand[s]
         b = s % n_buckets
         if cand_stale[s] or bucket_top[b] >= grow_from or (
-                c != E.NO_ROW and nd[c, ND_BLOCKS] > free + stair_at_nb(pclass[c], st_c, st_b, n_st)):
-            cand[s] = _wait_first_runnable(n_h, s, free, st_c, st_b, n_st, wroot, gk, nd, stack, rt, rcls, rt_base,
-                                           rt_size, rt_start, rank_rows)
+                c != E.NO_ROW and nd[c, ND_BLOCKS] > free + stair_at_nb(pclass[c], v.st_c, v.st_b, n_st)):
+            cand[s] = _wait_first_runnable(w, s, free, v.st_c, v.st_b, n_st, gk, nd, stack)
             cand_stale[s] = False
     qs[QS_FREE_SEEN] = free
     qs[QS_GROW_FROM] = n_classes
+
+
+# Row r of class k joins or leaves the victims.  Not cached on their own: they call kernels of another
+# file (see `stamp`); their caller's cache holds them.
+
+@njit(_nrt=False)
+def _victims_add(v, k, r, stack, nd):
+    v.root[k] = treap_insert_nb(v.root[k], r, stack, v.key, nd)
+    _seg_set(v.seg, v.size, k, nd[treap_first_nb(v.root[k], nd), ND_BLOCKS])
+
+
+@njit(_nrt=False)
+def _victims_drop(v, k, r, stack, nd):
+    v.root[k] = treap_delete_nb(v.root[k], r, stack, v.key, nd)
+    top = treap_first_nb(v.root[k], nd)
+    _seg_set(v.seg, v.size, k, nd[top, ND_BLOCKS] if top >= 0 else 0)
 
 
 # A max segment tree over priority classes: leaf i = largest blocks among class i's victims (0: none).
@@ -478,12 +517,6 @@ def _make_replay_static(stamp):
         classes = np.unique(priority) if n > 0 else np.zeros(1, np.int64)
         n_classes = classes.shape[0]
         pclass = np.searchsorted(classes, priority)
-        seg_size = 1
-        while seg_size < n_classes:
-            seg_size *= 2
-        seg = np.zeros(2 * seg_size, np.int64)
-        st_c = np.empty(n_classes + 1, np.int64)  # the staircase M (see `_stairs`)
-        st_b = np.empty(n_classes + 1, np.int64)
 
         max_deadline = np.int64(-(2**62))
         if deadline_policy:
@@ -491,29 +524,23 @@ def _make_replay_static(stamp):
                 if has_deadline[r] and deadline_step[r] > max_deadline:
                     max_deadline = deadline_step[r]
 
-        phase = np.zeros(n, np.int64)
-        generated = np.zeros(n, np.int64)
-        chosen_count = np.zeros(n, np.int64)
-        enqueue_steps = np.zeros(n, np.int64)
-        wait_final = np.full(n, -1, np.int64)
-        status = np.zeros(n, np.int64)
-        preemptions = np.zeros(n, np.int64)
-        admitted = np.zeros(n, np.bool_)
-        enqueued = np.zeros(n, np.bool_)
+        req = new_requests_nb(n)
         enqueue_clock = np.zeros(n, np.int64)
-        first_step = np.full(n, E.NEVER, np.int64)
-        first_token_step = np.full(n, E.NEVER, np.int64)
-        finish_step = np.full(n, E.NEVER, np.int64)
         group = np.zeros(n, np.int64)
         if deadline_policy:
             for r in range(n):
                 if has_deadline[r]:
                     group[r] = 1
 
-        vk = np.empty((n, 2), np.int64)  # victim order: (-blocks, id)
+        vk = np.empty((n, 2), np.int64)
         for r in range(n):
             vk[r, 0] = -required_blocks[r]
             vk[r, 1] = request_id[r]
+        seg_size = 1
+        while seg_size < n_classes:
+            seg_size *= 2
+        v = Victims(root=np.full(n_classes, -1, np.int64), key=vk, seg=np.zeros(2 * seg_size, np.int64), size=seg_size,
+                    st_c=np.empty(n_classes + 1, np.int64), st_b=np.empty(n_classes + 1, np.int64))
         nd, gk = treap_nodes_nb(required_blocks, GK_NCOLS)
         for r in range(n):  # a node's class, aggregated as the max class of its subtree
             nd[r, ND_BASE] = pclass[r]
@@ -521,17 +548,13 @@ def _make_replay_static(stamp):
         stack = np.empty(n + 64, np.int64)  # treap path scratch
         bucket, n_buckets, bucket_top = _buckets(pclass, n_classes)
         n_struct = n_groups * n_buckets
-        n_h = 2 if policy == E.POLICY_FCFS else 1  # rank trees per structure (see `_wait_add`)
-        rank, rank_rows, rt_start, rt_size, rt_base, rt, rcls = _rank_trees(
-            _static_order(policy, request_id, arrival_step, prompt_len, max_new_tokens, pclass, cache_hit, deadline_step,
-                          has_deadline),
-            group * n_buckets + bucket, n_struct, n_h, n_classes > n_buckets)
-        wroot = np.full(n_struct, -1, np.int64)  # waiting rows of each (group, bucket), by group key
-        cand = np.full(n_struct, -1, np.int64)  # the first runnable one
+        w = _waiting(_static_order(policy, request_id, arrival_step, prompt_len, max_new_tokens, pclass, cache_hit,
+                                   deadline_step, has_deadline),
+                     group * n_buckets + bucket, n_struct, 2 if policy == E.POLICY_FCFS else 1, n_classes > n_buckets)
+        cand = np.full(n_struct, -1, np.int64)  # each structure's first runnable waiting row
         cand_stale = np.ones(n_struct, np.bool_)  # its cand was taken: search again
         single = n_classes <= MAX_BUCKETS  # one class per bucket
         cand_limit = np.zeros(n_struct, np.int64)  # one class per bucket: the limit its cand was found at
-        vroot = np.full(n_classes, -1, np.int64)
         heap = np.empty((n_groups, max(n, 1)), np.int64)
         hsize = np.zeros(n_groups, np.int64)
         hpos = np.full(n, -1, np.int64)
@@ -556,18 +579,18 @@ def _make_replay_static(stamp):
             while pos < n and arrival_step[order[pos]] <= clock:
                 r = order[pos]
                 pos += 1
-                enqueued[r] = True
+                req.enqueued[r] = True
                 enqueue_clock[r] = clock
-                enqueue_steps[r] = steps
+                req.enqueue_steps[r] = steps
                 unfinished += 1
                 if required_blocks[r] > capacity:
                     continue  # can never be admitted: free never exceeds the capacity
-                _set_key(r, policy, gk, phase, generated, enqueue_clock, request_id, prompt_len, max_new_tokens,
-                         priority, cache_hit, deadline_step, has_deadline)
+                _set_key(r, policy, gk, req, enqueue_clock, request_id, prompt_len, max_new_tokens, priority,
+                         cache_hit, deadline_step, has_deadline)
                 b = bucket[r]
                 s = group[r] * n_buckets + b
-                _wait_add(n_h, s, r, wroot, stack, gk, nd, rt, rcls, rt_base, rt_size, rank)
-                fits = required_blocks[r] <= (cand_limit[s] if single else free + _seg_prefix_max(seg, seg_size,
+                _wait_add(w, s, r, stack, gk, nd)
+                fits = required_blocks[r] <= (cand_limit[s] if single else free + _seg_prefix_max(v.seg, v.size,
                                                                                                      pclass[r]))
                 if fits and (cand[s] == E.NO_ROW or key_less_nb(gk, r, cand[s])):
                     cand[s] = r
@@ -580,19 +603,17 @@ def _make_replay_static(stamp):
                 if changed and single:  # free blocks or victims changed: check the cands
                     for s in range(n_struct):
                         b = s % n_buckets
-                        limit = free + _seg_prefix_max(seg, seg_size, bucket_top[b])
+                        limit = free + _seg_prefix_max(v.seg, v.size, bucket_top[b])
                         c = cand[s]
                         # a lower limit keeps a cand that still fits (nothing before it fitted at the higher one)
                         if cand_stale[s] or limit > cand_limit[s] or (c != E.NO_ROW and nd[c, ND_BLOCKS] > limit):
-                            cand[s] = _wait_first_fit(n_h, s, limit, wroot, gk, nd, rt, rt_base, rt_size, rt_start,
-                                                      rank_rows)
+                            cand[s] = _wait_first_fit(w, s, limit, gk, nd)
                             cand_stale[s] = False
                         cand_limit[s] = limit
                     changed = False
                 elif changed:
-                    _refresh_cands(qs, free, seg, seg_size, st_c, st_b, n_buckets, n_classes, bucket_top, pclass,
-                                   cand, cand_stale, n_h, wroot, gk, nd, stack, rt, rcls, rt_base, rt_size,
-                                   rt_start, rank_rows)
+                    _refresh_cands(qs, free, v, n_buckets, n_classes, bucket_top, pclass, cand, cand_stale, w, gk,
+                                   nd, stack)
                     changed = False
                 best_wait = E.NO_ROW
                 for s in range(n_struct):
@@ -620,44 +641,42 @@ def _make_replay_static(stamp):
             # per-request arrays together (see `replay_aging_nb`), every array its admission reads
             # (under fcfs with 1 M waiting, preemptions admit a cold row every ~80 steps).
             if chosen == best_wait:
-                prefetch_nb(status, chosen)
-                prefetch_nb(chosen_count, chosen)
-                prefetch_nb(phase, chosen)
-                prefetch_nb(generated, chosen)
+                prefetch_nb(req.status, chosen)
+                prefetch_nb(req.chosen_count, chosen)
+                prefetch_nb(req.phase, chosen)
+                prefetch_nb(req.generated, chosen)
                 prefetch_nb(max_new_tokens, chosen)
-                prefetch_nb(enqueue_steps, chosen)
+                prefetch_nb(req.enqueue_steps, chosen)
                 prefetch_nb(has_deadline, chosen)
                 prefetch_nb(deadline_step, chosen)
                 prefetch_nb(preemptible, chosen)
-                prefetch_nb(admitted, chosen)
+                prefetch_nb(req.admitted, chosen)
                 prefetch_nb(required_blocks, chosen)
                 prefetch_nb(pclass, chosen)
                 prefetch_nb(bucket, chosen)
                 prefetch_nb(group, chosen)
-                prefetch_nb(rank, chosen)
-                prefetch_nb(first_step, chosen)
+                prefetch_nb(w.rank, chosen)
+                prefetch_nb(req.first_step, chosen)
                 prefetch_nb(hpos, chosen)
             victim = E.NO_ROW
-            was_admitted = admitted[chosen]
+            was_admitted = req.admitted[chosen]
             if not was_admitted:
                 need = nd[chosen, ND_BLOCKS]
                 if need > free:
-                    k = _seg_first_ge(seg, seg_size, need - free)
+                    k = _seg_first_ge(v.seg, v.size, need - free)
                     # the lowest class with a victim large enough; it is below the challenger's class
                     if k < 0 or k >= pclass[chosen]:
                         raise AssertionError("fast kernel: no victim below the challenger's class")
-                    victim = treap_first_nb(vroot[k], nd)
-                    admitted[victim] = False
-                    status[victim] = E.STATUS_PREEMPTED
-                    preemptions[victim] += 1
+                    victim = treap_first_nb(v.root[k], nd)
+                    req.admitted[victim] = False
+                    req.status[victim] = E.STATUS_PREEMPTED
+                    req.preemptions[victim] += 1
                     free += required_blocks[victim]
-                    vroot[k] = treap_delete_nb(vroot[k], victim, stack, vk, nd)
-                    top = treap_first_nb(vroot[k], nd)
-                    _seg_set(seg, seg_size, k, required_blocks[top] if top >= 0 else 0)
+                    _victims_drop(v, k, victim, stack, nd)
                     heap_remove_nb(heap, hsize, hpos, group[victim], victim, gk)
                     b = bucket[victim]
                     s = group[victim] * n_buckets + b
-                    _wait_add(n_h, s, victim, wroot, stack, gk, nd, rt, rcls, rt_base, rt_size, rank)
+                    _wait_add(w, s, victim, stack, gk, nd)
                     if not single:
                         cand_stale[s] = True
                     elif required_blocks[victim] <= cand_limit[s] and (cand[s] == E.NO_ROW
@@ -665,31 +684,28 @@ def _make_replay_static(stamp):
                         cand[s] = victim
                 b = bucket[chosen]
                 s = group[chosen] * n_buckets + b
-                _wait_remove(n_h, s, chosen, wroot, stack, gk, nd, rt, rcls, rt_base, rt_size, rank)
+                _wait_remove(w, s, chosen, stack, gk, nd)
                 cand_stale[s] = True
                 free -= need
-                admitted[chosen] = True
+                req.admitted[chosen] = True
                 wait_dirty = True
                 changed = True
-            status[chosen] = E.STATUS_RUNNING
-            chosen_count[chosen] += 1
+            req.status[chosen] = E.STATUS_RUNNING
+            req.chosen_count[chosen] += 1
 
-            action = advance_nb(chosen, clock, phase, generated, max_new_tokens, first_step, first_token_step)
+            action = advance_nb(chosen, clock, req, max_new_tokens)
 
             if action == E.ACTION_FINISH:
                 free += required_blocks[chosen]
-                admitted[chosen] = False
-                status[chosen] = E.STATUS_FINISHED
-                finish_step[chosen] = clock
+                req.admitted[chosen] = False
+                req.status[chosen] = E.STATUS_FINISHED
+                req.finish_step[chosen] = clock
                 unfinished -= 1
-                wait_final[chosen] = steps + 1 - enqueue_steps[chosen] - chosen_count[chosen]
+                req.wait_final[chosen] = steps + 1 - req.enqueue_steps[chosen] - req.chosen_count[chosen]
                 if was_admitted:
                     heap_remove_nb(heap, hsize, hpos, group[chosen], chosen, gk)
                     if preemptible[chosen]:
-                        k = pclass[chosen]
-                        vroot[k] = treap_delete_nb(vroot[k], chosen, stack, vk, nd)
-                        top = treap_first_nb(vroot[k], nd)
-                        _seg_set(seg, seg_size, k, required_blocks[top] if top >= 0 else 0)
+                        _victims_drop(v, pclass[chosen], chosen, stack, nd)
                 wait_dirty = True
                 changed = True
             else:
@@ -715,21 +731,17 @@ def _make_replay_static(stamp):
                     heap_push_nb(heap, hsize, hpos, group[chosen], chosen, gk)
                     if preemptible[chosen]:
                         k = pclass[chosen]
-                        if not single and required_blocks[chosen] > _seg_prefix_max(seg, seg_size, k + 1):
+                        if not single and required_blocks[chosen] > _seg_prefix_max(v.seg, v.size, k + 1):
                             # a new largest victim below the classes above k: more of them may run
                             qs[QS_GROW_FROM] = min(qs[QS_GROW_FROM], k + 1)
-                        vroot[k] = treap_insert_nb(vroot[k], chosen, stack, vk, nd)
-                        top = treap_first_nb(vroot[k], nd)
-                        _seg_set(seg, seg_size, k, required_blocks[top])
+                        _victims_add(v, k, chosen, stack, nd)
 
-            record_step_nb(events, steps, clock, chosen, action, generated, max_new_tokens, deadline_step, has_deadline,
-                           steps + 1 - enqueue_steps[chosen] - chosen_count[chosen], free, victim)
+            record_step_nb(events, steps, clock, chosen, action, req, max_new_tokens, deadline_step, has_deadline,
+                           steps + 1 - req.enqueue_steps[chosen] - req.chosen_count[chosen], free, victim)
             clock += 1
             steps += 1
 
-        write_state_nb(req_out, summary, steps, clock, free, stop, enqueued, phase, status, generated,
-                       wait_final, enqueue_steps, chosen_count, preemptions, admitted, first_step,
-                       first_token_step, finish_step)
+        write_state_nb(req_out, summary, steps, clock, free, stop, req)
 
     return _replay_static
 

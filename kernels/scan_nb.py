@@ -14,8 +14,9 @@ policy code), so `replay_scan_nb` is cached.  `make_replay_kernel` compiles the 
 those two names bound to a user's functions: Numba cannot cache a kernel that takes or closes
 over other compiled functions, so a user policy compiles once per process.
 
-The step's end (advance, deadline check, event row) and the final write-out are `step_nb`'s, shared
-with the other kernels; `replay_scan_nb` closes over a source stamp of that file (`stamp`).
+The per-request state (`step_nb.Requests`), the step's end (advance, deadline check, event row) and
+the final write-out are `step_nb`'s, shared with the other kernels; `replay_scan_nb` closes over a
+source stamp of that file (`stamp`).  Waits are counted eagerly here, in ``wait_final``.
 
 Per step: the admitted preemptible rows (possible victims) are sorted by effective priority with
 a running maximum of their blocks, which tells in O(log m) whether a challenger has a victim;
@@ -32,7 +33,7 @@ from numba import njit
 
 from . import enums as E
 from .stamp import source_stamp
-from .step_nb import advance_nb, record_step_nb, write_state_nb
+from .step_nb import advance_nb, new_requests_nb, record_step_nb, write_state_nb
 
 SOURCE_STAMP = source_stamp("enums.py", "step_nb.py")
 
@@ -79,14 +80,14 @@ _eff_nb = builtin_effective_priority_nb
 
 @njit(cache=True, inline="always")
 def request_view_nb(r, request_id, enqueue_clock, prompt_len, max_new_tokens, priority, cache_hit,
-                    deadline_step, has_deadline, preemptible, phase, generated, wait, preemptions, admitted):
-    """Row `r`'s state as a `RequestView` of int64."""
+                    deadline_step, has_deadline, preemptible, req):
+    """Row `r`'s state (its replay state in `req`, waits counted eagerly) as a `RequestView` of int64."""
     one = np.int64(1)
     zero = np.int64(0)
-    return RequestView(request_id[r], enqueue_clock[r], prompt_len[r], max_new_tokens[r], generated[r], phase[r],
-                       priority[r], one if cache_hit[r] else zero, wait[r],
+    return RequestView(request_id[r], enqueue_clock[r], prompt_len[r], max_new_tokens[r], req.generated[r],
+                       req.phase[r], priority[r], one if cache_hit[r] else zero, req.wait_final[r],
                        deadline_step[r] if has_deadline[r] else zero, one if has_deadline[r] else zero,
-                       one if preemptible[r] else zero, preemptions[r], one if admitted[r] else zero)
+                       one if preemptible[r] else zero, req.preemptions[r], one if req.admitted[r] else zero)
 
 
 def _make_replay_scan(stamp):
@@ -112,17 +113,9 @@ def _make_replay_scan(stamp):
         if stamp < 0:  # never: the stamp only keys the Numba cache (see `source_stamp`)
             return
         n = request_id.shape[0]
-        phase = np.zeros(n, np.int64)
-        generated = np.zeros(n, np.int64)
-        wait = np.zeros(n, np.int64)
-        status = np.zeros(n, np.int64)
-        preemptions = np.zeros(n, np.int64)
-        admitted = np.zeros(n, np.bool_)
-        enqueued = np.zeros(n, np.bool_)
+        req = new_requests_nb(n)
+        wait = req.wait_final  # counted eagerly from enqueue, so always final
         enqueue_clock = np.zeros(n, np.int64)
-        first_step = np.full(n, E.NEVER, np.int64)
-        first_token_step = np.full(n, E.NEVER, np.int64)
-        finish_step = np.full(n, E.NEVER, np.int64)
         active = np.empty(n, np.int64)  # unfinished enqueued rows, in no particular order
         victims = np.empty(n, np.int64)  # scratch: admitted preemptible rows of this step
         victim_eff = np.empty(n, np.int64)  # their effective priorities
@@ -141,8 +134,9 @@ def _make_replay_scan(stamp):
                 break
             while pos < n and arrival_step[order[pos]] <= clock:
                 r = order[pos]
-                enqueued[r] = True
+                req.enqueued[r] = True
                 enqueue_clock[r] = clock
+                wait[r] = 0
                 active[n_active] = r
                 n_active += 1
                 pos += 1
@@ -153,10 +147,9 @@ def _make_replay_scan(stamp):
             n_victims = 0
             for i in range(n_active):
                 r = active[i]
-                if admitted[r] and preemptible[r]:
+                if req.admitted[r] and preemptible[r]:
                     view = request_view_nb(r, request_id, enqueue_clock, prompt_len, max_new_tokens, priority, cache_hit,
-                                           deadline_step, has_deadline, preemptible, phase, generated, wait, preemptions,
-                                           admitted)
+                                           deadline_step, has_deadline, preemptible, req)
                     victims[n_victims] = r
                     victim_eff[n_victims] = _eff_nb(view, clock, policy, aging_interval)
                     n_victims += 1
@@ -175,19 +168,17 @@ def _make_replay_scan(stamp):
             if n_active > 0:
                 r = active[0]
                 view = request_view_nb(r, request_id, enqueue_clock, prompt_len, max_new_tokens, priority, cache_hit,
-                                       deadline_step, has_deadline, preemptible, phase, generated, wait, preemptions,
-                                       admitted)
+                                       deadline_step, has_deadline, preemptible, req)
                 best_key = _key_nb(view, clock, policy, aging_interval) + (request_id[r],)
                 for i in range(n_active):
                     r = active[i]
                     view = request_view_nb(r, request_id, enqueue_clock, prompt_len, max_new_tokens, priority,
-                                           cache_hit, deadline_step, has_deadline, preemptible, phase, generated, wait,
-                                           preemptions, admitted)
+                                           cache_hit, deadline_step, has_deadline, preemptible, req)
                     key = _key_nb(view, clock, policy, aging_interval) + (request_id[r],)
                     if best != E.NO_ROW and not key < best_key:
                         continue
                     eff = np.int64(0)
-                    if not admitted[r] and required_blocks[r] > free:
+                    if not req.admitted[r] and required_blocks[r] > free:
                         eff = _eff_nb(view, clock, policy, aging_interval)
                         below = np.searchsorted(sorted_eff[:n_victims], eff)  # victims strictly below
                         if below == 0 or free + max_blocks_below[below - 1] < required_blocks[r]:
@@ -205,42 +196,40 @@ def _make_replay_scan(stamp):
 
             chosen = best
             victim = E.NO_ROW
-            if not admitted[chosen]:
+            if not req.admitted[chosen]:
                 if required_blocks[chosen] > free:
                     victim = find_victim_nb(required_blocks[chosen], best_eff, victims, victim_eff, n_victims, free,
                                             required_blocks, request_id)
-                    admitted[victim] = False
-                    status[victim] = E.STATUS_PREEMPTED
-                    preemptions[victim] += 1
+                    req.admitted[victim] = False
+                    req.status[victim] = E.STATUS_PREEMPTED
+                    req.preemptions[victim] += 1
                     free += required_blocks[victim]
                 free -= required_blocks[chosen]
-                admitted[chosen] = True
-            status[chosen] = E.STATUS_RUNNING
+                req.admitted[chosen] = True
+            req.status[chosen] = E.STATUS_RUNNING
 
             for i in range(n_active):
                 r = active[i]
                 if r != chosen:
                     wait[r] += 1
 
-            action = advance_nb(chosen, clock, phase, generated, max_new_tokens, first_step, first_token_step)
+            action = advance_nb(chosen, clock, req, max_new_tokens)
             if action == E.ACTION_FINISH:
                 free += required_blocks[chosen]
-                admitted[chosen] = False
-                status[chosen] = E.STATUS_FINISHED
-                finish_step[chosen] = clock
+                req.admitted[chosen] = False
+                req.status[chosen] = E.STATUS_FINISHED
+                req.finish_step[chosen] = clock
                 for i in range(n_active):
                     if active[i] == chosen:
                         active[i] = active[n_active - 1]
                         break
                 n_active -= 1
-            record_step_nb(events, steps, clock, chosen, action, generated, max_new_tokens, deadline_step,
-                           has_deadline, wait[chosen], free, victim)
+            record_step_nb(events, steps, clock, chosen, action, req, max_new_tokens, deadline_step, has_deadline,
+                           wait[chosen], free, victim)
             clock += 1
             steps += 1
 
-        # waits are counted eagerly here, so they are the final waits (enqueue_steps, chosen_count unused)
-        write_state_nb(req_out, summary, steps, clock, free, stop, enqueued, phase, status, generated,
-                       wait, wait, wait, preemptions, admitted, first_step, first_token_step, finish_step)
+        write_state_nb(req_out, summary, steps, clock, free, stop, req)
 
     return replay_scan_nb
 
