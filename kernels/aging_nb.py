@@ -62,6 +62,8 @@ where K = 4 needs 0.02).  Every aging interval runs here (`fast_nb` replays an i
 trace's total work steps as fixed_priority).
 """
 
+from collections import namedtuple
+
 import numpy as np
 from numba import njit
 
@@ -111,6 +113,50 @@ HM_CAP = 1
 HM_N = 2
 HM_HOT = 3
 HM_NCOLS = 4
+
+# The waiting rows of the slots by half: half 2s holds slot s's prefill rows, half 2s + 1 its
+# preempted (decode-phase) ones, which sort after every prefill one.  One entry per half:
+Halves = namedtuple("Halves", (
+    "root",   # its treap's root, -1 when empty
+    "cand",   # its first runnable row when last walked, -1 for none
+    "fb",     # its front (see `_front_add`): points (fb[q, i], fx[q, i]), i < fn[q], bounding the rows
+    "fx",     # before cand (all rows when cand is -1); the half is walked again only when a point may
+    "fn",     # run, or when fn[q] = -1
+    "fj",     # per point, the guess for `_victims_below`
+    "rk",     # the key of its answer, once it was taken (`_half_taken`), and whether it was
+    "taken",
+))
+
+
+@njit(cache=True)
+def _new_halves(m):
+    """The `Halves` of m empty slots."""
+    return Halves(
+        root=np.full(2 * m, -1, np.int64),
+        cand=np.full(2 * m, -1, np.int64),
+        fb=np.zeros((2 * m, FRONT + 1), np.int64),
+        fx=np.zeros((2 * m, FRONT + 1), np.int64),
+        fn=np.zeros(2 * m, np.int64),
+        fj=np.zeros((2 * m, FRONT + 1), np.int64),
+        rk=np.zeros((2 * m, RK_NCOLS), np.int64),
+        taken=np.zeros(2 * m, np.bool_),
+    )
+
+
+# The admitted rows of the slots (see `_adm_put`): a pool of heaps, a table with a row per slot
+# (columns HM_*) and one more for the pool, each row's place in its heap, scratch for repacking.
+Admitted = namedtuple("Admitted", ("pool", "meta", "pos", "tmp"))
+
+
+@njit(cache=True)
+def _new_admitted(n, m):
+    """The `Admitted` of m empty slots, for n rows: a pool of 4 places per row."""
+    meta = np.zeros((m + 1, HM_NCOLS), np.int64)
+    meta[:m, HM_HOT] = -1
+    meta[m, HM_CAP] = 4 * n + 4
+    return Admitted(pool=np.empty(4 * n + 4, np.int64), meta=meta, pos=np.full(n, -1, np.int64),
+                    tmp=np.empty(4 * n + 4, np.int64))
+
 
 # Flags of a dirty slot (see `_mark`): its leaf may be out of date; its waiting rows' answers may be
 # (waiting rows joined or left, or more of them may run); its leaf's key or shift changed.
@@ -244,13 +290,16 @@ def _victims_below(lim, n_v, vic, j):
 
 
 @njit(cache=True, _nrt=False, inline="always")
-def _front_may_run(s, free, shift, fb, fx, fn, fj, n_v, vic, steps, k):
+def _front_may_run(s, free, shift, h, n_v, vic, steps, k):
     """Whether a row before slot s's cached answer may run now (always, when fn[s] < 0).  Point i
     runs when its blocks fit in free + M(its base + shift), the prefix maxima of the victims with
     ``w < (base + shift) * K - steps``; fj[s, i] keeps that prefix's length from the last check as
     the guess for the next (at the step when a residue's priorities rise the limit is the same
     each time, ``base * K - rho``, and the victims rarely move)."""
-    n = fn[s]
+    fb = h.fb
+    fx = h.fx
+    fj = h.fj
+    n = h.fn[s]
     if n < 0:
         return True
     # The last point has the fewest blocks (see `_front_add`): it alone decides when it fits in the
@@ -289,23 +338,24 @@ def _after_taken(gk, t, rk, q):
 
 
 @njit(cache=True, _nrt=False, inline="always")
-def _half_taken(q, r, gk, cand, rk, taken):
+def _half_taken(q, r, gk, h):
     """Half q's cached answer r was chosen (and left the half): the next answer comes after its key,
     kept in rk[q] (r's own key changes as it runs on)."""
-    rk[q, RK_PACKED] = gk[r, AK_PACKED]
-    rk[q, RK_TOTAL_LEN] = gk[r, AK_TOTAL_LEN]
-    rk[q, RK_ID] = gk[r, AK_ID]
-    taken[q] = True
-    cand[q] = -1
+    h.rk[q, RK_PACKED] = gk[r, AK_PACKED]
+    h.rk[q, RK_TOTAL_LEN] = gk[r, AK_TOTAL_LEN]
+    h.rk[q, RK_ID] = gk[r, AK_ID]
+    h.taken[q] = True
+    h.cand[q] = -1
 
 
 @njit(cache=True, _nrt=False)
-def _first_runnable(s, root, free, shift, nd, stack, n_v, vic, steps, k, fb, fx, fn, gk, rk, after):
+def _first_runnable(s, root, free, shift, nd, gk, stack, n_v, vic, steps, k, fb, fx, fn, rk, after):
     """The first row in treap order with blocks <= free + M(base + shift): a pruned in-order walk
     that adds the rows it passes to slot s's front (all rows if none runs).  It rebuilds the front
     from the first row, or with `after` keeps it and walks only the rows after the taken answer's
     key rk[s] (the caller has checked that no point of the front may run: the rows before the key
-    still cannot)."""
+    still cannot).  (Given the arrays of `Halves` it reads, not the tuple: it is not inlined, and
+    a call passes every array of a tuple.)"""
     t = root
     sp = 0
     if after:
@@ -342,36 +392,38 @@ def _first_runnable(s, root, free, shift, nd, stack, n_v, vic, steps, k, fb, fx,
 
 
 @njit(cache=True, _nrt=False, inline="always")
-def _half_answer(q, wroot, cand, free, shift, nd, stack, n_v, vic, steps, k, fb, fx, fn, fj, gk, rk, taken):
+def _half_answer(q, h, free, shift, nd, gk, stack, n_v, vic, steps, k):
     """Half q's first runnable row, walking it again only when a row before its cached answer may run
     (from its first row) or its answer was taken (from there)."""
-    if wroot[q] < 0:
-        cand[q] = -1
-        fn[q] = 0
-        taken[q] = False
-    elif _front_may_run(q, free, shift, fb, fx, fn, fj, n_v, vic, steps, k):
-        cand[q] = _first_runnable(q, wroot[q], free, shift, nd, stack, n_v, vic, steps, k, fb, fx, fn, gk, rk, False)
-        taken[q] = False
-    elif taken[q]:
-        cand[q] = _first_runnable(q, wroot[q], free, shift, nd, stack, n_v, vic, steps, k, fb, fx, fn, gk, rk, True)
-        taken[q] = False
-    return cand[q]
+    if h.root[q] < 0:
+        h.cand[q] = -1
+        h.fn[q] = 0
+        h.taken[q] = False
+    elif _front_may_run(q, free, shift, h, n_v, vic, steps, k):
+        h.cand[q] = _first_runnable(q, h.root[q], free, shift, nd, gk, stack, n_v, vic, steps, k, h.fb, h.fx,
+                                    h.fn, h.rk, False)
+        h.taken[q] = False
+    elif h.taken[q]:
+        h.cand[q] = _first_runnable(q, h.root[q], free, shift, nd, gk, stack, n_v, vic, steps, k, h.fb, h.fx,
+                                    h.fn, h.rk, True)
+        h.taken[q] = False
+    return h.cand[q]
 
 
 # Not cached on its own: it calls kernels of another file (see `stamp`); its callers' cache holds it.
 @njit(_nrt=False)
-def _wait_insert(q, r, wroot, cand, stack, gk, nd, blocks, fb, fx, fn, rk, taken):
+def _wait_insert(q, r, h, stack, gk, nd, blocks):
     """Row r joins half q's waiting treap; returns whether it lands before the cached answer (or the
     taken one's key: a row after it is met by the walk from there)."""
-    wroot[q] = treap_insert_nb(wroot[q], r, stack, gk, nd)
-    if fn[q] < 0:
+    h.root[q] = treap_insert_nb(h.root[q], r, stack, gk, nd)
+    if h.fn[q] < 0:
         return False
-    if taken[q]:
-        before = not _after_taken(gk, r, rk, q)
+    if h.taken[q]:
+        before = not _after_taken(gk, r, h.rk, q)
     else:
-        before = cand[q] < 0 or _slot_less(gk, r, cand[q])
+        before = h.cand[q] < 0 or _slot_less(gk, r, h.cand[q])
     if before:
-        _front_add(q, blocks, nd[r, ND_BASE], fb, fx, fn)
+        _front_add(q, blocks, nd[r, ND_BASE], h.fb, h.fx, h.fn)
     return before
 
 
@@ -441,8 +493,7 @@ def _slot_lookup(rho, hkey, hval, mask):
 
 
 @njit(cache=True, _nrt=False)
-def _slot_acquire(rho, steps, k, hkey, hval, mask, free_slots, n_free, s_rho, sh, wroot, hmeta, cand, afirst,
-                  fn, taken):
+def _slot_acquire(rho, steps, k, hkey, hval, mask, free_slots, n_free, s_rho, sh, h, adm, afirst):
     """The slot of residue rho, a fresh one (empty, shift (steps - rho) // K) if it has none; returns
     (slot, n_free)."""
     i = rho & mask
@@ -457,12 +508,12 @@ def _slot_acquire(rho, steps, k, hkey, hval, mask, free_slots, n_free, s_rho, sh
     s_rho[s] = rho
     sh[s] = (steps - rho) // k
     for q in range(2 * s, 2 * s + 2):
-        wroot[q] = -1
-        cand[q] = -1
-        fn[q] = 0
-        taken[q] = False
-    hmeta[s, HM_N] = 0  # its heap keeps its room
-    hmeta[s, HM_HOT] = -1
+        h.root[q] = -1
+        h.cand[q] = -1
+        h.fn[q] = 0
+        h.taken[q] = False
+    adm.meta[s, HM_N] = 0  # its heap keeps its room
+    adm.meta[s, HM_HOT] = -1
     afirst[s] = -1
     return s, n_free
 
@@ -541,20 +592,21 @@ def _mark(s, flags, dirty, in_dirty, n_d):
 
 
 @njit(cache=True, _nrt=False)
-def _front_low(q, fb, fn):
+def _front_low(q, h):
     """The fewest blocks among half q's front points: -1 when a walk is forced, BIG when it has none."""
-    if fn[q] < 0:
+    n = h.fn[q]
+    if n < 0:
         return np.int64(-1)
-    if fn[q] == 0:
+    if n == 0:
         return np.int64(BIG)
-    return fb[q, fn[q] - 1]  # bases descending, so blocks descending too
+    return h.fb[q, n - 1]  # bases descending, so blocks descending too
 
 
-# The admitted rows of a slot (all in decode phase) are its *hot* row hmeta[s, HM_HOT] (the last
-# one chosen into it, or -1) and a binary heap by `_adm_less` of the others: the heap's place in the
-# pool ``hp`` starts at hmeta[s, HM_LO], with room for hmeta[s, HM_CAP] rows, hmeta[s, HM_N] of them
-# used, and hpos[row] is a row's place in its heap.  The last row of hmeta holds the pool's first
-# unused place (HM_LO) and its size (HM_CAP).  A heap that is full moves to the end of the pool with
+# The admitted rows of a slot (all in decode phase, in `Admitted` ``adm``) are its *hot* row
+# meta[s, HM_HOT] (the last one chosen into it, or -1) and a binary heap by `_adm_less` of the others:
+# the heap's place in ``pool`` starts at meta[s, HM_LO], with room for meta[s, HM_CAP] rows,
+# meta[s, HM_N] of them used, and pos[row] is a row's place in its heap.  The last row of meta holds
+# the pool's first unused place (HM_LO) and its size (HM_CAP).  A heap that is full moves to the end of the pool with
 # twice the room; a full pool is first repacked (`_adm_grow`).  A decode step of an admitted row takes
 # it from one slot and puts it in the next; a request is often chosen several steps running, and
 # then it only moves from hot place to hot place (a heap holds the row it displaces: O(log A) with A
@@ -587,21 +639,24 @@ def _adm_up(hp, lo, hpos, i, x, gk):
 
 
 @njit(cache=True, _nrt=False, inline="always")
-def _adm_first(s, hp, hmeta, gk):
+def _adm_first(s, adm, gk):
     """Slot s's first admitted row (-1 if it has none): its hot row or its heap's top."""
-    h = hmeta[s, HM_HOT]
-    if hmeta[s, HM_N] == 0:
+    h = adm.meta[s, HM_HOT]
+    if adm.meta[s, HM_N] == 0:
         return h
-    r = hp[hmeta[s, HM_LO]]
+    r = adm.pool[adm.meta[s, HM_LO]]
     return h if h >= 0 and _adm_less(gk, h, r) else r
 
 
 @njit(cache=True, _nrt=False, inline="always")
-def _adm_take(s, x, hp, hmeta, hpos, gk):
+def _adm_take(s, x, adm, gk):
     """Admitted row x leaves slot s; returns the slot's first admitted row (-1 if none is left)."""
+    hp = adm.pool
+    hmeta = adm.meta
+    hpos = adm.pos
     if hmeta[s, HM_HOT] == x:
         hmeta[s, HM_HOT] = -1
-        return _adm_first(s, hp, hmeta, gk)
+        return _adm_first(s, adm, gk)
     lo = hmeta[s, HM_LO]
     n = hmeta[s, HM_N] - 1
     hmeta[s, HM_N] = n
@@ -624,14 +679,17 @@ def _adm_take(s, x, hp, hmeta, hpos, gk):
             hpos[y] = i
             i = c
         _adm_up(hp, lo, hpos, i, hp[lo + n], gk)
-    return _adm_first(s, hp, hmeta, gk)
+    return _adm_first(s, adm, gk)
 
 
 @njit(cache=True, _nrt=False)
-def _adm_grow(s, hp, hmeta, tmp):
+def _adm_grow(s, adm):
     """Give slot s's full heap twice its room at the end of the pool.  When the pool has no room
     left, every heap is first repacked (through `tmp`) with room for twice its rows: the pool holds
     4 places per row, so a repack leaves at least half of it free and costs O(1) per push."""
+    hp = adm.pool
+    hmeta = adm.meta
+    tmp = adm.tmp
     m = hmeta.shape[0] - 1
     cap = max(2, 2 * hmeta[s, HM_CAP])
     if hmeta[m, HM_LO] + cap > hmeta[m, HM_CAP]:
@@ -658,18 +716,19 @@ def _adm_grow(s, hp, hmeta, tmp):
 
 
 @njit(cache=True, _nrt=False, inline="always")
-def _adm_put(s, x, hp, hmeta, hpos, gk, tmp):
+def _adm_put(s, x, adm, gk):
     """Row x, just chosen, joins slot s as its hot row; the row it displaces joins the heap.
     Returns the slot's first admitted row."""
+    hmeta = adm.meta
     h = hmeta[s, HM_HOT]
     hmeta[s, HM_HOT] = x
     if h >= 0:
         n = hmeta[s, HM_N]
         if n == hmeta[s, HM_CAP]:
-            _adm_grow(s, hp, hmeta, tmp)
+            _adm_grow(s, adm)
         hmeta[s, HM_N] = n + 1
-        _adm_up(hp, hmeta[s, HM_LO], hpos, n, h, gk)
-    return _adm_first(s, hp, hmeta, gk)
+        _adm_up(adm.pool, hmeta[s, HM_LO], adm.pos, n, h, gk)
+    return _adm_first(s, adm, gk)
 
 
 # The victims (admitted preemptible rows) are the rows of the matrix ``vic`` (columns VC_*) in
@@ -747,14 +806,14 @@ def _victims_chosen(vic, v_pos, row):
 
 
 @njit(cache=True, _nrt=False)
-def _mark_may_run(free, n_v, vic, wlist, n_w, fb, fn, dirty, in_dirty, n_d):
+def _mark_may_run(free, n_v, vic, wlist, n_w, h, dirty, in_dirty, n_d):
     """Free blocks grew or a victim joined: mark the slots with waiting rows where a front point may
     run now.  A point with more blocks than free + the largest victim's blocks cannot (M never
     exceeds that), which spares the residues whose waiting rows are all too big."""
     top = free + (vic[n_v - 1, VC_PMAX] if n_v > 0 else 0)
     for i in range(n_w):
         sl = wlist[i]
-        if _front_low(2 * sl, fb, fn) <= top or _front_low(2 * sl + 1, fb, fn) <= top:
+        if _front_low(2 * sl, h) <= top or _front_low(2 * sl + 1, h) <= top:
             n_d = _mark(sl, DIRTY_WAIT, dirty, in_dirty, n_d)
     return n_d
 
@@ -781,10 +840,11 @@ def _list_remove(lst, lpos, cnt, s):
 @njit(_nrt=False)
 def _replay_loop(request_id, arrival_step, prompt_len, max_new_tokens, priority, cache_hit, required_blocks,
                  deadline_step, has_deadline, preemptible, order, free_kv_blocks, max_steps, events, k, top, req,
-                 nd, gk, stack, hkey, hval, mask, free_slots, n_free, s_rho, wroot, cand, fb, fx, fn, fj, rk, taken, hp,
-                 hmeta, hpos, htmp, afirst, sh, wlist, wpos, tb, t_leaves, dirty, in_dirty, vic, v_pos):
-    """The replay loop of `replay_aging_nb` over its state (`req`: the per-request state); returns
-    (steps, clock, free, stop)."""
+                 nd, gk, stack, hkey, hval, mask, free_slots, n_free, s_rho, h, adm, afirst, sh, wlist, wpos, tb,
+                 t_leaves, dirty, in_dirty, vic, v_pos):
+    """The replay loop of `replay_aging_nb` over its state (`req`: the per-request state, `h`: the
+    waiting halves, `adm`: the admitted rows); returns (steps, clock, free, stop)."""
+    cand = h.cand
     n = request_id.shape[0]
     n_w = 0
     n_d = 0
@@ -816,13 +876,12 @@ def _replay_loop(request_id, arrival_step, prompt_len, max_new_tokens, priority,
             if required_blocks[r] > capacity:
                 continue  # can never be admitted
             sl, n_free = _slot_acquire(rmod, steps, k, hkey, hval, mask, free_slots, n_free, s_rho, sh,
-                                       wroot, hmeta, cand, afirst, fn, taken)
+                                       h, adm, afirst)
             _set_aging_key(r, sdiv, sl, gk, nd, E.PHASE_PREFILL, cache_hit[r], priority[r], top, prompt_len[r],
                            request_id[r])
             if wpos[sl] < 0:
                 n_w = _list_add(wlist, wpos, n_w, sl)
-            if _wait_insert(2 * sl, r, wroot, cand, stack, gk, nd, required_blocks[r], fb, fx, fn, rk,
-                            taken):
+            if _wait_insert(2 * sl, r, h, stack, gk, nd, required_blocks[r]):
                 n_d = _mark(sl, DIRTY_WAIT, dirty, in_dirty, n_d)
 
         for i in range(n_d):
@@ -831,11 +890,9 @@ def _replay_loop(request_id, arrival_step, prompt_len, max_new_tokens, priority,
             in_dirty[sl] = 0
             # the decode half only matters when no prefill row runs
             if flags & DIRTY_WAIT:
-                c = _half_answer(2 * sl, wroot, cand, free, sh[sl], nd, stack, n_v, vic, steps, k, fb, fx, fn,
-                                 fj, gk, rk, taken)
+                c = _half_answer(2 * sl, h, free, sh[sl], nd, gk, stack, n_v, vic, steps, k)
                 if c == E.NO_ROW:
-                    c = _half_answer(2 * sl + 1, wroot, cand, free, sh[sl], nd, stack, n_v, vic, steps, k, fb,
-                                     fx, fn, fj, gk, rk, taken)
+                    c = _half_answer(2 * sl + 1, h, free, sh[sl], nd, gk, stack, n_v, vic, steps, k)
             else:  # only its admitted rows changed: the cached answers stand
                 c = cand[2 * sl]
                 if c == E.NO_ROW:
@@ -874,11 +931,11 @@ def _replay_loop(request_id, arrival_step, prompt_len, max_new_tokens, priority,
             if _fits(nd[chosen, ND_BLOCKS], nd[chosen, ND_BASE] + shift, free, n_v, vic, steps, k):
                 break
             q = 2 * sl + (gk[chosen, AK_PHASE_CACHE] >> 1)
-            c = _first_runnable(q, wroot[q], free, shift, nd, stack, n_v, vic, steps, k, fb, fx, fn, gk, rk, False)
+            c = _first_runnable(q, h.root[q], free, shift, nd, gk, stack, n_v, vic, steps, k, h.fb, h.fx, h.fn,
+                                h.rk, False)
             cand[q] = c
             if c == E.NO_ROW and q % 2 == 0:
-                c = _half_answer(q + 1, wroot, cand, free, shift, nd, stack, n_v, vic, steps, k, fb, fx, fn, fj, gk,
-                                    rk, taken)
+                c = _half_answer(q + 1, h, free, shift, nd, gk, stack, n_v, vic, steps, k)
             f = afirst[sl]
             if c == E.NO_ROW or (f != E.NO_ROW and _slot_less(gk, f, c)):
                 c = f
@@ -895,7 +952,7 @@ def _replay_loop(request_id, arrival_step, prompt_len, max_new_tokens, priority,
         was_admitted = req.admitted[chosen]
         s_old = gk[chosen, AK_SLOT]
         if was_admitted:
-            afirst[s_old] = _adm_take(s_old, chosen, hp, hmeta, hpos, gk)
+            afirst[s_old] = _adm_take(s_old, chosen, adm, gk)
             n_d = _mark(s_old, DIRTY_LEAF, dirty, in_dirty, n_d)
         else:
             need = nd[chosen, ND_BLOCKS]
@@ -923,22 +980,21 @@ def _replay_loop(request_id, arrival_step, prompt_len, max_new_tokens, priority,
                 req.admitted[victim] = False
                 req.status[victim] = E.STATUS_PREEMPTED
                 free += required_blocks[victim]
-                rv = gk[victim, AK_SLOT]  # its slot keeps a row throughout: out of its heap, into wroot
-                afirst[rv] = _adm_take(rv, victim, hp, hmeta, hpos, gk)
+                rv = gk[victim, AK_SLOT]  # its slot keeps a row throughout: out of its heap, into a treap
+                afirst[rv] = _adm_take(rv, victim, adm, gk)
                 if wpos[rv] < 0:
                     n_w = _list_add(wlist, wpos, n_w, rv)
-                _wait_insert(2 * rv + 1, victim, wroot, cand, stack, gk, nd, required_blocks[victim], fb, fx, fn,
-                             rk, taken)
+                _wait_insert(2 * rv + 1, victim, h, stack, gk, nd, required_blocks[victim])
                 n_d = _mark(rv, DIRTY_WAIT, dirty, in_dirty, n_d)
                 n_v = _victims_drop(vic, v_pos, n_v, victim)
                 # free blocks grew by the victim's blocks
-                n_d = _mark_may_run(free, n_v, vic, wlist, n_w, fb, fn, dirty, in_dirty, n_d)
+                n_d = _mark_may_run(free, n_v, vic, wlist, n_w, h, dirty, in_dirty, n_d)
             # The chosen request was its residue's cached answer: the next one comes after it.
             q = 2 * s_old + (gk[chosen, AK_PHASE_CACHE] >> 1)
-            wroot[q] = treap_delete_nb(wroot[q], chosen, stack, gk, nd)
-            if wroot[2 * s_old] < 0 and wroot[2 * s_old + 1] < 0:
+            h.root[q] = treap_delete_nb(h.root[q], chosen, stack, gk, nd)
+            if h.root[2 * s_old] < 0 and h.root[2 * s_old + 1] < 0:
                 n_w = _list_remove(wlist, wpos, n_w, s_old)
-            _half_taken(q, chosen, gk, cand, rk, taken)
+            _half_taken(q, chosen, gk, h)
             n_d = _mark(s_old, DIRTY_WAIT, dirty, in_dirty, n_d)
             free -= need
             req.admitted[chosen] = True
@@ -946,7 +1002,7 @@ def _replay_loop(request_id, arrival_step, prompt_len, max_new_tokens, priority,
                 w = priority[chosen] * k - req.enqueue_steps[chosen] - req.chosen_count[chosen]
                 n_v = _victims_add(vic, v_pos, n_v, chosen, w, need)
                 # a new victim: more may run
-                n_d = _mark_may_run(free, n_v, vic, wlist, n_w, fb, fn, dirty, in_dirty, n_d)
+                n_d = _mark_may_run(free, n_v, vic, wlist, n_w, h, dirty, in_dirty, n_d)
         req.status[chosen] = E.STATUS_RUNNING
         req.chosen_count[chosen] += 1
 
@@ -961,7 +1017,7 @@ def _replay_loop(request_id, arrival_step, prompt_len, max_new_tokens, priority,
             if preemptible[chosen]:
                 n_v = _victims_drop(vic, v_pos, n_v, chosen)
             # free blocks grew
-            n_d = _mark_may_run(free, n_v, vic, wlist, n_w, fb, fn, dirty, in_dirty, n_d)
+            n_d = _mark_may_run(free, n_v, vic, wlist, n_w, h, dirty, in_dirty, n_d)
         else:
             rho = s_rho[s_old] + 1  # its residue, one more now that it was chosen
             wrap = rho == k
@@ -970,9 +1026,9 @@ def _replay_loop(request_id, arrival_step, prompt_len, max_new_tokens, priority,
             sl = _slot_lookup(rho, hkey, hval, mask)
             if sl < 0:
                 sl, n_free = _slot_acquire(rho, steps, k, hkey, hval, mask, free_slots, n_free, s_rho, sh,
-                                           wroot, hmeta, cand, afirst, fn, taken)
+                                           h, adm, afirst)
             _chosen_key(chosen, sl, wrap, prompt_len[chosen] + req.generated[chosen], gk, nd)
-            afirst[sl] = _adm_put(sl, chosen, hp, hmeta, hpos, gk, htmp)
+            afirst[sl] = _adm_put(sl, chosen, adm, gk)
             if preemptible[chosen]:  # a victim: its w is one lower
                 _victims_chosen(vic, v_pos, chosen)
             # (with K = 1 its leaf may be the same row, with a new key)
@@ -1032,26 +1088,10 @@ def _make_replay_aging(stamp):
             free_slots[i] = m - 1 - i
         n_free = m
         s_rho = np.zeros(m, np.int64)
-        # Waiting rows of slot s: prefill ones in half 2s, preempted (decode) ones in half 2s + 1, which
-        # sort after every prefill one; each half has its own treap, cached answer and front.
-        wroot = np.full(2 * m, -1, np.int64)
-        cand = np.full(2 * m, -1, np.int64)  # first runnable waiting row per half, when last walked
-        # A front per half bounding its waiting rows before cand (all of them when cand is -1), see
-        # `_front_add`: the half is walked again only when a point of it may run; fn[half] = -1 forces
-        # a walk.
-        fb = np.zeros((2 * m, FRONT + 1), np.int64)
-        fx = np.zeros((2 * m, FRONT + 1), np.int64)
-        fn = np.zeros(2 * m, np.int64)
-        fj = np.zeros((2 * m, FRONT + 1), np.int64)  # guesses for `_victims_below`
-        # A half whose answer was chosen walks on from its key (see `_half_taken`).
-        rk = np.zeros((2 * m, RK_NCOLS), np.int64)
-        taken = np.zeros(2 * m, np.bool_)
-        # Admitted rows, a heap per slot in one pool (see `_adm_put`), and each slot's first.
-        hp = np.empty(4 * n + 4, np.int64)
-        htmp = np.empty(4 * n + 4, np.int64)
-        hmeta = np.zeros((m + 1, HM_NCOLS), np.int64)
-        hmeta[m, HM_CAP] = hp.shape[0]
-        hpos = np.full(n, -1, np.int64)
+        # The waiting rows by half, each with its treap, cached answer and front (see `Halves`).
+        h = _new_halves(m)
+        # The admitted rows, a heap per slot in one pool (see `_adm_put`), and each slot's first.
+        adm = _new_admitted(n, m)
         afirst = np.full(m, -1, np.int64)
         sh = np.zeros(m, np.int64)  # sh[slot] = (steps - rho) // K: its residue's shift, kept per step
         # The slots with waiting rows, as a compact list.
@@ -1077,9 +1117,8 @@ def _make_replay_aging(stamp):
         steps, clock, free, stop = _replay_loop(request_id, arrival_step, prompt_len, max_new_tokens, cprio,
                                                 cache_hit, required_blocks, deadline_step, has_deadline,
                                                 preemptible, order, free_kv_blocks, max_steps, events, k, top, req,
-                                                nd, gk, stack, hkey, hval, mask, free_slots, n_free, s_rho, wroot,
-                                                cand, fb, fx, fn, fj, rk, taken, hp, hmeta, hpos, htmp, afirst, sh, wlist,
-                                                wpos, tb, t_leaves, dirty, in_dirty, vic, v_pos)
+                                                nd, gk, stack, hkey, hval, mask, free_slots, n_free, s_rho, h, adm,
+                                                afirst, sh, wlist, wpos, tb, t_leaves, dirty, in_dirty, vic, v_pos)
         write_state_nb(req_out, summary, steps, clock, free, stop, req)
 
     return replay_aging_nb

@@ -24,12 +24,12 @@ from decodesched.kernels.aging_nb import (
     HM_HOT,
     HM_LO,
     HM_N,
-    HM_NCOLS,
     _adm_first,
     _adm_put,
     _adm_take,
     _compressed_priorities,
     _front_add,
+    _new_admitted,
     replay_aging_nb,
 )
 from decodesched.kernels.fast_nb import _sort_stable, replay_fast_nb
@@ -505,12 +505,9 @@ def test_aging_slot_heaps_against_sorted_lists(slots):
     gk[:, AK_PACKED] = rng.integers(0, 4, n) * 2**62 + rng.integers(0, 3, n)
     gk[:, 4] = rng.integers(0, 6, n)
     gk[:, 5] = rng.permutation(n)
-    hp = np.full(4 * n + 4, -7, np.int64)
-    tmp = np.empty_like(hp)
-    hmeta = np.zeros((slots + 1, HM_NCOLS), np.int64)
-    hmeta[slots, HM_CAP] = hp.shape[0]
-    hmeta[:slots, HM_HOT] = -1
-    hpos = np.full(n, -1, np.int64)
+    adm = _new_admitted(n, slots)
+    adm.pool[:] = -7
+    hp, hmeta, hpos = adm.pool, adm.meta, adm.pos
     where = {}  # row -> slot
     repacks = 0
     for i in range(6000):
@@ -518,18 +515,18 @@ def test_aging_slot_heaps_against_sorted_lists(slots):
         top = hmeta[slots, HM_LO]
         if x in where and rng.random() < 0.5:
             s = where.pop(x)
-            first = _adm_take(s, x, hp, hmeta, hpos, gk)
+            first = _adm_take(s, x, adm, gk)
         elif x not in where:
             # rows crowd into one slot after another, so that many heaps once grew large
             s = (i // 200) % slots if rng.random() < 0.8 else int(rng.integers(0, slots))
             gk[x, 4] += 1  # chosen again: one more token
             where[x] = s
-            first = _adm_put(s, x, hp, hmeta, hpos, gk, tmp)
+            first = _adm_put(s, x, adm, gk)
         else:
             continue
         repacks += hmeta[slots, HM_LO] < top
         rows = sorted((r for r, t in where.items() if t == s), key=lambda r: (gk[r, AK_PACKED], gk[r, 4], gk[r, 5]))
-        assert first == (rows[0] if rows else -1) == _adm_first(s, hp, hmeta, gk)
+        assert first == (rows[0] if rows else -1) == _adm_first(s, adm, gk)
         for t in range(slots):
             held = [hmeta[t, HM_HOT]] if hmeta[t, HM_HOT] >= 0 else []
             lo, size = hmeta[t, HM_LO], hmeta[t, HM_N]
