@@ -34,7 +34,7 @@ POLICIES = decodesched.engine.POLICIES
 
 
 def run(kernel, trace, policy, capacity, max_steps=-1, record=True, interval=4, clock=time.perf_counter):
-    """Run a kernel directly; return (events run, seconds of `clock`)."""
+    """Run a kernel directly; return (events run, seconds of `clock`, preemptions)."""
     n_events = 0
     if record:
         n_events = trace.work_steps if max_steps < 0 else min(trace.work_steps, max_steps)
@@ -43,7 +43,8 @@ def run(kernel, trace, policy, capacity, max_steps=-1, record=True, interval=4, 
     summary = np.zeros(E.SM_NCOLS, np.int64)
     t = clock()
     kernel(*trace_arrays(trace), policy_code(policy), capacity, interval, max_steps, events, req_out, summary)
-    return int(summary[E.SM_EVENTS]), clock() - t
+    dt = clock() - t
+    return int(summary[E.SM_EVENTS]), dt, int(req_out[:, E.RQ_PREEMPTIONS].sum())
 
 
 def warm_up():
@@ -74,8 +75,8 @@ def section_backlog_3000(capacity: int, model_steps: int) -> None:
           f"{'scan/model':>12}")
     rows = rows_of(trace)
     for policy in POLICIES:
-        n_f, t_f = min((run(replay_fast_nb, trace, policy, capacity) for _ in range(3)), key=lambda x: x[1])
-        n_s, t_s = run(replay_scan_nb, trace, policy, capacity)
+        n_f, t_f, _ = min((run(replay_fast_nb, trace, policy, capacity) for _ in range(3)), key=lambda x: x[1])
+        n_s, t_s, _ = run(replay_scan_nb, trace, policy, capacity)
         t = time.perf_counter()
         ref = replay(rows, policy=policy, free_kv_blocks=capacity, aging_interval=4, max_steps=model_steps)
         t_m = time.perf_counter() - t
@@ -125,7 +126,7 @@ def waiting_trace(n: int, window: int, policy: str, seed: int = 0):
 def best_time(kernel, trace, policy, capacity, max_steps, repeats):
     runs = [run(kernel, trace, policy, capacity, max_steps=max_steps, record=False, clock=time.process_time)
             for _ in range(repeats)]
-    return runs[0][0], min(t for _, t in runs)
+    return runs[0][0], min(t for _, t, _ in runs), runs[0][2]
 
 
 def section_waiting(sizes, policies, window: int) -> None:
@@ -133,16 +134,20 @@ def section_waiting(sizes, policies, window: int) -> None:
           f"log,\n   more arriving at load 1.0; rate = {window:,} steps / (CPU time of a {window + window // 10:,}-step run - "
           f"CPU time of a {window // 10:,}-step run, which cancels the setup; best of 3, CPU time because the machine "
           f"is shared) ==")
+    print("   (below each rate: preemptions per 1,000 of those events, the schedule's own work, which the policy and"
+          "\n   N decide: under aging a large backlog keeps preempting)")
     print(f"{'policy':<15}" + "".join(f"{f'N={n:,}':>14}" for n in sizes) + f"{'last/first':>12}")
     for policy in policies:
-        rates = []
+        rates, churn = [], []
         for n in sizes:
             trace = waiting_trace(n, window, policy)
             repeats = 3 if n <= 100_000 else 2
-            n1, t1 = best_time(replay_fast_nb, trace, policy, 16, window // 10, repeats)
-            n2, t2 = best_time(replay_fast_nb, trace, policy, 16, window + window // 10, repeats)
+            n1, t1, p1 = best_time(replay_fast_nb, trace, policy, 16, window // 10, repeats)
+            n2, t2, p2 = best_time(replay_fast_nb, trace, policy, 16, window + window // 10, repeats)
             rates.append((n2 - n1) / max(t2 - t1, 1e-9))
+            churn.append(1000 * (p2 - p1) / max(n2 - n1, 1))
         print(f"{policy:<15}" + "".join(f"{r:>14,.0f}" for r in rates) + f"{rates[-1] / rates[0]:>12.2f}")
+        print(f"{'':<15}" + "".join(f"{c:>14.1f}" for c in churn))
 
 
 def section_azure(loads, capacity: int) -> None:

@@ -9,9 +9,10 @@ steps (when ``S mod K == rho``) and the order by ``(phase, cache, -base, total_l
 chosen, a grows by one: it moves to the next residue (on a wrap to residue 0, its base drops by one):
 
 * waiting requests sit in two treaps per residue (aggregates: min blocks, max base), one for the
-  prefill phase and one for preempted (decode-phase) requests, which sort after every prefill one;
+  prefill phase and one for preempted (decode-phase) requests, which sort after every prefill one
+  (the two *halves* of a slot, `Halves`);
   admitted ones (all in decode phase) are a residue's *hot* row (the last one chosen into it) and a
-  binary heap of the others, all heaps in one pool (`_adm_put`): a request chosen several steps
+  binary heap of the others, all heaps in one pool (`Admitted`, `_adm_put`): a request chosen several steps
   running (the usual case) moves from hot place to hot place at O(1), and a heap only takes the row
   a hot one displaces; the real key across residues is compared with the effective priority at the
   current step;
@@ -29,7 +30,8 @@ chosen, a grows by one: it moves to the next residue (on a wrap to residue 0, it
   least a point's blocks and at most its base (`_front_add`).  Since M only grows with the priority
   and a residue shares one shift, no row before the answer can run while no point can, so the half
   is walked again only when a point may run (checked when free blocks grow, a victim joins, the
-  residue's priorities rise or a row joins before the answer) or its answer was taken.  A cached
+  residue's priorities rise or a row joins before the answer), from its first row, or when its
+  answer was taken, from that answer's key on, keeping the front (`_half_taken`).  A cached
   answer that stopped running (victims' priorities only rise, free blocks shrink) is found at the
   top of the tournament tree below and re-walked there.
 
