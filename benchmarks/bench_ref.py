@@ -7,8 +7,8 @@ under its own name (so both compile and cache separately), e.g. the last commit 
         git show a9986be:$f > /tmp/ref/refkernels/$(basename $f); done
     python benchmarks/bench_ref.py /tmp/ref/refkernels [--capacities 2000 8000 16000] [--repeats 5]
 
-Trace: the bundled Azure 2023 conversation trace at load ``--load`` (default conversion: 3 priority
-classes).  Each cell is ``time.process_time`` of one replay (event log recorded), best of
+Trace: the bundled Azure 2023 conversation trace at load ``--load``, in one of `bench_shapes`'s
+shapes (``--shape``; default the conversion's 3 priority classes).  Each cell is ``time.process_time`` of one replay (event log recorded), best of
 ``--repeats``, reference and current alternating; the summaries must agree.  Ratio = current /
 reference (> 1: slower).  Noise on a busy machine: about +-2% (a copy against itself).
 """
@@ -23,7 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
-from decodesched.convert import bundled_trace_path, read_azure, to_trace
+from bench_shapes import SHAPES, shaped
+from decodesched.convert import bundled_trace_path, read_azure
 from decodesched.engine import policy_code, trace_arrays
 from decodesched.kernels import enums as E
 from decodesched.kernels.fast_nb import replay_fast_nb
@@ -36,11 +37,12 @@ def main() -> None:
     ap.add_argument("--capacities", type=int, nargs="+", default=[8000])
     ap.add_argument("--policies", nargs="+", default=["fixed_priority", "deadline", "fcfs"])
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--shape", default="3 classes", choices=SHAPES, help="as in bench_shapes.py")
     a = ap.parse_args()
     sys.path.insert(0, str(a.ref.resolve().parent))
     ref = importlib.import_module(a.ref.resolve().name + ".fast_nb").replay_fast_nb
 
-    trace = to_trace(read_azure(bundled_trace_path()), load=a.load, seed=0)
+    trace = shaped(read_azure(bundled_trace_path()), a.shape, a.load)
     args = trace_arrays(trace)
     events = np.zeros((trace.work_steps, E.EV_NCOLS), np.int64)
 
@@ -53,7 +55,7 @@ def main() -> None:
 
     for kernel in (ref, replay_fast_nb):  # compile / load from cache
         run(kernel, 0, 100)
-    print(f"Azure 2023 trace, load {a.load}, 3 classes: CPU s per replay, best of {a.repeats}")
+    print(f"Azure 2023 trace, load {a.load}, {a.shape}: CPU s per replay, best of {a.repeats}")
     print(f"{'policy':<16}{'blocks':>7}{'ref':>9}{'current':>9}{'ratio':>7}")
     for capacity in a.capacities:
         for policy in a.policies:
