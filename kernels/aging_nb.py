@@ -123,7 +123,7 @@ Halves = namedtuple("Halves", (
     "cand",   # its first runnable row when last walked, -1 for none
     "fb",     # its front (see `_front_add`): points (fb[q, i], fx[q, i]), i < fn[q], bounding the rows
     "fx",     # before cand (all rows when cand is -1); the half is walked again only when a point may
-    "fn",     # run, or when fn[q] = -1
+    "fn",     # run, or when its answer was taken
     "fj",     # per point, the guess for `_victims_below`
     "rk",     # the key of its answer, once it was taken (`_half_taken`), and whether it was
     "taken",
@@ -293,7 +293,7 @@ def _victims_below(lim, n_v, vic, j):
 
 @njit(cache=True, _nrt=False, inline="always")
 def _front_may_run(s, free, shift, h, n_v, vic, steps, k):
-    """Whether a row before slot s's cached answer may run now (always, when fn[s] < 0).  Point i
+    """Whether a row before slot s's cached answer may run now.  Point i
     runs when its blocks fit in free + M(its base + shift), the prefix maxima of the victims with
     ``w < (base + shift) * K - steps``; fj[s, i] keeps that prefix's length from the last check as
     the guess for the next (at the step when a residue's priorities rise the limit is the same
@@ -302,8 +302,6 @@ def _front_may_run(s, free, shift, h, n_v, vic, steps, k):
     fx = h.fx
     fj = h.fj
     n = h.fn[s]
-    if n < 0:
-        return True
     # The last point has the fewest blocks (see `_front_add`): it alone decides when it fits in the
     # free blocks, or not even with the largest victim's.
     last = fb[s, n - 1] if n > 0 else np.int64(0)
@@ -418,8 +416,6 @@ def _wait_insert(q, r, h, stack, gk, nd, blocks):
     """Row r joins half q's waiting treap; returns whether it lands before the cached answer (or the
     taken one's key: a row after it is met by the walk from there)."""
     h.root[q] = treap_insert_nb(h.root[q], r, stack, gk, nd)
-    if h.fn[q] < 0:
-        return False
     if h.taken[q]:
         before = not _after_taken(gk, r, h.rk, q)
     else:
@@ -595,10 +591,8 @@ def _mark(s, flags, dirty, in_dirty, n_d):
 
 @njit(cache=True, _nrt=False)
 def _front_low(q, h):
-    """The fewest blocks among half q's front points: -1 when a walk is forced, BIG when it has none."""
+    """The fewest blocks among half q's front points, BIG when it has none."""
     n = h.fn[q]
-    if n < 0:
-        return np.int64(-1)
     if n == 0:
         return np.int64(BIG)
     return h.fb[q, n - 1]  # bases descending, so blocks descending too
