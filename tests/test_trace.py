@@ -109,3 +109,65 @@ def test_time_scale_from_the_sidecar(tmp_path):
     (tmp_path / "t.csv.meta.json").write_text('{"steps_per_second": -1}')
     with pytest.raises(TraceError, match="steps_per_second"):
         load_trace(p)
+
+
+def _typed_columns(draw_rows):
+    """The same trace as plain NumPy columns (ints and bools typed, deadlines masked) and as lists."""
+    lists = {c: [r[c] for r in draw_rows] for c in TRACE_COLUMNS}
+    arrays = {c: np.array(v, dtype=bool if c in ("cache_hit", "preemptible") else np.int64)
+              for c, v in lists.items() if c != "deadline_step"}
+    deadline = lists["deadline_step"]
+    arrays["deadline_step"] = np.ma.MaskedArray([0 if d is None else d for d in deadline],
+                                                mask=[d is None for d in deadline])
+    return arrays, lists
+
+
+def _rows(n, seed):
+    rng = np.random.default_rng(seed)
+    return [{"request_id": int(i), "arrival_step": int(rng.integers(0, 50)), "prompt_len": int(rng.integers(1, 9)),
+             "max_new_tokens": int(rng.integers(1, 9)), "priority": int(rng.integers(-2**53, 2**53)),
+             "cache_hit": bool(rng.random() < 0.5), "required_blocks": int(rng.integers(1, 5)),
+             "deadline_step": None if rng.random() < 0.5 else int(rng.integers(60, 2**53)),
+             "preemptible": bool(rng.random() < 0.5)} for i in rng.permutation(n)]
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_typed_columns_read_as_their_values_one_by_one(tmp_path, seed):
+    """NumPy columns (checked column-wise) and Parquet files (typed, with null deadlines) give the
+    trace the same values give as Python lists (checked one by one)."""
+    arrays, lists = _typed_columns(_rows(300, seed))
+    want = load_trace(lists).rows()
+    assert load_trace(arrays).rows() == want
+    assert load_trace({**arrays, "deadline_step": lists["deadline_step"]}).rows() == want
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    table = pa.table({c: pa.array(v) for c, v in lists.items()})
+    assert table.column("deadline_step").null_count > 0 and pa.types.is_integer(table.column("priority").type)
+    pq.write_table(table, tmp_path / "t.parquet")
+    assert load_trace(tmp_path / "t.parquet").rows() == want
+
+
+@pytest.mark.parametrize("column, value, match", [
+    ("priority", np.array([2**63, 1], np.uint64), "row 1, column priority: 9223372036854775808 does not fit in int64"),
+    ("prompt_len", np.array([True, True]), "row 1, column prompt_len: expected an integer"),
+    ("prompt_len", np.array([[1, 2], [3, 4]]), "row 1, column prompt_len: expected an integer"),
+    ("cache_hit", np.array([1, 2]), "row 2, column cache_hit: expected true/false"),
+    ("deadline_step", np.ma.MaskedArray([1.5, 0.0], mask=[False, True]), "row 1, column deadline_step"),
+    ("required_blocks", np.array([1, 0], np.int8), "row 2, column required_blocks: must be positive"),
+])
+def test_typed_columns_are_checked_like_values(column, value, match):
+    arrays, _ = _typed_columns(_rows(2, 0))
+    with pytest.raises(TraceError, match=match):
+        load_trace({**arrays, column: value})
+
+
+def test_parquet_nulls_outside_deadlines_are_missing_values(tmp_path):
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    _, lists = _typed_columns(_rows(3, 1))
+    lists["prompt_len"][1] = None
+    pq.write_table(pa.table({c: pa.array(v) for c, v in lists.items()}), tmp_path / "t.parquet")
+    with pytest.raises(TraceError, match="row 2, column prompt_len: missing value"):
+        load_trace(tmp_path / "t.parquet")

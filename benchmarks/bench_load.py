@@ -1,0 +1,70 @@
+"""Reading a large trace: seconds of `decodesched.load_trace` for typed columns against the same values
+as Python lists (checked one by one), in one run.
+
+NumPy columns (ints and bools typed, deadlines masked) and Parquet files whose integer and boolean
+columns have no nulls are checked column-wise; Python lists, CSV text and anything untyped are
+checked value by value, so that an error names its row.  Trace: `bench_scale.waiting_trace`'s
+shape with ``--rows`` requests (half with a deadline).
+
+Usage::
+
+    python benchmarks/bench_load.py [--rows 1000000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+import decodesched
+from bench_scale import waiting_trace
+from decodesched.trace import TRACE_COLUMNS
+
+
+def timed(source) -> tuple[float, decodesched.Trace]:
+    t = time.perf_counter()
+    trace = decodesched.load_trace(source)
+    return time.perf_counter() - t, trace
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", type=int, default=1_000_000)
+    a = ap.parse_args()
+    trace = waiting_trace(a.rows, 10, "fixed_priority")
+    n = len(trace)
+    arrays = {c: getattr(trace, c) for c in TRACE_COLUMNS if c != "deadline_step"}
+    arrays["deadline_step"] = np.ma.MaskedArray(trace.deadline_step, mask=~trace.has_deadline)
+    lists = {c: (v.tolist() if c != "deadline_step" else [None if m else int(d) for d, m in zip(v.data, v.mask)])
+             for c, v in arrays.items()}
+    print(f"load_trace of {n:,} requests: seconds, and the list path's seconds / this one's")
+    base, want = timed(lists)
+    rows = [("Python lists (one by one)", base)]
+    got_t, got = timed(arrays)
+    assert np.array_equal(got.priority, want.priority) and np.array_equal(got.has_deadline, want.has_deadline)
+    rows.append(("NumPy columns", got_t))
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError:
+        pa = None
+    with tempfile.TemporaryDirectory() as tmp:
+        if pa is not None:
+            path = Path(tmp) / "t.parquet"
+            pq.write_table(pa.table({c: pa.array(v) for c, v in lists.items()}), path)
+            dt, got = timed(path)
+            assert got.rows()[:100] == want.rows()[:100] and np.array_equal(got.deadline_step, want.deadline_step)
+            rows.append(("Parquet file", dt))
+        path = Path(tmp) / "t.csv"
+        want.to_csv(path)
+        rows.append(("CSV file (one by one)", timed(path)[0]))
+    for label, dt in rows:
+        print(f"  {label:<28}{dt:>8.2f} s{base / dt:>8.1f}x")
+
+
+if __name__ == "__main__":
+    main()
