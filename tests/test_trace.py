@@ -171,3 +171,20 @@ def test_parquet_nulls_outside_deadlines_are_missing_values(tmp_path):
     pq.write_table(pa.table({c: pa.array(v) for c, v in lists.items()}), tmp_path / "t.parquet")
     with pytest.raises(TraceError, match="row 2, column prompt_len: missing value"):
         load_trace(tmp_path / "t.parquet")
+
+
+def test_parquet_columns_of_another_type_are_checked_value_by_value(tmp_path):
+    """A boolean column where an integer belongs (or the reverse) is not taken as typed: its error shows
+    the value as the file holds it."""
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    _, lists = _typed_columns(_rows(2, 2))
+    lists["prompt_len"] = [True, False]
+    pq.write_table(pa.table({c: pa.array(v) for c, v in lists.items()}), tmp_path / "t.parquet")
+    with pytest.raises(TraceError, match="row 1, column prompt_len: expected an integer, got True$"):
+        load_trace(tmp_path / "t.parquet")
+    _, lists = _typed_columns(_rows(2, 2))
+    lists["cache_hit"] = [1, 0]  # 1/0 stand for true/false
+    pq.write_table(pa.table({c: pa.array(v) for c, v in lists.items()}), tmp_path / "t.parquet")
+    assert load_trace(tmp_path / "t.parquet").cache_hit.tolist() == [True, False]

@@ -255,15 +255,17 @@ def _read_parquet(path: Path) -> tuple[dict[str, list], float | None]:
 
 
 def _parquet_column(name: str, col):
-    """A Parquet column as `_from_columns` takes it: integers or booleans without nulls as a NumPy array
-    (checked column-wise there), deadlines with nulls as a masked array, anything else as Python values
-    (checked one by one, with the row named)."""
+    """A Parquet column as `_from_columns` takes it: of its column's type (integers, or booleans for
+    cache_hit and preemptible) and without nulls as a NumPy array (checked column-wise there), deadlines
+    with nulls as a masked array, anything else as Python values (checked one by one, with the row
+    named)."""
     import pyarrow.types as pat
 
-    if pat.is_integer(col.type) or pat.is_boolean(col.type):
+    typed = pat.is_boolean(col.type) if name in BOOL_COLUMNS else pat.is_integer(col.type)
+    if typed:
         if col.null_count == 0:
             return col.to_numpy()
-        if name == "deadline_step" and pat.is_integer(col.type):
+        if name == "deadline_step":
             missing = col.is_null().to_numpy(zero_copy_only=False)
             return np.ma.MaskedArray(col.fill_null(0).to_numpy(), mask=missing)
     return col.to_pylist()
