@@ -231,7 +231,7 @@ def _sidecar_time_scale(path: Path) -> float | None:
     return value
 
 
-def _read_parquet(path: Path) -> tuple[dict[str, list], float | None]:
+def _read_parquet(path: Path) -> tuple[dict[str, Any], float | None]:
     """The columns, and the time scale `decodesched.frames.to_parquet` stores in the schema metadata."""
     try:
         import pyarrow.parquet as pq
@@ -334,13 +334,6 @@ def _whole_ints(src) -> bool:
     return src.dtype.kind == "i" or src.size == 0 or int(src.max()) <= INT64_MAX
 
 
-def _parse_deadlines(src, n: int, loc, deadline: np.ndarray, has_deadline: np.ndarray) -> None:
-    for i in range(n):
-        if not _is_missing(src[i]):
-            deadline[i] = _parse_int(src[i], loc(i), "deadline_step")
-            has_deadline[i] = True
-
-
 def _is_missing(x) -> bool:
     if x is None:
         return True
@@ -425,7 +418,10 @@ def _from_columns(cols: dict, where: str, steps_per_second: float | None, label:
         has_deadline[:] = ~np.ma.getmaskarray(src)
         deadline[has_deadline] = src.data[has_deadline]
     else:
-        _parse_deadlines(src, n, loc, deadline, has_deadline)
+        for i in range(n):
+            if not _is_missing(src[i]):
+                deadline[i] = _parse_int(src[i], loc(i), "deadline_step")
+                has_deadline[i] = True
 
     arrival, prompt, new, blocks, prio = (
         ints["arrival_step"], ints["prompt_len"], ints["max_new_tokens"], ints["required_blocks"], ints["priority"]
