@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from decodesched import TraceError, load_trace
-from decodesched.trace import TRACE_COLUMNS
+from decodesched.trace import BOOL_COLUMNS, TRACE_COLUMNS
 
 HEADER = ",".join(TRACE_COLUMNS)
 GOOD = ["1,0,4,2,0,false,1,,true", "-7,3,2,1,2,true,3,9,false"]
@@ -111,15 +111,23 @@ def test_time_scale_from_the_sidecar(tmp_path):
         load_trace(p)
 
 
-def _typed_columns(draw_rows):
+def _typed_columns(rows):
     """The same trace as plain NumPy columns (ints and bools typed, deadlines masked) and as lists."""
-    lists = {c: [r[c] for r in draw_rows] for c in TRACE_COLUMNS}
-    arrays = {c: np.array(v, dtype=bool if c in ("cache_hit", "preemptible") else np.int64)
+    lists = {c: [r[c] for r in rows] for c in TRACE_COLUMNS}
+    arrays = {c: np.array(v, dtype=bool if c in BOOL_COLUMNS else np.int64)
               for c, v in lists.items() if c != "deadline_step"}
     deadline = lists["deadline_step"]
     arrays["deadline_step"] = np.ma.MaskedArray([0 if d is None else d for d in deadline],
                                                 mask=[d is None for d in deadline])
     return arrays, lists
+
+
+def _write_parquet(lists, path):
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({c: pa.array(v) for c, v in lists.items()}), path)
+    return path
 
 
 def _rows(n, seed):
@@ -139,13 +147,12 @@ def test_typed_columns_read_as_their_values_one_by_one(tmp_path, seed):
     want = load_trace(lists).rows()
     assert load_trace(arrays).rows() == want
     assert load_trace({**arrays, "deadline_step": lists["deadline_step"]}).rows() == want
-    pa = pytest.importorskip("pyarrow")
-    import pyarrow.parquet as pq
-
-    table = pa.table({c: pa.array(v) for c, v in lists.items()})
-    assert table.column("deadline_step").null_count > 0 and pa.types.is_integer(table.column("priority").type)
-    pq.write_table(table, tmp_path / "t.parquet")
-    assert load_trace(tmp_path / "t.parquet").rows() == want
+    pq = pytest.importorskip("pyarrow.parquet")
+    path = _write_parquet(lists, tmp_path / "t.parquet")
+    schema = pq.read_schema(path)
+    assert str(schema.field("priority").type) == "int64" and str(schema.field("cache_hit").type) == "bool"
+    assert pq.read_table(path).column("deadline_step").null_count > 0
+    assert load_trace(path).rows() == want
 
 
 @pytest.mark.parametrize("column, value, match", [
@@ -163,28 +170,19 @@ def test_typed_columns_are_checked_like_values(column, value, match):
 
 
 def test_parquet_nulls_outside_deadlines_are_missing_values(tmp_path):
-    pa = pytest.importorskip("pyarrow")
-    import pyarrow.parquet as pq
-
     _, lists = _typed_columns(_rows(3, 1))
     lists["prompt_len"][1] = None
-    pq.write_table(pa.table({c: pa.array(v) for c, v in lists.items()}), tmp_path / "t.parquet")
     with pytest.raises(TraceError, match="row 2, column prompt_len: missing value"):
-        load_trace(tmp_path / "t.parquet")
+        load_trace(_write_parquet(lists, tmp_path / "t.parquet"))
 
 
 def test_parquet_columns_of_another_type_are_checked_value_by_value(tmp_path):
     """A boolean column where an integer belongs (or the reverse) is not taken as typed: its error shows
     the value as the file holds it."""
-    pa = pytest.importorskip("pyarrow")
-    import pyarrow.parquet as pq
-
     _, lists = _typed_columns(_rows(2, 2))
     lists["prompt_len"] = [True, False]
-    pq.write_table(pa.table({c: pa.array(v) for c, v in lists.items()}), tmp_path / "t.parquet")
     with pytest.raises(TraceError, match="row 1, column prompt_len: expected an integer, got True$"):
-        load_trace(tmp_path / "t.parquet")
+        load_trace(_write_parquet(lists, tmp_path / "t.parquet"))
     _, lists = _typed_columns(_rows(2, 2))
     lists["cache_hit"] = [1, 0]  # 1/0 stand for true/false
-    pq.write_table(pa.table({c: pa.array(v) for c, v in lists.items()}), tmp_path / "t.parquet")
-    assert load_trace(tmp_path / "t.parquet").cache_hit.tolist() == [True, False]
+    assert load_trace(_write_parquet(lists, tmp_path / "t.parquet")).cache_hit.tolist() == [True, False]
