@@ -8,9 +8,12 @@ steps (when ``S mod K == rho``) and the order by ``(phase, cache, -base, total_l
 (column 0 of the key matrix holds the residue's slot, equal within a structure).  When a request is
 chosen, a grows by one: it moves to the next residue (on a wrap to residue 0, its base drops by one):
 
-* waiting requests sit in two treaps per residue (aggregates: min blocks, max base), one for the
-  prefill phase and one for preempted (decode-phase) requests, which sort after every prefill one
-  (the two *halves* of a slot, `Halves`);
+* waiting requests sit in four *parts* per residue (`Parts`): prefill-phase cache hits, prefill
+  misses, preempted (decode-phase) hits, preempted misses, the order in which they sort, so that
+  inside a part the order is ``(-base, total_len, id)``.  A part is a treap while small and a
+  B+tree (`btree_nb`: 16 keys per node, each entry with its subtree's min blocks and max base) from
+  BIG_AT rows on, back to a treap below SMALL_AT: with a million rows waiting, a walk or an update
+  then reads O(log_16 n) nodes of a few cache lines each instead of O(log n) scattered treap nodes;
   admitted ones (all in decode phase) are a residue's *hot* row (the last one chosen into it) and a
   binary heap of the others, all heaps in one pool (`Admitted`, `_adm_put`): a request chosen several steps
   running (the usual case) moves from hot place to hot place at O(1), and a heap only takes the row
@@ -24,18 +27,20 @@ chosen, a grows by one: it moves to the next residue (on a wrap to residue 0, it
   can never bridge are cut, see `_compressed_priorities`), started from the last answer for the
   same point (`_victims_below`: at the step a residue's priorities rise the limit is the same each
   time, and the victims rarely move);
-* the first runnable waiting request of a half (residue and phase) is a pruned in-order walk: a
-  subtree is skipped when ``min blocks > free + M(max base + shift)``.  The answer is cached, with a
-  *front* of at most FRONT points (blocks, base) such that every row before the answer has at
-  least a point's blocks and at most its base (`_front_add`).  Since M only grows with the priority
-  and a residue shares one shift, no row before the answer can run while no point can, so the half
-  is walked again only when a point may run (checked when free blocks grow, a victim joins, the
-  residue's priorities rise or a row joins before the answer), from its first row, or when its
-  answer was taken, from that answer's key on, keeping the front (`_half_taken`).  A cached
-  answer that stopped running (victims' priorities only rise, free blocks shrink) is found at the
-  top of the tournament tree below and re-walked there.
+* the first runnable waiting request of a part is a pruned in-order walk (`_first_runnable`,
+  `_bt_first_runnable`): a subtree is skipped when ``min blocks > free + M(max base + shift)``.
+  The answer is cached, with a *front* of at most FRONT points (blocks, base) such that every row
+  before the answer has at least a point's blocks and at most its base (`_front_add`).  Since M
+  only grows with the priority and a residue shares one shift, no row before the answer can run
+  while no point can, so the part is walked again only when a point may run (checked when free
+  blocks grow, a victim joins, the residue's priorities rise or a row joins before the answer),
+  from its first row, or when its answer was taken, from that answer's key on, keeping the front
+  (`_part_taken`).  Per slot, ``slow`` keeps the fewest blocks of a point over its parts, so that
+  a rise of free blocks passes over the slots none of whose points may run at one read each
+  (`_mark_may_run`).  A cached answer that stopped running (victims' priorities only rise, free
+  blocks shrink) is found at the top of the tournament tree below and re-walked there.
 
-Residues are held lazily: a residue has a *slot* (its treaps, heap, cached answers and shift) only
+Residues are held lazily: a residue has a *slot* (its parts, heap, cached answers and shift) only
 while some row sits in it, found through a small open-addressing table ``residue -> slot``; the
 slots with waiting rows are kept as a compact list.  So memory is O(min(K, n)) whatever K is; at
 the end of step S only the residue ``S mod K`` (one table lookup) has its shift raised.
@@ -47,15 +52,15 @@ phase, cache rank and effective priority beside it).  Only slots that changed ar
 changed, and every waiting one when free blocks grow or a victim joins; a slot whose admitted rows
 alone changed keeps its cached waiting answers.  Elsewhere runnability only shrinks
 (free blocks shrink, victims' priorities rise), so a cached answer can only come too early; the top
-is checked and, if it no longer runs, its half re-walked, until the top runs.  A dirty slot whose
+is checked and, if it no longer runs, its part re-walked, until the top runs.  A dirty slot whose
 leaf is the same row, with the same key and shift, keeps its path in the tree.
 
 Cost per step: O(D (F log V + log R)) for D dirty slots (about 2 on a decode step; after a
 finish, preemption or a preemptible admission also the non-empty ones whose front may run, found
-by a scan of all R of them, R <= min(K, requests in the system)), F = FRONT and V = admitted
-preemptible requests (a victim joining or leaving costs O(V) once); O(log A) heap work for the
-chosen request when it displaces a hot row (A admitted), O(log n) expected treap work when it or
-its victim was waiting; and the walks of halves whose front may run:
+by a scan of `slow` over all R of them, R <= min(K, requests in the system)), F = FRONT and
+V = admitted preemptible requests (a victim joining or leaving costs O(V) once); O(log A) heap work
+for the chosen request when it displaces a hot row (A admitted), O(log n) treap or B+tree work when it or
+its victim was waiting; and the walks of parts whose front may run:
 O(log n) when the bound prunes well, but not bounded by it in the worst case (a subtree can pass
 the bound without a runnable row).  With many non-empty residues at heavy load, one change of the
 victims can stop the cached answers of many residues from running, and each is walked again as it
@@ -82,13 +87,30 @@ from .ordered_nb import (
     treap_insert_nb,
     treap_nodes_nb,
 )
+from .btree_nb import (
+    BT_CNT,
+    PAY_BASE,
+    PAY_BLOCKS,
+    PAY_ROW,
+    bt_child_at_nb,
+    bt_delete_nb,
+    bt_insert_nb,
+    bt_leaf_after_nb,
+    bt_nodes_nb,
+    bt_pay,
+    bt_rows_nb,
+)
 from .step_nb import advance_nb, new_requests_nb, record_step_nb, write_state_nb
 from .stamp import source_stamp
 
-SOURCE_STAMP = source_stamp("enums.py", "ordered_nb.py", "step_nb.py")
+SOURCE_STAMP = source_stamp("enums.py", "ordered_nb.py", "btree_nb.py", "step_nb.py")
 
 # Points kept per residue to bound the rows before its cached answer (see `_front_add`).
 FRONT = 12
+# A part holds its rows in a treap while small and in a B+tree (`btree_nb`) from BIG_AT rows on, back
+# in a treap below SMALL_AT (see `_wait_insert`; the tests build a kernel with smaller values).
+BIG_AT = 64
+SMALL_AT = 32
 BIG = 2**62
 
 # Columns of the aging key matrix: the residue's slot, phase and cache rank (``2 * phase + rank``),
@@ -103,7 +125,7 @@ AK_PACKED = 6  # cache rank and -base in one int64, for the admitted heaps (see 
 AK_NCOLS = 7
 CACHE_BIT = 2**62
 
-# Columns of a half's taken-answer key (see `_half_taken`).
+# Columns of a part's taken-answer key (see `_part_taken`).
 RK_PACKED = 0
 RK_TOTAL_LEN = 1
 RK_ID = 2
@@ -116,32 +138,41 @@ HM_N = 2
 HM_HOT = 3
 HM_NCOLS = 4
 
-# The waiting rows of the slots by half: half 2s holds slot s's prefill rows, half 2s + 1 its
-# preempted (decode-phase) ones, which sort after every prefill one.  One entry per half:
-Halves = namedtuple("Halves", (
-    "root",   # its treap's root, -1 when empty
+# The waiting rows of the slots by part: part PARTS * s + c holds slot s's waiting rows whose phase and
+# cache rank are c = 2 * phase + rank (AK_PHASE_CACHE): prefill hits, prefill misses, preempted
+# (decode-phase) hits, preempted misses, the order in which they sort.  One entry per part:
+PARTS = 4
+Parts = namedtuple("Parts", (
+    "root",   # its treap's root (or B+tree's root node), -1 when empty
     "cand",   # its first runnable row when last walked, -1 for none
     "fb",     # its front (see `_front_add`): points (fb[q, i], fx[q, i]), i < fn[q], bounding the rows
-    "fx",     # before cand (all rows when cand is -1); the half is walked again only when a point may
+    "fx",     # before cand (all rows when cand is -1); the part is walked again only when a point may
     "fn",     # run, or when its answer was taken
     "fj",     # per point, the guess for `_victims_below`
-    "rk",     # the key of its answer, once it was taken (`_half_taken`), and whether it was
+    "rk",     # the key of its answer, once it was taken (`_part_taken`), and whether it was
     "taken",
+    "size",   # its rows
+    "big",    # whether they are in a B+tree (root: its root node, of `height` levels above the leaves)
+    "height",
 ))
 
 
 @njit(cache=True)
-def _new_halves(m):
-    """The `Halves` of m empty slots."""
-    return Halves(
-        root=np.full(2 * m, -1, np.int64),
-        cand=np.full(2 * m, -1, np.int64),
-        fb=np.zeros((2 * m, FRONT + 1), np.int64),
-        fx=np.zeros((2 * m, FRONT + 1), np.int64),
-        fn=np.zeros(2 * m, np.int64),
-        fj=np.zeros((2 * m, FRONT + 1), np.int64),
-        rk=np.zeros((2 * m, RK_NCOLS), np.int64),
-        taken=np.zeros(2 * m, np.bool_),
+def _new_parts(m):
+    """The `Parts` of m empty slots."""
+    n = PARTS * m
+    return Parts(
+        root=np.full(n, -1, np.int64),
+        cand=np.full(n, -1, np.int64),
+        fb=np.zeros((n, FRONT + 1), np.int64),
+        fx=np.zeros((n, FRONT + 1), np.int64),
+        fn=np.zeros(n, np.int64),
+        fj=np.zeros((n, FRONT + 1), np.int64),
+        rk=np.zeros((n, RK_NCOLS), np.int64),
+        taken=np.zeros(n, np.bool_),
+        size=np.zeros(n, np.int64),
+        big=np.zeros(n, np.bool_),
+        height=np.zeros(n, np.int64),
     )
 
 
@@ -328,8 +359,8 @@ def _front_may_run(s, free, shift, h, n_v, vic, steps, k):
 
 @njit(cache=True, _nrt=False, inline="always")
 def _after_taken(gk, t, rk, q):
-    """Row t of half q after the half's taken answer, whose key `_half_taken` kept in rk[q]: cache rank
-    and -base (packed), total_len, request_id (the phase is the half's)."""
+    """Row t of part q after the part's taken answer, whose key `_part_taken` kept in rk[q]: cache rank
+    and -base (packed), total_len, request_id (the phase is the part's)."""
     if gk[t, AK_PACKED] != rk[q, RK_PACKED]:
         return gk[t, AK_PACKED] > rk[q, RK_PACKED]
     if gk[t, AK_TOTAL_LEN] != rk[q, RK_TOTAL_LEN]:
@@ -338,8 +369,8 @@ def _after_taken(gk, t, rk, q):
 
 
 @njit(cache=True, _nrt=False, inline="always")
-def _half_taken(q, r, gk, h):
-    """Half q's cached answer r was chosen (and left the half): the next answer comes after its key,
+def _part_taken(q, r, gk, h):
+    """Part q's cached answer r was chosen (and left the part): the next answer comes after its key,
     kept in rk[q] (r's own key changes as it runs on)."""
     h.rk[q, RK_PACKED] = gk[r, AK_PACKED]
     h.rk[q, RK_TOTAL_LEN] = gk[r, AK_TOTAL_LEN]
@@ -354,7 +385,7 @@ def _first_runnable(s, root, free, shift, nd, gk, stack, n_v, vic, steps, k, fb,
     that adds the rows it passes to slot s's front (all rows if none runs).  It rebuilds the front
     from the first row, or with `after` keeps it and walks only the rows after the taken answer's
     key rk[s] (the caller has checked that no point of the front may run: the rows before the key
-    still cannot).  (Given the arrays of `Halves` it reads, not the tuple: it is not inlined, and
+    still cannot).  (Given the arrays of `Parts` it reads, not the tuple: it is not inlined, and
     a call passes every array of a tuple.)"""
     t = root
     sp = 0
@@ -391,31 +422,177 @@ def _first_runnable(s, root, free, shift, nd, gk, stack, n_v, vic, steps, k, fb,
         t = nd[t, ND_RIGHT]
 
 
+# Not cached on its own: it calls kernels of another file (see `stamp`); its callers' cache holds it.
+@njit(_nrt=False)
+def _bt_first_runnable(s, root, height, free, shift, bk, stack, n_v, vic, steps, k, fb, fx, fn, rk, after):
+    """`_first_runnable` for a part held in a B+tree (root node `root`, `height` levels above the
+    leaves): a pruned in-order walk over the nodes' entries, a child skipped (its aggregates added to
+    the front) when ``min blocks > free + M(max base + shift)``.  With `after`, each node on the path
+    to the taken answer's key starts at that key's place (a child there that is skipped may also
+    hold rows before the key: its point only widens the front).  Entries in a row often share a base
+    (a leaf's rows are in key order), so the room ``free + M(base + shift)`` is computed once per
+    base."""
+    if not after:
+        fn[s] = 0
+    top = free + (vic[n_v - 1, VC_PMAX] if n_v > 0 else 0)  # the room at any priority
+    last_base = np.int64(-BIG)
+    room = np.int64(0)
+    x = root
+    lvl = height
+    j = 0
+    sp = 0
+    on_path = after
+    while True:
+        c = bk[x, BT_CNT]
+        if on_path:
+            if lvl == 0:
+                j = bt_leaf_after_nb(bk, x, rk[s, RK_PACKED], rk[s, RK_TOTAL_LEN], rk[s, RK_ID])
+            else:
+                j = bt_child_at_nb(bk, x, rk[s, RK_PACKED], rk[s, RK_TOTAL_LEN], rk[s, RK_ID])
+        down = False
+        while j < c:
+            q = bt_pay(j)
+            b = bk[x, q + PAY_BLOCKS]
+            base = bk[x, q + PAY_BASE]
+            if b <= free:
+                fits = True
+            elif b > top:
+                fits = False
+            else:
+                if base != last_base:
+                    last_base = base
+                    room = free
+                    m = _victims_search((base + shift) * k - steps, n_v, vic)
+                    if m > 0:
+                        room += vic[m - 1, VC_PMAX]
+                fits = b <= room
+            if fits:
+                if lvl == 0:
+                    return bk[x, q + PAY_ROW]
+                stack[2 * sp] = x
+                stack[2 * sp + 1] = j + 1
+                sp += 1
+                x = bk[x, q + PAY_ROW]
+                lvl -= 1
+                j = 0
+                down = True
+                break
+            _front_add(s, b, base, fb, fx, fn)
+            on_path = False
+            j += 1
+        if down:
+            continue
+        on_path = False
+        if sp == 0:
+            return -1
+        sp -= 1
+        x = stack[2 * sp]
+        j = stack[2 * sp + 1]
+        lvl += 1
+
+
 @njit(cache=True, _nrt=False, inline="always")
-def _half_answer(q, h, free, shift, nd, gk, stack, n_v, vic, steps, k):
-    """Half q's first runnable row, walking it again only when a row before its cached answer may run
+def _walk(q, h, free, shift, nd, gk, stack, n_v, vic, steps, k, bt, after):
+    """Part q's first runnable row by a walk (`_first_runnable` or `_bt_first_runnable`)."""
+    if h.big[q]:
+        return _bt_first_runnable(q, h.root[q], h.height[q], free, shift, bt.bk, stack, n_v, vic, steps, k, h.fb,
+                                  h.fx, h.fn, h.rk, after)
+    return _first_runnable(q, h.root[q], free, shift, nd, gk, stack, n_v, vic, steps, k, h.fb, h.fx, h.fn, h.rk,
+                           after)
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _part_answer(q, h, free, shift, nd, gk, stack, n_v, vic, steps, k, bt):
+    """Part q's first runnable row, walking it again only when a row before its cached answer may run
     (from its first row) or its answer was taken (from there)."""
     if h.root[q] < 0:
         h.cand[q] = -1
         h.fn[q] = 0
         h.taken[q] = False
     elif _front_may_run(q, free, shift, h, n_v, vic, steps, k):
-        h.cand[q] = _first_runnable(q, h.root[q], free, shift, nd, gk, stack, n_v, vic, steps, k, h.fb, h.fx,
-                                    h.fn, h.rk, False)
+        h.cand[q] = _walk(q, h, free, shift, nd, gk, stack, n_v, vic, steps, k, bt, False)
         h.taken[q] = False
     elif h.taken[q]:
-        h.cand[q] = _first_runnable(q, h.root[q], free, shift, nd, gk, stack, n_v, vic, steps, k, h.fb, h.fx,
-                                    h.fn, h.rk, True)
+        h.cand[q] = _walk(q, h, free, shift, nd, gk, stack, n_v, vic, steps, k, bt, True)
         h.taken[q] = False
     return h.cand[q]
 
 
 # Not cached on its own: it calls kernels of another file (see `stamp`); its callers' cache holds it.
 @njit(_nrt=False)
-def _wait_insert(q, r, h, stack, gk, nd, blocks):
-    """Row r joins half q's waiting treap; returns whether it lands before the cached answer (or the
+def _to_btree(q, h, stack, gk, nd, bt, path, conv):
+    """Part q's rows from its treap into a B+tree (in key order: each fills the last leaf)."""
+    # In-order over the treap, into conv.
+    n = 0
+    sp = 0
+    t = h.root[q]
+    while True:
+        while t >= 0:
+            stack[sp] = t
+            sp += 1
+            t = nd[t, ND_LEFT]
+        if sp == 0:
+            break
+        sp -= 1
+        t = stack[sp]
+        conv[n] = t
+        n += 1
+        t = nd[t, ND_RIGHT]
+    root = np.int64(-1)
+    height = np.int64(0)
+    for i in range(n):
+        r = conv[i]
+        root, height = bt_insert_nb(bt, root, height, gk[r, AK_PACKED], gk[r, AK_TOTAL_LEN], gk[r, AK_ID], r,
+                                    nd[r, ND_BLOCKS], nd[r, ND_BASE], path)
+    h.root[q] = root
+    h.height[q] = height
+    h.big[q] = True
+
+
+# Not cached on its own: it calls kernels of another file (see `stamp`); its callers' cache holds it.
+@njit(_nrt=False)
+def _to_treap(q, h, stack, gk, nd, bt, path, conv):
+    """Part q's rows from its B+tree (whose nodes it frees) into a treap."""
+    n = bt_rows_nb(bt, h.root[q], h.height[q], conv, path)
+    root = -1
+    for i in range(n):
+        root = treap_insert_nb(root, conv[i], stack, gk, nd)
+    h.root[q] = root
+    h.height[q] = 0
+    h.big[q] = False
+
+
+# Not cached on its own: it calls kernels of another file (see `stamp`); its callers' cache holds it.
+@njit(_nrt=False)
+def _wait_remove(q, r, h, stack, gk, nd, bt, path, conv, small_at):
+    """Row r leaves part q's waiting rows."""
+    if h.big[q]:
+        root, height = bt_delete_nb(bt, h.root[q], h.height[q], gk[r, AK_PACKED], gk[r, AK_TOTAL_LEN], gk[r, AK_ID],
+                                    path)
+        h.root[q] = root
+        h.height[q] = height
+    else:
+        h.root[q] = treap_delete_nb(h.root[q], r, stack, gk, nd)
+    h.size[q] -= 1
+    if h.big[q] and h.size[q] < small_at:
+        _to_treap(q, h, stack, gk, nd, bt, path, conv)
+
+
+# Not cached on its own: it calls kernels of another file (see `stamp`); its callers' cache holds it.
+@njit(_nrt=False)
+def _wait_insert(q, r, h, stack, gk, nd, blocks, bt, path, conv, big_at):
+    """Row r joins part q's waiting rows; returns whether it lands before the cached answer (or the
     taken one's key: a row after it is met by the walk from there)."""
-    h.root[q] = treap_insert_nb(h.root[q], r, stack, gk, nd)
+    if h.big[q]:
+        root, height = bt_insert_nb(bt, h.root[q], h.height[q], gk[r, AK_PACKED], gk[r, AK_TOTAL_LEN], gk[r, AK_ID],
+                                    r, blocks, nd[r, ND_BASE], path)
+        h.root[q] = root
+        h.height[q] = height
+    else:
+        h.root[q] = treap_insert_nb(h.root[q], r, stack, gk, nd)
+    h.size[q] += 1
+    if not h.big[q] and h.size[q] >= big_at:
+        _to_btree(q, h, stack, gk, nd, bt, path, conv)
     if h.taken[q]:
         before = not _after_taken(gk, r, h.rk, q)
     else:
@@ -491,7 +668,7 @@ def _slot_lookup(rho, hkey, hval, mask):
 
 
 @njit(cache=True, _nrt=False)
-def _slot_acquire(rho, steps, k, hkey, hval, mask, free_slots, n_free, s_rho, sh, h, adm, afirst):
+def _slot_acquire(rho, steps, k, hkey, hval, mask, free_slots, n_free, s_rho, sh, h, adm, afirst, slow):
     """The slot of residue rho, a fresh one (empty, shift (steps - rho) // K) if it has none; returns
     (slot, n_free)."""
     i = rho & mask
@@ -505,11 +682,15 @@ def _slot_acquire(rho, steps, k, hkey, hval, mask, free_slots, n_free, s_rho, sh
     hval[i] = s
     s_rho[s] = rho
     sh[s] = (steps - rho) // k
-    for q in range(2 * s, 2 * s + 2):
+    for q in range(PARTS * s, PARTS * s + PARTS):
         h.root[q] = -1
         h.cand[q] = -1
         h.fn[q] = 0
         h.taken[q] = False
+        h.size[q] = 0
+        h.big[q] = False
+        h.height[q] = 0
+    slow[s] = BIG
     adm.meta[s, HM_N] = 0  # its heap keeps its room
     adm.meta[s, HM_HOT] = -1
     afirst[s] = -1
@@ -589,9 +770,18 @@ def _mark(s, flags, dirty, in_dirty, n_d):
     return n_d
 
 
+@njit(cache=True, _nrt=False, inline="always")
+def _empty(s, h):
+    """Whether slot s has no waiting rows."""
+    for q in range(PARTS * s, PARTS * s + PARTS):
+        if h.root[q] >= 0:
+            return False
+    return True
+
+
 @njit(cache=True, _nrt=False)
 def _front_low(q, h):
-    """The fewest blocks among half q's front points, BIG when it has none."""
+    """The fewest blocks among part q's front points, BIG when it has none."""
     n = h.fn[q]
     if n == 0:
         return np.int64(BIG)
@@ -802,16 +992,28 @@ def _victims_chosen(vic, v_pos, row):
 
 
 @njit(cache=True, _nrt=False)
-def _mark_may_run(free, n_v, vic, wlist, n_w, h, dirty, in_dirty, n_d):
+def _mark_may_run(free, n_v, vic, wlist, n_w, slow, dirty, in_dirty, n_d):
     """Free blocks grew or a victim joined: mark the slots with waiting rows where a front point may
     run now.  A point with more blocks than free + the largest victim's blocks cannot (M never
-    exceeds that), which spares the residues whose waiting rows are all too big."""
+    exceeds that), which spares the residues whose waiting rows are all too big (slow[s]: the fewest
+    blocks of a point of slot s's fronts, see `_slot_low`)."""
     top = free + (vic[n_v - 1, VC_PMAX] if n_v > 0 else 0)
     for i in range(n_w):
         sl = wlist[i]
-        if _front_low(2 * sl, h) <= top or _front_low(2 * sl + 1, h) <= top:
+        if slow[sl] <= top:
             n_d = _mark(sl, DIRTY_WAIT, dirty, in_dirty, n_d)
     return n_d
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _slot_low(sl, h, slow):
+    """Keep slow[sl], the fewest blocks of a point of slot sl's fronts (BIG: none), after they changed."""
+    low = _front_low(PARTS * sl, h)
+    for q in range(PARTS * sl + 1, PARTS * sl + PARTS):
+        b = _front_low(q, h)
+        if b < low:
+            low = b
+    slow[sl] = low
 
 
 @njit(cache=True, _nrt=False)
@@ -837,9 +1039,9 @@ def _list_remove(lst, lpos, cnt, s):
 def _replay_loop(request_id, arrival_step, prompt_len, max_new_tokens, priority, cache_hit, required_blocks,
                  deadline_step, has_deadline, preemptible, order, free_kv_blocks, max_steps, events, k, top, req,
                  nd, gk, stack, hkey, hval, mask, free_slots, n_free, s_rho, h, adm, afirst, sh, wlist, wpos, tb,
-                 t_leaves, dirty, in_dirty, vic, v_pos):
+                 t_leaves, dirty, in_dirty, vic, v_pos, bt, path, conv, big_at, small_at, slow):
     """The replay loop of `replay_aging_nb` over its state (`req`: the per-request state, `h`: the
-    waiting halves, `adm`: the admitted rows); returns (steps, clock, free, stop)."""
+    waiting parts, `adm`: the admitted rows); returns (steps, clock, free, stop)."""
     cand = h.cand
     n = request_id.shape[0]
     n_w = 0
@@ -872,27 +1074,33 @@ def _replay_loop(request_id, arrival_step, prompt_len, max_new_tokens, priority,
             if required_blocks[r] > capacity:
                 continue  # can never be admitted
             sl, n_free = _slot_acquire(rmod, steps, k, hkey, hval, mask, free_slots, n_free, s_rho, sh,
-                                       h, adm, afirst)
+                                       h, adm, afirst, slow)
             _set_aging_key(r, sdiv, sl, gk, nd, E.PHASE_PREFILL, cache_hit[r], priority[r], top, prompt_len[r],
                            request_id[r])
             if wpos[sl] < 0:
                 n_w = _list_add(wlist, wpos, n_w, sl)
-            if _wait_insert(2 * sl, r, h, stack, gk, nd, required_blocks[r]):
+            if _wait_insert(PARTS * sl + gk[r, AK_PHASE_CACHE], r, h, stack, gk, nd, required_blocks[r], bt, path,
+                            conv, big_at):
+                slow[sl] = min(slow[sl], required_blocks[r])
                 n_d = _mark(sl, DIRTY_WAIT, dirty, in_dirty, n_d)
 
         for i in range(n_d):
             sl = dirty[i]
             flags = in_dirty[sl]
             in_dirty[sl] = 0
-            # the decode half only matters when no prefill row runs
+            # a part only matters when no row of the parts before it runs
+            c = E.NO_ROW
             if flags & DIRTY_WAIT:
-                c = _half_answer(2 * sl, h, free, sh[sl], nd, gk, stack, n_v, vic, steps, k)
-                if c == E.NO_ROW:
-                    c = _half_answer(2 * sl + 1, h, free, sh[sl], nd, gk, stack, n_v, vic, steps, k)
+                for q in range(PARTS * sl, PARTS * sl + PARTS):
+                    c = _part_answer(q, h, free, sh[sl], nd, gk, stack, n_v, vic, steps, k, bt)
+                    if c != E.NO_ROW:
+                        break
+                _slot_low(sl, h, slow)
             else:  # only its admitted rows changed: the cached answers stand
-                c = cand[2 * sl]
-                if c == E.NO_ROW:
-                    c = cand[2 * sl + 1]
+                for q in range(PARTS * sl, PARTS * sl + PARTS):
+                    c = cand[q]
+                    if c != E.NO_ROW:
+                        break
             f = afirst[sl]
             if c == E.NO_ROW or (f != E.NO_ROW and _slot_less(gk, f, c)):
                 c = f
@@ -926,12 +1134,13 @@ def _replay_loop(request_id, arrival_step, prompt_len, max_new_tokens, priority,
             # (its blocks read from its node, which the walk has just touched: already in cache)
             if _fits(nd[chosen, ND_BLOCKS], nd[chosen, ND_BASE] + shift, free, n_v, vic, steps, k):
                 break
-            q = 2 * sl + (gk[chosen, AK_PHASE_CACHE] >> 1)
-            c = _first_runnable(q, h.root[q], free, shift, nd, gk, stack, n_v, vic, steps, k, h.fb, h.fx, h.fn,
-                                h.rk, False)
+            q = PARTS * sl + gk[chosen, AK_PHASE_CACHE]
+            c = _walk(q, h, free, shift, nd, gk, stack, n_v, vic, steps, k, bt, False)
             cand[q] = c
-            if c == E.NO_ROW and q % 2 == 0:
-                c = _half_answer(q + 1, h, free, shift, nd, gk, stack, n_v, vic, steps, k)
+            while c == E.NO_ROW and q + 1 < PARTS * sl + PARTS:
+                q += 1
+                c = _part_answer(q, h, free, shift, nd, gk, stack, n_v, vic, steps, k, bt)
+            _slot_low(sl, h, slow)
             f = afirst[sl]
             if c == E.NO_ROW or (f != E.NO_ROW and _slot_less(gk, f, c)):
                 c = f
@@ -980,17 +1189,19 @@ def _replay_loop(request_id, arrival_step, prompt_len, max_new_tokens, priority,
                 afirst[rv] = _adm_take(rv, victim, adm, gk)
                 if wpos[rv] < 0:
                     n_w = _list_add(wlist, wpos, n_w, rv)
-                _wait_insert(2 * rv + 1, victim, h, stack, gk, nd, required_blocks[victim])
+                if _wait_insert(PARTS * rv + gk[victim, AK_PHASE_CACHE], victim, h, stack, gk, nd,
+                                required_blocks[victim], bt, path, conv, big_at):
+                    slow[rv] = min(slow[rv], required_blocks[victim])
                 n_d = _mark(rv, DIRTY_WAIT, dirty, in_dirty, n_d)
                 n_v = _victims_drop(vic, v_pos, n_v, victim)
                 # free blocks grew by the victim's blocks
-                n_d = _mark_may_run(free, n_v, vic, wlist, n_w, h, dirty, in_dirty, n_d)
+                n_d = _mark_may_run(free, n_v, vic, wlist, n_w, slow, dirty, in_dirty, n_d)
             # The chosen request was its residue's cached answer: the next one comes after it.
-            q = 2 * s_old + (gk[chosen, AK_PHASE_CACHE] >> 1)
-            h.root[q] = treap_delete_nb(h.root[q], chosen, stack, gk, nd)
-            if h.root[2 * s_old] < 0 and h.root[2 * s_old + 1] < 0:
+            q = PARTS * s_old + gk[chosen, AK_PHASE_CACHE]
+            _wait_remove(q, chosen, h, stack, gk, nd, bt, path, conv, small_at)
+            if _empty(s_old, h):
                 n_w = _list_remove(wlist, wpos, n_w, s_old)
-            _half_taken(q, chosen, gk, h)
+            _part_taken(q, chosen, gk, h)
             n_d = _mark(s_old, DIRTY_WAIT, dirty, in_dirty, n_d)
             free -= need
             req.admitted[chosen] = True
@@ -998,7 +1209,7 @@ def _replay_loop(request_id, arrival_step, prompt_len, max_new_tokens, priority,
                 w = priority[chosen] * k - req.enqueue_steps[chosen] - req.chosen_count[chosen]
                 n_v = _victims_add(vic, v_pos, n_v, chosen, w, need)
                 # a new victim: more may run
-                n_d = _mark_may_run(free, n_v, vic, wlist, n_w, h, dirty, in_dirty, n_d)
+                n_d = _mark_may_run(free, n_v, vic, wlist, n_w, slow, dirty, in_dirty, n_d)
         req.status[chosen] = E.STATUS_RUNNING
         req.chosen_count[chosen] += 1
 
@@ -1013,7 +1224,7 @@ def _replay_loop(request_id, arrival_step, prompt_len, max_new_tokens, priority,
             if preemptible[chosen]:
                 n_v = _victims_drop(vic, v_pos, n_v, chosen)
             # free blocks grew
-            n_d = _mark_may_run(free, n_v, vic, wlist, n_w, h, dirty, in_dirty, n_d)
+            n_d = _mark_may_run(free, n_v, vic, wlist, n_w, slow, dirty, in_dirty, n_d)
         else:
             rho = s_rho[s_old] + 1  # its residue, one more now that it was chosen
             wrap = rho == k
@@ -1022,7 +1233,7 @@ def _replay_loop(request_id, arrival_step, prompt_len, max_new_tokens, priority,
             sl = _slot_lookup(rho, hkey, hval, mask)
             if sl < 0:
                 sl, n_free = _slot_acquire(rho, steps, k, hkey, hval, mask, free_slots, n_free, s_rho, sh,
-                                           h, adm, afirst)
+                                           h, adm, afirst, slow)
             _chosen_key(chosen, sl, wrap, prompt_len[chosen] + req.generated[chosen], gk, nd)
             afirst[sl] = _adm_put(sl, chosen, adm, gk)
             if preemptible[chosen]:  # a victim: its w is one lower
@@ -1053,8 +1264,10 @@ def _replay_loop(request_id, arrival_step, prompt_len, max_new_tokens, priority,
     return steps, clock, free, stop
 
 
-def _make_replay_aging(stamp):
-    """`replay_aging_nb`, closing over `stamp` so that an edit of a kernel it calls compiles it afresh."""
+def _make_replay_aging(stamp, big_at, small_at):
+    """`replay_aging_nb`, closing over `stamp` so that an edit of a kernel it calls compiles it afresh,
+    with parts in B+trees from `big_at` rows on and back in treaps below `small_at` (1 < small_at <
+    big_at; BIG_AT and SMALL_AT but in the tests)."""
 
     @njit(cache=True)
     def replay_aging_nb(request_id, arrival_step, prompt_len, max_new_tokens, priority, cache_hit,
@@ -1084,8 +1297,8 @@ def _make_replay_aging(stamp):
             free_slots[i] = m - 1 - i
         n_free = m
         s_rho = np.zeros(m, np.int64)
-        # The waiting rows by half, each with its treap, cached answer and front (see `Halves`).
-        h = _new_halves(m)
+        # The waiting rows by part, each with its treap, cached answer and front (see `Parts`).
+        h = _new_parts(m)
         # The admitted rows, a heap per slot in one pool (see `_adm_put`), and each slot's first.
         adm = _new_admitted(n, m)
         afirst = np.full(m, -1, np.int64)
@@ -1106,18 +1319,27 @@ def _make_replay_aging(stamp):
         # changed (DIRTY_KEY); otherwise (free blocks or victims changed) the comparisons stand.
         dirty = np.empty(m, np.int64)
         in_dirty = np.zeros(m, np.int64)  # DIRTY_* flags
+        slow = np.full(m, BIG, np.int64)  # per slot, the fewest blocks of a point of its fronts
         # Victims in ascending order of w (see `_victims_add`).
         vic = np.empty((n + 1, VC_NCOLS), np.int64)
         v_pos = np.full(n, -1, np.int64)
+        # The B+trees of the large parts: a part of s >= small_at rows has at most s / (B / 2) + 1 leaves
+        # and fewer internal nodes than leaves, so all of them at most n / 4 + 2 n / small_at nodes (only
+        # those used are ever written); a descent's path; room for a part's rows while it changes
+        # structure.
+        bt = bt_nodes_nb(n // 4 + 2 * (n // small_at) + 64)
+        path = np.zeros(64, np.int64)
+        conv = np.empty(big_at + small_at + 1, np.int64)
 
         steps, clock, free, stop = _replay_loop(request_id, arrival_step, prompt_len, max_new_tokens, cprio,
                                                 cache_hit, required_blocks, deadline_step, has_deadline,
                                                 preemptible, order, free_kv_blocks, max_steps, events, k, top, req,
                                                 nd, gk, stack, hkey, hval, mask, free_slots, n_free, s_rho, h, adm,
-                                                afirst, sh, wlist, wpos, tb, t_leaves, dirty, in_dirty, vic, v_pos)
+                                                afirst, sh, wlist, wpos, tb, t_leaves, dirty, in_dirty, vic, v_pos, bt,
+                                                path, conv, big_at, small_at, slow)
         write_state_nb(req_out, summary, steps, clock, free, stop, req)
 
     return replay_aging_nb
 
 
-replay_aging_nb = _make_replay_aging(SOURCE_STAMP)
+replay_aging_nb = _make_replay_aging(SOURCE_STAMP, BIG_AT, SMALL_AT)

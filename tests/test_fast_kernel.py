@@ -24,11 +24,13 @@ from decodesched.kernels.aging_nb import (
     HM_HOT,
     HM_LO,
     HM_N,
+    SOURCE_STAMP,
     _adm_first,
     _adm_put,
     _adm_take,
     _compressed_priorities,
     _front_add,
+    _make_replay_aging,
     _new_admitted,
     replay_aging_nb,
 )
@@ -204,13 +206,45 @@ def test_front_bounds_every_point_it_was_given():
             assert ((fb[1, :k] <= b) & (fx[1, :k] >= x)).any(), (trial, b, x)
 
 
-def run_aging_kernel(trace, capacity, interval, max_steps=-1):
+def run_aging_kernel(trace, capacity, interval, max_steps=-1, kernel=replay_aging_nb):
     events = np.zeros((trace.work_steps, E.EV_NCOLS), np.int64)
     req_out = np.zeros((len(trace), E.RQ_NCOLS), np.int64)
     summary = np.zeros(E.SM_NCOLS, np.int64)
     arrays = trace_arrays(trace)
-    replay_aging_nb(*arrays, capacity, interval, max_steps, events, req_out, summary)
+    kernel(*arrays, capacity, interval, max_steps, events, req_out, summary)
     return events[: summary[E.SM_EVENTS]], req_out, summary
+
+
+# The aging kernel with every part of 3 rows or more in a B+tree (back in a treap below 2): small
+# traces then exercise the B+tree walks and every change of structure, which the real thresholds
+# (BIG_AT, SMALL_AT) leave to large backlogs.
+replay_aging_btree_nb = _make_replay_aging(SOURCE_STAMP, 3, 2)
+
+
+@settings(max_examples=300, **SETTINGS)
+@given(rows=traces(max_requests=40, max_len=8, max_arrival=20, max_blocks=10),
+       capacity=st.integers(0, 25), interval=st.sampled_from([1, 2, 3, 4, 7, 64, 1000]),
+       max_steps=st.one_of(st.none(), st.integers(0, 200)))
+def test_aging_with_btree_parts_matches_scan_on_small_traces(rows, capacity, interval, max_steps):
+    trace = load_trace(rows)
+    got = run_aging_kernel(trace, capacity, interval, -1 if max_steps is None else max_steps,
+                           kernel=replay_aging_btree_nb)
+    want = run_kernel(replay_scan_nb, trace, "aging", capacity, interval, -1 if max_steps is None else max_steps)
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
+
+
+@pytest.mark.parametrize("interval", [1, 4, 64])
+def test_aging_with_btree_parts_equals_scan_on_backlogs(interval):
+    """Deep B+trees (hundreds of rows a part) with many priorities, sizes and cache ranks."""
+    for seed, n, capacity in [(41, 1500, 40), (42, 900, 12)]:
+        trace = backlog_trace(n, seed=seed, priorities=40, max_blocks=36, non_preemptible_fraction=0.15,
+                              cache_fraction=0.5)
+        got = run_aging_kernel(trace, capacity, interval, kernel=replay_aging_btree_nb)
+        want = run_kernel(replay_scan_nb, trace, "aging", capacity, interval)
+        for g, w in zip(got, want):
+            np.testing.assert_array_equal(g, w)
+        assert got[1][:, E.RQ_PREEMPTIONS].sum() > 0
 
 
 @pytest.mark.parametrize("interval", [10**6, 2**40 + 3])
