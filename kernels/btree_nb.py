@@ -63,7 +63,8 @@ BIG = 2**62
 BTree = namedtuple("BTree", ("bk", "meta"))
 
 
-@njit(cache=True)
+# Not cached on its own: it calls a kernel of another file (see `stamp`); its callers' cache holds it.
+@njit
 def bt_nodes_nb(n_nodes):
     """A `BTree` pool of n_nodes nodes (64-byte aligned, on huge pages where Linux offers them; a node's
     memory is first written when it is first used)."""
