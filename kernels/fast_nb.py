@@ -104,7 +104,7 @@ from .step_nb import advance_nb, new_requests_nb, record_step_nb, write_state_nb
 from .stamp import source_stamp
 from .aging_nb import replay_aging_nb
 
-SOURCE_STAMP = source_stamp("enums.py", "ordered_nb.py", "step_nb.py", "aging_nb.py")
+SOURCE_STAMP = source_stamp("enums.py", "ordered_nb.py", "btree_nb.py", "step_nb.py", "aging_nb.py")
 
 GK_NCOLS = 6
 MAX_BUCKETS = 8  # waiting structures per group (see `_buckets`)

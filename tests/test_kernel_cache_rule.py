@@ -45,3 +45,51 @@ def test_cached_kernels_call_into_other_files_only_under_a_stamp():
                     offenders.append(f"{path.name}:{node.name} calls {sorted(called & foreign)}")
     assert checked > 20  # it did look at the kernels
     assert not offenders, offenders
+
+
+def sibling_imports(tree: ast.Module) -> set[str]:
+    """The kernel files a module imports from (``from .x import ...``, ``from . import x``)."""
+    files = set()
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom) and node.level == 1:
+            if node.module:
+                files.add(node.module + ".py")
+            else:
+                files |= {a.name + ".py" for a in node.names}
+    return files - {"stamp.py"}
+
+
+def literal_stamp(tree: ast.Module) -> set[str] | None:
+    """The file names of a module's ``SOURCE_STAMP = source_stamp("a.py", ...)``, None when it has none
+    or computes them (batch_nb stamps every file)."""
+    for node in tree.body:
+        if (isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "SOURCE_STAMP" for t in node.targets)
+                and isinstance(node.value, ast.Call)):
+            args = node.value.args
+            if all(isinstance(a, ast.Constant) and isinstance(a.value, str) for a in args):
+                return {a.value for a in args}
+    return None
+
+
+def test_every_stamp_covers_the_files_its_kernels_reach():
+    """A stamped kernel's compiled code holds what it calls, and what that calls in turn: the stamp
+    must name every kernel file reachable through imports (fast_nb -> aging_nb -> btree_nb), not
+    only the direct ones."""
+    imports = {p.name: sibling_imports(ast.parse(p.read_text())) for p in KERNELS.glob("*.py")}
+    missing = []
+    checked = 0
+    for path in sorted(KERNELS.glob("*.py")):
+        stamp = literal_stamp(ast.parse(path.read_text()))
+        if stamp is None:
+            continue
+        checked += 1
+        reach, todo = set(), list(imports[path.name])
+        while todo:
+            f = todo.pop()
+            if f not in reach:
+                reach.add(f)
+                todo.extend(imports.get(f, ()))
+        if reach - stamp:
+            missing.append(f"{path.name}: stamp lacks {sorted(reach - stamp)}")
+    assert checked >= 3  # aging_nb, fast_nb, scan_nb at least
+    assert not missing, missing
