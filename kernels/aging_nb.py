@@ -1016,6 +1016,27 @@ def _slot_low(sl, h, slow):
     slow[sl] = low
 
 
+# Not cached on its own: it calls a kernel of another file (see `stamp`); its callers' cache holds it.
+@njit(_nrt=False, inline="always")
+def _prefetch_request(r, req, max_new_tokens, preemptible, cache_hit, priority, prompt_len, request_id,
+                      has_deadline, deadline_step):
+    """Start the misses in waiting row r's per-request arrays together: with a large backlog a row
+    that becomes its slot's answer (and then the step's request) is often cold."""
+    prefetch_nb(req.status, r)
+    prefetch_nb(req.chosen_count, r)
+    prefetch_nb(req.phase, r)
+    prefetch_nb(req.generated, r)
+    prefetch_nb(max_new_tokens, r)
+    prefetch_nb(preemptible, r)
+    prefetch_nb(req.enqueue_steps, r)
+    prefetch_nb(cache_hit, r)
+    prefetch_nb(priority, r)
+    prefetch_nb(prompt_len, r)
+    prefetch_nb(request_id, r)
+    prefetch_nb(has_deadline, r)
+    prefetch_nb(deadline_step, r)
+
+
 @njit(cache=True, _nrt=False)
 def _list_add(lst, lpos, cnt, s):
     lst[cnt] = s
@@ -1096,6 +1117,11 @@ def _replay_loop(request_id, arrival_step, prompt_len, max_new_tokens, priority,
                     if c != E.NO_ROW:
                         break
                 _slot_low(sl, h, slow)
+                # A new waiting answer may be the step's request a few steps on: start its misses now,
+                # while the tree compares its key, rather than when it is chosen.
+                if c != E.NO_ROW and c != tb[t_leaves + sl, TB_ROW]:
+                    _prefetch_request(c, req, max_new_tokens, preemptible, cache_hit, priority, prompt_len,
+                                      request_id, has_deadline, deadline_step)
             else:  # only its admitted rows changed: the cached answers stand
                 for q in range(PARTS * sl, PARTS * sl + PARTS):
                     c = cand[q]
@@ -1114,24 +1140,11 @@ def _replay_loop(request_id, arrival_step, prompt_len, max_new_tokens, priority,
                 break
             if req.admitted[chosen]:
                 break
-            # With a large backlog the chosen row is often cold (a preempted request back after a
-            # long wait): start the misses in its per-request arrays together.
-            prefetch_nb(req.status, chosen)
-            prefetch_nb(req.chosen_count, chosen)
-            prefetch_nb(req.phase, chosen)
-            prefetch_nb(req.generated, chosen)
-            prefetch_nb(max_new_tokens, chosen)
-            prefetch_nb(preemptible, chosen)
-            prefetch_nb(req.enqueue_steps, chosen)
-            prefetch_nb(cache_hit, chosen)
-            prefetch_nb(priority, chosen)
-            prefetch_nb(prompt_len, chosen)
-            prefetch_nb(request_id, chosen)
-            prefetch_nb(has_deadline, chosen)
-            prefetch_nb(deadline_step, chosen)
+            _prefetch_request(chosen, req, max_new_tokens, preemptible, cache_hit, priority, prompt_len, request_id,
+                              has_deadline, deadline_step)
             sl = gk[chosen, AK_SLOT]
             shift = sh[sl]
-            # (its blocks read from its node, which the walk has just touched: already in cache)
+            # (its blocks read from its node, which shares a 128-byte block with the key the tree compared)
             if _fits(nd[chosen, ND_BLOCKS], nd[chosen, ND_BASE] + shift, free, n_v, vic, steps, k):
                 break
             q = PARTS * sl + gk[chosen, AK_PHASE_CACHE]
