@@ -242,6 +242,19 @@ def _set_agg(bk, parent, j, x):
     return True
 
 
+@njit(cache=True, _nrt=False, inline="always")
+def _place(bk, x, pos, lvl, p, k, i, blocks, base, row):
+    """Open entry `pos` of node x (not full) and fill it: with the leaf entry (key, blocks, base, row) at
+    lvl 0, with child node `row` above."""
+    c = bk[x, BT_CNT]
+    _shift_up(bk, x, pos, c, 1)
+    bk[x, BT_CNT] = c + 1
+    if lvl == 0:
+        _put(bk, x, pos, p, k, i, blocks, base, row)
+    else:
+        _set_child(bk, x, pos, row)
+
+
 @njit(cache=True, _nrt=False)
 def bt_insert_nb(t, root, height, p, k, i, row, blocks, base, path):
     """Insert the entry (key (p, k, i), row, blocks, base); return the new (root, height)."""
@@ -273,14 +286,8 @@ def bt_insert_nb(t, root, height, p, k, i, row, blocks, base, path):
     # entry to place in the parent, one level up (at lvl > 0 `row` holds the new child).
     lvl = 0
     while True:
-        c = bk[x, BT_CNT]
-        if c < BT_B:
-            _shift_up(bk, x, pos, c, 1)
-            bk[x, BT_CNT] = c + 1
-            if lvl == 0:
-                _put(bk, x, pos, p, k, i, blocks, base, row)
-            else:
-                _set_child(bk, x, pos, row)
+        if bk[x, BT_CNT] < BT_B:
+            _place(bk, x, pos, lvl, p, k, i, blocks, base, row)
             return root, height
         y = _alloc(t)
         keep = BT_B if pos == BT_B and lvl == 0 and last else BT_B // 2
@@ -291,13 +298,7 @@ def bt_insert_nb(t, root, height, p, k, i, row, blocks, base, path):
         if pos > keep or keep == BT_B:
             tgt = y
             pos -= keep
-        tc = bk[tgt, BT_CNT]
-        _shift_up(bk, tgt, pos, tc, 1)
-        bk[tgt, BT_CNT] = tc + 1
-        if lvl == 0:
-            _put(bk, tgt, pos, p, k, i, blocks, base, row)
-        else:
-            _set_child(bk, tgt, pos, row)
+        _place(bk, tgt, pos, lvl, p, k, i, blocks, base, row)
         lvl += 1
         if lvl > height:
             r = _alloc(t)
