@@ -86,6 +86,7 @@ from .ordered_nb import (
     treap_delete_nb,
     treap_insert_nb,
     treap_nodes_nb,
+    treap_rows_nb,
 )
 from .btree_nb import (
     BT_CNT,
@@ -522,22 +523,7 @@ def _part_answer(q, h, free, shift, nd, gk, stack, n_v, vic, steps, k, bt):
 @njit(_nrt=False)
 def _to_btree(q, h, stack, gk, nd, bt, path, conv):
     """Part q's rows from its treap into a B+tree (in key order: each fills the last leaf)."""
-    # In-order over the treap, into conv.
-    n = 0
-    sp = 0
-    t = h.root[q]
-    while True:
-        while t >= 0:
-            stack[sp] = t
-            sp += 1
-            t = nd[t, ND_LEFT]
-        if sp == 0:
-            break
-        sp -= 1
-        t = stack[sp]
-        conv[n] = t
-        n += 1
-        t = nd[t, ND_RIGHT]
+    n = treap_rows_nb(h.root[q], conv, stack, nd)
     root = np.int64(-1)
     height = np.int64(0)
     for i in range(n):

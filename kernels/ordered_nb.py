@@ -370,6 +370,26 @@ def treap_first_runnable_nb(root, free, nd, stack, st_c, st_b, k):
 
 
 @njit(cache=True, _nrt=False)
+def treap_rows_nb(t, out, stack, nd):
+    """Write the rows of treap t in key order into `out`; return their number.  `stack`: room for
+    the treap's depth."""
+    n = 0
+    sp = 0
+    while True:
+        while t >= 0:
+            stack[sp] = t
+            sp += 1
+            t = nd[t, ND_LEFT]
+        if sp == 0:
+            return n
+        sp -= 1
+        t = stack[sp]
+        out[n] = t
+        n += 1
+        t = nd[t, ND_RIGHT]
+
+
+@njit(cache=True, _nrt=False)
 def treap_first_nb(t, nd):
     """The first row in key order, or -1."""
     if t < 0:
