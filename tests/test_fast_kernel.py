@@ -222,7 +222,8 @@ replay_aging_btree_nb = _make_replay_aging(SOURCE_STAMP, 3, 2)
 
 
 @settings(max_examples=300, **SETTINGS)
-@given(rows=traces(max_requests=40, max_len=8, max_arrival=20, max_blocks=10),
+@given(rows=st.one_of(traces(max_requests=40, max_len=8, max_arrival=20, max_blocks=10),
+                     traces(max_requests=40, max_len=8, max_arrival=20, max_blocks=10, wide_priorities=True)),
        capacity=st.integers(0, 25), interval=st.sampled_from([1, 2, 3, 4, 7, 64, 1000]),
        max_steps=st.one_of(st.none(), st.integers(0, 200)))
 def test_aging_with_btree_parts_matches_scan_on_small_traces(rows, capacity, interval, max_steps):
