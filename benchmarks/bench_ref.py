@@ -9,20 +9,31 @@ under its own name (so both compile and cache separately), e.g. the last commit 
 
 Trace: the bundled Azure 2023 conversation trace at load ``--load``, in one of `bench_shapes`'s
 shapes (``--shape``; default the conversion's 3 priority classes).  Each cell is ``time.process_time`` of one replay (event log recorded), best of
-``--repeats``, reference and current alternating; the summaries must agree.  Ratio = current /
-reference (> 1: slower).  Noise on a busy machine: about +-2% (a copy against itself).
+``--repeats``, reference and current alternating (which goes first alternates too); the summaries
+must agree.  Ratio = current / reference (> 1: slower), of the best times and, steadier on a machine
+whose speed drifts during the run, the median of the ratios of the pairs run back to back.  Noise on
+a busy machine: about +-2% (a copy against itself); on a day when the machine's speed drifts, single
+runs of a change worth a few per cent disagree in sign, and only paired medians over many repeats
+(``--repeats 10`` or more) settle it.
+
+With ``--waiting N`` the trace is instead `bench_scale`'s backlog of about N requests waiting
+(``waiting_trace``, 16 KV blocks) and a cell is the marginal events/s (a 10M-step run minus a
+1M-step run, as in bench_scale section 2): ratio = reference / current rate (> 1: slower), so that
+large backlogs can be compared before and after a change in the same run.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import statistics
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
+from bench_scale import waiting_trace
 from bench_shapes import SHAPES, shaped
 from decodesched.convert import bundled_trace_path, read_azure
 from decodesched.engine import policy_code, trace_arrays
@@ -38,38 +49,85 @@ def main() -> None:
     ap.add_argument("--policies", nargs="+", default=["fixed_priority", "deadline", "fcfs"])
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--shape", default="3 classes", choices=SHAPES, help="as in bench_shapes.py")
+    ap.add_argument("--waiting", type=int, metavar="N", help="bench_scale's backlog of about N waiting instead")
     a = ap.parse_args()
+    if a.repeats < 1 or (a.waiting is not None and a.waiting < 1):
+        ap.error("--repeats and --waiting take a positive count")
     sys.path.insert(0, str(a.ref.resolve().parent))
     ref = importlib.import_module(a.ref.resolve().name + ".fast_nb").replay_fast_nb
+    if a.waiting is None:
+        azure(a, ref)
+    else:
+        waiting(a, ref)
 
+
+def _replay(kernel, args, code, capacity, max_steps, events):
+    """One replay: (CPU seconds, summary)."""
+    req_out = np.zeros((args[0].shape[0], E.RQ_NCOLS), np.int64)
+    summary = np.zeros(E.SM_NCOLS, np.int64)
+    t = time.process_time()
+    kernel(*args, code, capacity, 4, max_steps, events, req_out, summary)
+    return time.process_time() - t, summary
+
+
+def _paired(measure, repeats):
+    """`measure(kernel)` -> (value, summary) for the reference and the current kernel, `repeats` times,
+    which one goes first alternating; returns both lists of values.  The summaries must agree."""
+    values = ([], [])
+    kernels = (0, 1)
+    for r in range(repeats):
+        out = {}
+        for i in kernels if r % 2 == 0 else kernels[::-1]:
+            out[i] = measure(i)
+            values[i].append(out[i][0])
+        if not np.array_equal(out[0][1], out[1][1]):
+            raise SystemExit("the summaries differ")
+    return values
+
+
+def _ratios(a, b):
+    """Median of the pairwise ratios a / b."""
+    return statistics.median(x / y for x, y in zip(a, b))
+
+
+def azure(a, ref) -> None:
     trace = shaped(read_azure(bundled_trace_path()), a.shape, a.load)
     args = trace_arrays(trace)
     events = np.zeros((trace.work_steps, E.EV_NCOLS), np.int64)
-
-    def run(kernel, code, capacity):
-        req_out = np.zeros((args[0].shape[0], E.RQ_NCOLS), np.int64)
-        summary = np.zeros(E.SM_NCOLS, np.int64)
-        t = time.process_time()
-        kernel(*args, code, capacity, 4, -1, events, req_out, summary)
-        return time.process_time() - t, summary
-
-    for kernel in (ref, replay_fast_nb):  # compile / load from cache
-        run(kernel, 0, 100)
+    kernels = (ref, replay_fast_nb)
+    for kernel in kernels:  # compile / load from cache
+        _replay(kernel, args, 0, 100, -1, events)
     print(f"Azure 2023 trace, load {a.load}, {a.shape}: CPU s per replay, best of {a.repeats}")
-    print(f"{'policy':<16}{'blocks':>7}{'ref':>9}{'current':>9}{'ratio':>7}")
+    print(f"{'policy':<16}{'blocks':>7}{'ref':>9}{'current':>9}{'ratio':>7}{'paired':>8}")
     for capacity in a.capacities:
         for policy in a.policies:
             code = policy_code(policy)
-            t_ref, t_new = [], []
-            for _ in range(a.repeats):
-                dt, s_ref = run(ref, code, capacity)
-                t_ref.append(dt)
-                dt, s_new = run(replay_fast_nb, code, capacity)
-                t_new.append(dt)
-            if not np.array_equal(s_ref, s_new):
-                raise SystemExit(f"{policy} at {capacity}: the summaries differ")
-            print(f"{policy:<16}{capacity:>7}{min(t_ref):>9.4f}{min(t_new):>9.4f}{min(t_new) / min(t_ref):>7.3f}",
-                  flush=True)
+            t_ref, t_new = _paired(lambda i: _replay(kernels[i], args, code, capacity, -1, events), a.repeats)
+            print(f"{policy:<16}{capacity:>7}{min(t_ref):>9.4f}{min(t_new):>9.4f}{min(t_new) / min(t_ref):>7.3f}"
+                  f"{_ratios(t_new, t_ref):>8.3f}", flush=True)
+
+
+def waiting(a, ref) -> None:
+    window = 10_000_000
+    kernels = (ref, replay_fast_nb)
+    empty = np.zeros((0, E.EV_NCOLS), np.int64)
+    print(f"about {a.waiting:,} requests waiting, 16 KV blocks: marginal M events/s over {window:,} steps, "
+          f"median of {a.repeats}")
+    print(f"{'policy':<16}{'ref':>9}{'current':>9}{'paired':>8}")
+    for policy in a.policies:
+        code = policy_code(policy)
+        args = trace_arrays(waiting_trace(a.waiting, window, policy))
+        for kernel in kernels:
+            _replay(kernel, args, code, 16, 10, empty)
+
+        def rate(i):
+            t1, _ = _replay(kernels[i], args, code, 16, window // 10, empty)
+            t2, summary = _replay(kernels[i], args, code, 16, window + window // 10, empty)
+            return window / max(t2 - t1, 1e-9), summary
+
+        r_ref, r_new = _paired(rate, a.repeats)
+        print(f"{policy:<16}{statistics.median(r_ref) / 1e6:>9.2f}{statistics.median(r_new) / 1e6:>9.2f}"
+              f"{_ratios(r_ref, r_new):>8.3f}", flush=True)
 
 
 if __name__ == "__main__":
