@@ -53,6 +53,8 @@ def main() -> None:
     a = ap.parse_args()
     if a.repeats < 1 or (a.waiting is not None and a.waiting < 1):
         ap.error("--repeats and --waiting take a positive count")
+    if not (a.ref / "fast_nb.py").is_file() or not a.ref.resolve().name.isidentifier():
+        ap.error(f"{a.ref}: not a directory of kernel files named like a Python package (see the usage above)")
     sys.path.insert(0, str(a.ref.resolve().parent))
     ref = importlib.import_module(a.ref.resolve().name + ".fast_nb").replay_fast_nb
     if a.waiting is None:
