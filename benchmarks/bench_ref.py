@@ -17,8 +17,8 @@ runs of a change worth a few per cent disagree in sign, and only paired medians 
 (``--repeats 10`` or more) settle it.
 
 With ``--waiting N`` the trace is instead `bench_scale`'s backlog of about N requests waiting
-(``waiting_trace``, 16 KV blocks) and a cell is the marginal events/s (a 10M-step run minus a
-1M-step run, as in bench_scale section 2): ratio = reference / current rate (> 1: slower), so that
+(``waiting_trace``, 16 KV blocks) and a cell is the marginal events/s as in bench_scale section 2
+(an 11M-step run minus a 1M-step run): ratio = reference / current rate (> 1: slower), so that
 large backlogs can be compared before and after a change in the same run.
 """
 
@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench_scale import waiting_trace
+from bench_scale import WINDOW, run, waiting_trace
 from bench_shapes import SHAPES, shaped
 from decodesched.convert import bundled_trace_path, read_azure
 from decodesched.engine import policy_code, trace_arrays
@@ -73,13 +73,12 @@ def _replay(kernel, args, code, capacity, max_steps, events):
 
 
 def _paired(measure, repeats):
-    """`measure(kernel)` -> (value, summary) for the reference and the current kernel, `repeats` times,
-    which one goes first alternating; returns both lists of values.  The summaries must agree."""
+    """`measure(i)` -> (value, summary) for kernel i (0: the reference, 1: the current one), `repeats`
+    times, which one goes first alternating; returns both lists of values.  The summaries must agree."""
     values = ([], [])
-    kernels = (0, 1)
     for r in range(repeats):
         out = {}
-        for i in kernels if r % 2 == 0 else kernels[::-1]:
+        for i in (0, 1) if r % 2 == 0 else (1, 0):
             out[i] = measure(i)
             values[i].append(out[i][0])
         if not np.array_equal(out[0][1], out[1][1]):
@@ -110,22 +109,21 @@ def azure(a, ref) -> None:
 
 
 def waiting(a, ref) -> None:
-    window = 10_000_000
     kernels = (ref, replay_fast_nb)
-    empty = np.zeros((0, E.EV_NCOLS), np.int64)
-    print(f"about {a.waiting:,} requests waiting, 16 KV blocks: marginal M events/s over {window:,} steps, "
+    print(f"about {a.waiting:,} requests waiting, 16 KV blocks: marginal M events/s over {WINDOW:,} steps, "
           f"median of {a.repeats}")
     print(f"{'policy':<16}{'ref':>9}{'current':>9}{'paired':>8}")
     for policy in a.policies:
-        code = policy_code(policy)
-        args = trace_arrays(waiting_trace(a.waiting, window, policy))
+        trace = waiting_trace(a.waiting, WINDOW, policy)
         for kernel in kernels:
-            _replay(kernel, args, code, 16, 10, empty)
+            run(kernel, trace, policy, 16, 10, record=False)
 
         def rate(i):
-            t1, _ = _replay(kernels[i], args, code, 16, window // 10, empty)
-            t2, summary = _replay(kernels[i], args, code, 16, window + window // 10, empty)
-            return window / max(t2 - t1, 1e-9), summary
+            n1, t1, _ = run(kernels[i], trace, policy, 16, WINDOW // 10, record=False, clock=time.process_time)
+            summary = np.zeros(E.SM_NCOLS, np.int64)
+            n2, t2, _ = run(kernels[i], trace, policy, 16, WINDOW + WINDOW // 10, record=False,
+                            clock=time.process_time, summary=summary)
+            return (n2 - n1) / max(t2 - t1, 1e-9), summary
 
         r_ref, r_new = _paired(rate, a.repeats)
         print(f"{policy:<16}{statistics.median(r_ref) / 1e6:>9.2f}{statistics.median(r_new) / 1e6:>9.2f}"

@@ -31,16 +31,20 @@ from decodesched.model import replay
 from decodesched.synthetic import backlog_trace
 
 POLICIES = decodesched.engine.POLICIES
+WINDOW = 10_000_000  # steps of section 2's marginal rate
 
 
-def run(kernel, trace, policy, capacity, max_steps=-1, record=True, interval=4, clock=time.perf_counter):
-    """Run a kernel directly; return (events run, seconds of `clock`, preemptions)."""
+def run(kernel, trace, policy, capacity, max_steps=-1, record=True, interval=4, clock=time.perf_counter,
+        summary=None):
+    """Run a kernel directly; return (events run, seconds of `clock`, preemptions).  The kernel's summary
+    goes to `summary` when given."""
     n_events = 0
     if record:
         n_events = trace.work_steps if max_steps < 0 else min(trace.work_steps, max_steps)
     events = np.zeros((n_events, E.EV_NCOLS), np.int64)
     req_out = np.zeros((len(trace), E.RQ_NCOLS), np.int64)
-    summary = np.zeros(E.SM_NCOLS, np.int64)
+    if summary is None:
+        summary = np.zeros(E.SM_NCOLS, np.int64)
     t = clock()
     kernel(*trace_arrays(trace), policy_code(policy), capacity, interval, max_steps, events, req_out, summary)
     dt = clock() - t
@@ -178,7 +182,7 @@ def main() -> None:
     warm_up()
     section_backlog_3000(args.backlog_kv_blocks, args.model_steps)
     sizes = [1_000, 10_000, 100_000] + ([] if args.quick else [1_000_000])
-    section_waiting(sizes, list(POLICIES), 10_000_000)
+    section_waiting(sizes, list(POLICIES), WINDOW)
     section_azure([0.8, 1.0, 1.5], args.kv_blocks)
 
 
