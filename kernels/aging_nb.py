@@ -130,7 +130,8 @@ CACHE_BIT = 2**62
 RK_PACKED = 0
 RK_TOTAL_LEN = 1
 RK_ID = 2
-RK_NCOLS = 3
+RK_BASE = 3  # its base: no row after it has a higher one
+RK_NCOLS = 4
 
 # Columns of the heap table (see `_adm_put`).
 HM_LO = 0
@@ -376,6 +377,7 @@ def _part_taken(q, r, gk, h):
     h.rk[q, RK_PACKED] = gk[r, AK_PACKED]
     h.rk[q, RK_TOTAL_LEN] = gk[r, AK_TOTAL_LEN]
     h.rk[q, RK_ID] = gk[r, AK_ID]
+    h.rk[q, RK_BASE] = -gk[r, AK_NEG_BASE]
     h.taken[q] = True
     h.cand[q] = -1
 
@@ -386,19 +388,23 @@ def _first_runnable(s, root, free, shift, nd, gk, stack, n_v, vic, steps, k, fb,
     that adds the rows it passes to slot s's front (all rows if none runs).  It rebuilds the front
     from the first row, or with `after` keeps it and walks only the rows after the taken answer's
     key rk[s] (the caller has checked that no point of the front may run: the rows before the key
-    still cannot).  (Given the arrays of `Parts` it reads, not the tuple: it is not inlined, and
+    still cannot), whose bases are at most the answer's: a subtree's maximum base is capped there
+    (a subtree on the path to the key may hold rows before it with higher bases, which the front
+    already bounds).  (Given the arrays of `Parts` it reads, not the tuple: it is not inlined, and
     a call passes every array of a tuple.)"""
     t = root
     sp = 0
+    cap = np.int64(BIG)
     if after:
+        cap = rk[s, RK_BASE]
         # Down to the first row after the key: a row after it stays on the path (its left subtree may
         # hold more such rows), a row before it is passed with its left subtree.
         while t >= 0:
             if not _after_taken(gk, t, rk, s):
                 t = nd[t, ND_RIGHT]
-            elif not _fits(nd[t, ND_MINB], nd[t, ND_MAXBASE] + shift, free, n_v, vic, steps, k):
-                _front_add(s, nd[t, ND_MINB], nd[t, ND_MAXBASE], fb, fx, fn)
-                t = -1  # nothing in this subtree can run
+            elif not _fits(nd[t, ND_MINB], min(nd[t, ND_MAXBASE], cap) + shift, free, n_v, vic, steps, k):
+                _front_add(s, nd[t, ND_MINB], min(nd[t, ND_MAXBASE], cap), fb, fx, fn)
+                t = -1  # nothing in this subtree after the key can run
             else:
                 stack[sp] = t
                 sp += 1
@@ -407,8 +413,8 @@ def _first_runnable(s, root, free, shift, nd, gk, stack, n_v, vic, steps, k, fb,
         fn[s] = 0
     while True:
         while t >= 0:
-            if not _fits(nd[t, ND_MINB], nd[t, ND_MAXBASE] + shift, free, n_v, vic, steps, k):
-                _front_add(s, nd[t, ND_MINB], nd[t, ND_MAXBASE], fb, fx, fn)
+            if not _fits(nd[t, ND_MINB], min(nd[t, ND_MAXBASE], cap) + shift, free, n_v, vic, steps, k):
+                _front_add(s, nd[t, ND_MINB], min(nd[t, ND_MAXBASE], cap), fb, fx, fn)
                 break  # nothing in this subtree can run
             stack[sp] = t
             sp += 1
@@ -429,8 +435,9 @@ def _bt_first_runnable(s, root, height, free, shift, bk, stack, n_v, vic, steps,
     """`_first_runnable` for a part held in a B+tree (root node `root`, `height` levels above the
     leaves): a pruned in-order walk over the nodes' entries, a child skipped (its aggregates added to
     the front) when ``min blocks > free + M(max base + shift)``.  With `after`, each node on the path
-    to the taken answer's key starts at that key's place (a child there that is skipped may also
-    hold rows before the key: its point only widens the front).  Entries in a row often share a base
+    to the taken answer's key starts at that key's place, and bases are capped at the answer's, as
+    in `_first_runnable` (a child there that is skipped may also hold rows before the key: the front
+    already bounds those).  Entries in a row often share a base
     (a leaf's rows are in key order), so the room ``free + M(base + shift)`` is computed once per
     base."""
     if not after:
@@ -438,6 +445,7 @@ def _bt_first_runnable(s, root, height, free, shift, bk, stack, n_v, vic, steps,
     top = free + (vic[n_v - 1, VC_PMAX] if n_v > 0 else 0)  # the room at any priority
     last_base = np.int64(-BIG)
     room = np.int64(0)
+    cap = rk[s, RK_BASE] if after else np.int64(BIG)
     x = root
     lvl = height
     j = 0
@@ -454,7 +462,7 @@ def _bt_first_runnable(s, root, height, free, shift, bk, stack, n_v, vic, steps,
         while j < c:
             q = bt_pay(j)
             b = bk[x, q + PAY_BLOCKS]
-            base = bk[x, q + PAY_BASE]
+            base = min(bk[x, q + PAY_BASE], cap)
             if b <= free:
                 fits = True
             elif b > top:
