@@ -1171,34 +1171,35 @@ def _replay_loop(request_id, arrival_step, prompt_len, max_new_tokens, priority,
             if need > free:
                 e_c = -gk[chosen, AK_NEG_BASE] + sh[s_old]
                 best_e = np.int64(0)
+                best_b = np.int64(0)
                 # The seed's victim: lowest effective priority, then most blocks, then smallest id,
-                # among victims below the challenger that free enough blocks.
+                # among victims below the challenger that free enough blocks (their blocks read from
+                # the victim matrix: a victim's own row is only read on a tie).
                 for i in range(n_v):
                     e_v = (steps + vic[i, VC_W]) // k
                     if e_v >= e_c or (victim != E.NO_ROW and e_v > best_e):
                         break
-                    v = vic[i, VC_ROW]
-                    if free + required_blocks[v] < need:
+                    b = vic[i, VC_BLOCKS]
+                    if free + b < need:
                         continue
-                    if victim == E.NO_ROW:
+                    v = vic[i, VC_ROW]
+                    if victim == E.NO_ROW or b > best_b or (b == best_b and request_id[v] < request_id[victim]):
                         victim = v
                         best_e = e_v
-                    elif required_blocks[v] > required_blocks[victim] or (
-                            required_blocks[v] == required_blocks[victim] and request_id[v] < request_id[victim]):
-                        victim = v
+                        best_b = b
                 if victim == E.NO_ROW:
                     raise AssertionError("aging kernel: the chosen request has no victim")
                 prefetch_nb(req.preemptions, victim)  # counted at the end of the step, when it has arrived
                 req.admitted[victim] = False
                 req.status[victim] = E.STATUS_PREEMPTED
-                free += required_blocks[victim]
+                free += best_b
                 rv = gk[victim, AK_SLOT]  # its slot keeps a row throughout: out of its heap, into a treap
                 afirst[rv] = _adm_take(rv, victim, adm, gk)
                 if wpos[rv] < 0:
                     n_w = _list_add(wlist, wpos, n_w, rv)
-                if _wait_insert(PARTS * rv + gk[victim, AK_PHASE_CACHE], victim, h, stack, gk, nd,
-                                required_blocks[victim], bt, path, conv, big_at):
-                    slow[rv] = min(slow[rv], required_blocks[victim])
+                if _wait_insert(PARTS * rv + gk[victim, AK_PHASE_CACHE], victim, h, stack, gk, nd, best_b, bt, path,
+                                conv, big_at):
+                    slow[rv] = min(slow[rv], best_b)
                 n_d = _mark(rv, DIRTY_WAIT, dirty, in_dirty, n_d)
                 n_v = _victims_drop(vic, v_pos, n_v, victim)
                 # free blocks grew by the victim's blocks
