@@ -35,7 +35,7 @@ from . import enums as E
 from .stamp import source_stamp
 from .step_nb import advance_nb, new_requests_nb, record_step_nb, write_state_nb
 
-SOURCE_STAMP = source_stamp("enums.py", "step_nb.py")
+SOURCE_STAMP = source_stamp("enums.py", "ordered_nb.py", "step_nb.py")
 
 # One request's state as a policy sees it (SPEC section 8); flags are 0/1, deadline_step is 0 when
 # has_deadline is 0, arrival_step is the clock at which the request was enqueued.

@@ -21,6 +21,7 @@ import numpy as np
 from numba import njit
 
 from . import enums as E
+from .ordered_nb import advise_huge_pages_nb
 
 # Each request's state during a replay: one array of length n per field, in trace row order, with its
 # initial value in `new_requests_nb` (Numba passes a named tuple as its fields: the grouping is free).
@@ -40,22 +41,35 @@ Requests = namedtuple("Requests", (
 ))
 
 
-@njit(cache=True)
+# Not cached on its own: it calls a kernel of another file (see `stamp`); its callers' cache holds it.
+@njit
+def _filled(n, value, dtype):
+    """An array of n `value`s, on 2 MiB pages where Linux offers them (advised before the first write)."""
+    a = np.empty(n, dtype)
+    advise_huge_pages_nb(a)
+    a[:] = value
+    return a
+
+
+# Not cached on its own: it calls a kernel of another file (see `stamp`); its callers' cache holds it.
+@njit
 def new_requests_nb(n):
-    """The `Requests` of n requests before the replay: waiting in prefill, nothing run."""
+    """The `Requests` of n requests before the replay: waiting in prefill, nothing run.  With a large
+    backlog a step's request is often cold, and it reads a row of most of these arrays: on 4 KiB
+    pages nearly every one of them also misses the TLB (1 M rows: 8 MB an array)."""
     return Requests(
-        phase=np.full(n, E.PHASE_PREFILL, np.int64),
-        generated=np.zeros(n, np.int64),
-        chosen_count=np.zeros(n, np.int64),
-        enqueue_steps=np.zeros(n, np.int64),
-        wait_final=np.full(n, -1, np.int64),
-        status=np.full(n, E.STATUS_WAITING, np.int64),
-        preemptions=np.zeros(n, np.int64),
-        admitted=np.zeros(n, np.bool_),
-        enqueued=np.zeros(n, np.bool_),
-        first_step=np.full(n, E.NEVER, np.int64),
-        first_token_step=np.full(n, E.NEVER, np.int64),
-        finish_step=np.full(n, E.NEVER, np.int64),
+        phase=_filled(n, E.PHASE_PREFILL, np.int64),
+        generated=_filled(n, 0, np.int64),
+        chosen_count=_filled(n, 0, np.int64),
+        enqueue_steps=_filled(n, 0, np.int64),
+        wait_final=_filled(n, -1, np.int64),
+        status=_filled(n, E.STATUS_WAITING, np.int64),
+        preemptions=_filled(n, 0, np.int64),
+        admitted=_filled(n, False, np.bool_),
+        enqueued=_filled(n, False, np.bool_),
+        first_step=_filled(n, E.NEVER, np.int64),
+        first_token_step=_filled(n, E.NEVER, np.int64),
+        finish_step=_filled(n, E.NEVER, np.int64),
     )
 
 
