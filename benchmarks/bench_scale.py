@@ -5,18 +5,20 @@
    steps only), and the ratios between them.
 2. Events per second of the fast kernel with about 1k, 10k, 100k and 1M requests waiting (all arrive
    at step 0, few fit): measured as (events of a long run - events of a short run) / (time difference),
-   so the setup of inserting the backlog is not counted; the ratio to the 1k rate is printed.
+   so the setup of inserting the backlog is not counted; the ratio to the 1k rate is printed, of the
+   best rates and paired (each round runs every N back to back; the median of the rounds' ratios).
 3. The full Azure 2023 conversation trace (19,366 requests) at offered loads 0.8, 1.0 and 1.5, per
    policy, warm (compiled, loaded from cache), with the event log: the whole `simulate` call.
 
 Usage (takes a few minutes on 2 cores; ``--quick`` skips the 1M backlog)::
 
-    python benchmarks/bench_scale.py [--kv-blocks 4000] [--model-steps 40] [--quick]
+    python benchmarks/bench_scale.py [--kv-blocks 4000] [--model-steps 40] [--quick] [--rounds 3]
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 
 import numpy as np
@@ -127,30 +129,31 @@ def waiting_trace(n: int, window: int, policy: str, seed: int = 0):
     })
 
 
-def best_time(kernel, trace, policy, capacity, max_steps, repeats):
-    runs = [run(kernel, trace, policy, capacity, max_steps=max_steps, record=False, clock=time.process_time)
-            for _ in range(repeats)]
-    return runs[0][0], min(t for _, t, _ in runs), runs[0][2]
-
-
-def section_waiting(sizes, policies, window: int) -> None:
+def section_waiting(sizes, policies, window: int, rounds: int) -> None:
     print(f"\n== 2. fast kernel, events/s with N requests waiting: all arrive at step 0, 16 KV blocks, no event "
           f"log,\n   more arriving at load 1.0; rate = {window:,} steps / (CPU time of a {window + window // 10:,}-step run - "
-          f"CPU time of a {window // 10:,}-step run, which cancels the setup; best of 3, CPU time because the machine "
-          f"is shared) ==")
+          f"CPU time of a {window // 10:,}-step run, which cancels the setup; CPU time because the machine is shared),"
+          f"\n   best of {rounds} rounds, a round running every N back to back; last/first of the best rates, and "
+          f"'paired': the median\n   over rounds of each round's own last/first (the machine's speed drifts over "
+          f"minutes, less within a round) ==")
     print("   (below each rate: preemptions per 1,000 of those events, the schedule's own work, which the policy and"
           "\n   N decide: under aging a large backlog keeps preempting)")
-    print(f"{'policy':<15}" + "".join(f"{f'N={n:,}':>14}" for n in sizes) + f"{'last/first':>12}")
+    print(f"{'policy':<15}" + "".join(f"{f'N={n:,}':>14}" for n in sizes) + f"{'last/first':>12}{'paired':>8}")
     for policy in policies:
-        rates, churn = [], []
-        for n in sizes:
-            trace = waiting_trace(n, window, policy)
-            repeats = 3 if n <= 100_000 else 2
-            n1, t1, p1 = best_time(replay_fast_nb, trace, policy, 16, window // 10, repeats)
-            n2, t2, p2 = best_time(replay_fast_nb, trace, policy, 16, window + window // 10, repeats)
-            rates.append((n2 - n1) / max(t2 - t1, 1e-9))
-            churn.append(1000 * (p2 - p1) / max(n2 - n1, 1))
-        print(f"{policy:<15}" + "".join(f"{r:>14,.0f}" for r in rates) + f"{rates[-1] / rates[0]:>12.2f}")
+        traces = [waiting_trace(n, window, policy) for n in sizes]
+        rates = [[] for _ in sizes]
+        churn = [0.0 for _ in sizes]
+        run(replay_fast_nb, traces[0], policy, 16, 1000, record=False)  # compiled or loaded before any timing
+        for _ in range(rounds):
+            for i, trace in enumerate(traces):
+                n1, t1, p1 = run(replay_fast_nb, trace, policy, 16, window // 10, record=False, clock=time.process_time)
+                n2, t2, p2 = run(replay_fast_nb, trace, policy, 16, window + window // 10, record=False,
+                                 clock=time.process_time)
+                rates[i].append((n2 - n1) / max(t2 - t1, 1e-9))
+                churn[i] = 1000 * (p2 - p1) / max(n2 - n1, 1)
+        best = [max(r) for r in rates]
+        paired = statistics.median(last / first for first, last in zip(rates[0], rates[-1]))
+        print(f"{policy:<15}" + "".join(f"{r:>14,.0f}" for r in best) + f"{best[-1] / best[0]:>12.2f}{paired:>8.2f}")
         print(f"{'':<15}" + "".join(f"{c:>14.1f}" for c in churn))
 
 
@@ -178,11 +181,12 @@ def main() -> None:
     parser.add_argument("--backlog-kv-blocks", type=int, default=40, help="capacity for the 3,000 trace")
     parser.add_argument("--model-steps", type=int, default=40)
     parser.add_argument("--quick", action="store_true", help="skip the 1M backlog")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of section 2 (each runs every N once)")
     args = parser.parse_args()
     warm_up()
     section_backlog_3000(args.backlog_kv_blocks, args.model_steps)
     sizes = [1_000, 10_000, 100_000] + ([] if args.quick else [1_000_000])
-    section_waiting(sizes, list(POLICIES), WINDOW)
+    section_waiting(sizes, list(POLICIES), WINDOW, args.rounds)
     section_azure([0.8, 1.0, 1.5], args.kv_blocks)
 
 

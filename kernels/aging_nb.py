@@ -35,10 +35,12 @@ chosen, a grows by one: it moves to the next residue (on a wrap to residue 0, it
   while no point can, so the part is walked again only when a point may run (checked when free
   blocks grow, a victim joins, the residue's priorities rise or a row joins before the answer),
   from its first row, or when its answer was taken, from that answer's key on, keeping the front
-  (`_part_taken`).  Per slot, ``slow`` keeps the fewest blocks of a point over its parts, so that
-  a rise of free blocks passes over the slots none of whose points may run at one read each
-  (`_mark_may_run`).  A cached answer that stopped running (victims' priorities only rise, free
-  blocks shrink) is found at the top of the tournament tree below and re-walked there.
+  (`_part_taken`; no row after that key has a higher base, so that walk caps every subtree's max
+  base at the answer's: with 1 M waiting such a walk reads about one node, not six).  Per slot,
+  ``slow`` keeps the fewest blocks of a point over its parts, so that a rise of free blocks passes
+  over the slots none of whose points may run at one read each (`_mark_may_run`).  A cached
+  answer that stopped running (victims' priorities only rise, free blocks shrink) is found at the
+  top of the tournament tree below and re-walked there.
 
 Residues are held lazily: a residue has a *slot* (its parts, heap, cached answers and shift) only
 while some row sits in it, found through a small open-addressing table ``residue -> slot``; the
