@@ -190,6 +190,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="skip the 1M backlog")
     parser.add_argument("--rounds", type=int, default=3, help="rounds of section 2 (each runs every N once)")
     args = parser.parse_args()
+    if args.rounds < 1:
+        parser.error("--rounds takes a positive count")
     warm_up()
     section_backlog_3000(args.backlog_kv_blocks, args.model_steps)
     sizes = [1_000, 10_000, 100_000] + ([] if args.quick else [1_000_000])
