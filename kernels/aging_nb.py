@@ -404,19 +404,22 @@ def _first_runnable(s, root, free, shift, nd, gk, stack, n_v, vic, steps, k, fb,
         while t >= 0:
             if not _after_taken(gk, t, rk, s):
                 t = nd[t, ND_RIGHT]
-            elif not _fits(nd[t, ND_MINB], min(nd[t, ND_MAXBASE], cap) + shift, free, n_v, vic, steps, k):
-                _front_add(s, nd[t, ND_MINB], min(nd[t, ND_MAXBASE], cap), fb, fx, fn)
-                t = -1  # nothing in this subtree after the key can run
             else:
-                stack[sp] = t
-                sp += 1
-                t = nd[t, ND_LEFT]
+                mb = min(nd[t, ND_MAXBASE], cap)
+                if not _fits(nd[t, ND_MINB], mb + shift, free, n_v, vic, steps, k):
+                    _front_add(s, nd[t, ND_MINB], mb, fb, fx, fn)
+                    t = -1  # nothing in this subtree after the key can run
+                else:
+                    stack[sp] = t
+                    sp += 1
+                    t = nd[t, ND_LEFT]
     else:
         fn[s] = 0
     while True:
         while t >= 0:
-            if not _fits(nd[t, ND_MINB], min(nd[t, ND_MAXBASE], cap) + shift, free, n_v, vic, steps, k):
-                _front_add(s, nd[t, ND_MINB], min(nd[t, ND_MAXBASE], cap), fb, fx, fn)
+            mb = min(nd[t, ND_MAXBASE], cap)
+            if not _fits(nd[t, ND_MINB], mb + shift, free, n_v, vic, steps, k):
+                _front_add(s, nd[t, ND_MINB], mb, fb, fx, fn)
                 break  # nothing in this subtree can run
             stack[sp] = t
             sp += 1
@@ -439,9 +442,8 @@ def _bt_first_runnable(s, root, height, free, shift, bk, stack, n_v, vic, steps,
     the front) when ``min blocks > free + M(max base + shift)``.  With `after`, each node on the path
     to the taken answer's key starts at that key's place, and bases are capped at the answer's, as
     in `_first_runnable` (a child there that is skipped may also hold rows before the key: the front
-    already bounds those).  Entries in a row often share a base
-    (a leaf's rows are in key order), so the room ``free + M(base + shift)`` is computed once per
-    base."""
+    already bounds those).  Entries in a row often share a base (a leaf's rows are in key order), so
+    the room ``free + M(base + shift)`` is computed once per base."""
     if not after:
         fn[s] = 0
     top = free + (vic[n_v - 1, VC_PMAX] if n_v > 0 else 0)  # the room at any priority

@@ -11,8 +11,9 @@ LLVM inlines them into the caller and a kernel pays nothing for sharing them.  (
 Numba's IR inlining, cost the fast kernels 30-70% per step: measured on the Azure trace, fcfs
 0.06 -> 0.21 s.)
 
-A kernel calling these closes over a `stamp.source_stamp` that covers this file (Numba's cache key
-covers only the caller's own file).
+A kernel calling these closes over a `stamp.source_stamp` that covers this file and `ordered_nb.py`,
+whose huge-page advice `new_requests_nb` compiles in (Numba's cache key covers only the caller's own
+file).
 """
 
 from collections import namedtuple
