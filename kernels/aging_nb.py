@@ -38,9 +38,10 @@ chosen, a grows by one: it moves to the next residue (on a wrap to residue 0, it
   (`_part_taken`; no row after that key has a higher base, so that walk caps every subtree's max
   base at the answer's: with 1 M waiting such a walk reads about one node, not six).  Per slot,
   ``slow`` keeps the fewest blocks of a point over its parts, so that a rise of free blocks passes
-  over the slots none of whose points may run at one read each (`_mark_may_run`).  A cached
-  answer that stopped running (victims' priorities only rise, free blocks shrink) is found at the
-  top of the tournament tree below and re-walked there.
+  over the slots none of whose points may run at one read each (`_mark_may_run`), and so does a
+  residue's rise of priorities (`_parts_may_change`).  A cached answer that stopped running
+  (victims' priorities only rise, free blocks shrink) is found at the top of the tournament tree
+  below and re-walked there.
 
 Residues are held lazily: a residue has a *slot* (its parts, heap, cached answers and shift) only
 while some row sits in it, found through a small open-addressing table ``residue -> slot``; the
@@ -1004,6 +1005,21 @@ def _mark_may_run(free, n_v, vic, wlist, n_w, slow, dirty, in_dirty, n_d):
 
 
 @njit(cache=True, _nrt=False, inline="always")
+def _parts_may_change(sl, h, slow, free, n_v, vic):
+    """Whether the answer of a part of slot sl may change (`_part_answer`): an answer of it was taken,
+    or a point of its front may run.  None can with more blocks than free + the largest victim's, and
+    slow[sl] is at most the fewest blocks of a point (see `_slot_low`): on many steps the residue whose
+    priorities rose has waiting rows that are all too big, and its parts are not read.  (A part whose
+    last row left has no cached answer: that row was its taken answer.)"""
+    if slow[sl] <= free + (vic[n_v - 1, VC_PMAX] if n_v > 0 else 0):
+        return True
+    for q in range(PARTS * sl, PARTS * sl + PARTS):
+        if h.taken[q]:
+            return True
+    return False
+
+
+@njit(cache=True, _nrt=False, inline="always")
 def _slot_low(sl, h, slow):
     """Keep slow[sl], the fewest blocks of a point of slot sl's fronts (BIG: none), after they changed."""
     low = _front_low(PARTS * sl, h)
@@ -1109,7 +1125,7 @@ def _replay_loop(request_id, arrival_step, prompt_len, max_new_tokens, priority,
             in_dirty[sl] = 0
             # a part only matters when no row of the parts before it runs
             c = E.NO_ROW
-            if flags & DIRTY_WAIT:
+            if flags & DIRTY_WAIT and _parts_may_change(sl, h, slow, free, n_v, vic):
                 for q in range(PARTS * sl, PARTS * sl + PARTS):
                     c = _part_answer(q, h, free, sh[sl], nd, gk, stack, n_v, vic, steps, k, bt)
                     if c != E.NO_ROW:
@@ -1120,7 +1136,7 @@ def _replay_loop(request_id, arrival_step, prompt_len, max_new_tokens, priority,
                 if c != E.NO_ROW and c != tb[t_leaves + sl, TB_ROW]:
                     _prefetch_request(c, req, max_new_tokens, preemptible, cache_hit, priority, prompt_len,
                                       request_id, has_deadline, deadline_step)
-            else:  # only its admitted rows changed: the cached answers stand
+            else:  # only its admitted rows changed, or no part's answer can: the cached answers stand
                 for q in range(PARTS * sl, PARTS * sl + PARTS):
                     c = cand[q]
                     if c != E.NO_ROW:
