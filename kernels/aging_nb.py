@@ -244,6 +244,12 @@ def _slot_less(gk, a, b):
 
 
 @njit(cache=True, _nrt=False, inline="always")
+def _room_any(free, n_v, vic):
+    """The room at any priority: free blocks plus the largest victim's (M never exceeds that)."""
+    return free + (vic[n_v - 1, VC_PMAX] if n_v > 0 else 0)
+
+
+@njit(cache=True, _nrt=False, inline="always")
 def _fits(b, e, free, n_v, vic, steps, k):
     """Whether b blocks fit in the free blocks plus those of one victim with effective priority < e:
     ``b <= free + M(e)``, M(e) = max blocks among such victims (0 if none), the victims with
@@ -341,7 +347,7 @@ def _front_may_run(s, free, shift, h, n_v, vic, steps, k):
     # The last point has the fewest blocks (see `_front_add`): it alone decides when it fits in the
     # free blocks, or not even with the largest victim's.
     last = fb[s, n - 1] if n > 0 else np.int64(0)
-    top = free + (vic[n_v - 1, VC_PMAX] if n_v > 0 else 0)
+    top = _room_any(free, n_v, vic)
     if n == 0 or last > top:
         return False
     if last <= free:
@@ -447,7 +453,7 @@ def _bt_first_runnable(s, root, height, free, shift, bk, stack, n_v, vic, steps,
     the room ``free + M(base + shift)`` is computed once per base."""
     if not after:
         fn[s] = 0
-    top = free + (vic[n_v - 1, VC_PMAX] if n_v > 0 else 0)  # the room at any priority
+    top = _room_any(free, n_v, vic)
     last_base = np.int64(-BIG)
     room = np.int64(0)
     cap = rk[s, RK_BASE] if after else np.int64(BIG)
@@ -996,7 +1002,7 @@ def _mark_may_run(free, n_v, vic, wlist, n_w, slow, dirty, in_dirty, n_d):
     run now.  A point with more blocks than free + the largest victim's blocks cannot (M never
     exceeds that), which spares the residues whose waiting rows are all too big (slow[s]: the fewest
     blocks of a point of slot s's fronts, see `_slot_low`)."""
-    top = free + (vic[n_v - 1, VC_PMAX] if n_v > 0 else 0)
+    top = _room_any(free, n_v, vic)
     for i in range(n_w):
         sl = wlist[i]
         if slow[sl] <= top:
@@ -1011,7 +1017,7 @@ def _parts_may_change(sl, h, slow, free, n_v, vic):
     slow[sl] is at most the fewest blocks of a point (see `_slot_low`): on many steps the residue whose
     priorities rose has waiting rows that are all too big, and its parts are not read.  (A part whose
     last row left has no cached answer: that row was its taken answer.)"""
-    if slow[sl] <= free + (vic[n_v - 1, VC_PMAX] if n_v > 0 else 0):
+    if slow[sl] <= _room_any(free, n_v, vic):
         return True
     for q in range(PARTS * sl, PARTS * sl + PARTS):
         if h.taken[q]:
