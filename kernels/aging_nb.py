@@ -15,10 +15,9 @@ chosen, a grows by one: it moves to the next residue (on a wrap to residue 0, it
   BIG_AT rows on, back to a treap below SMALL_AT: with a million rows waiting, a walk or an update
   then reads O(log_16 n) nodes of a few cache lines each instead of O(log n) scattered treap nodes;
   admitted ones (all in decode phase) are a residue's *hot* row (the last one chosen into it) and a
-  binary heap of the others, all heaps in one pool (`Admitted`, `_adm_put`): a request chosen several steps
-  running (the usual case) moves from hot place to hot place at O(1), and a heap only takes the row
-  a hot one displaces; the real key across residues is compared with the effective priority at the
-  current step;
+  binary heap of the others, all heaps in one pool (`Admitted`, `_adm_put`), but for the *champion*
+  (below); a heap only takes the row a hot one displaces; the real key across residues is compared
+  with the effective priority at the current step;
 * victims (admitted, preemptible) are a matrix in ascending order of ``w = priority * K - a``, with
   prefix maxima of their blocks.  A request's effective priority is ``(S + w) // K``, monotone in
   w at every step, so this order only changes when a victim is chosen (its w drops by one: at most
@@ -58,18 +57,26 @@ alone changed keeps its cached waiting answers.  Elsewhere runnability only shri
 is checked and, if it no longer runs, its part re-walked, until the top runs.  A dirty slot whose
 leaf is the same row, with the same key and shift, keeps its path in the tree.
 
-Cost per step: O(D (F log V + log R)) for D dirty slots (about 2 on a decode step; after a
-finish, preemption or a preemptible admission also the non-empty ones whose front may run, found
-by a scan of `slow` over all R of them, R <= min(K, requests in the system)), F = FRONT and
-V = admitted preemptible requests (a victim joining or leaving costs O(V) once); O(log A) heap work
-for the chosen request when it displaces a hot row (A admitted), O(log n) treap or B+tree work when it or
-its victim was waiting; and the walks of parts whose front may run:
-O(log n) when the bound prunes well, but not bounded by it in the worst case (a subtree can pass
-the bound without a runnable row).  With many non-empty residues at heavy load, one change of the
-victims can stop the cached answers of many residues from running, and each is walked again as it
-reaches the top of the tree (the Azure trace at load 1.5 with K = 100000: 3.6 walks per step,
-where K = 4 needs 0.02).  Every aging interval runs here (`fast_nb` replays an interval above the
-trace's total work steps as fixed_priority).
+The last step's request, while it stays admitted, is the *champion*: it sits in no slot, and the
+step compares it with the top of the tree (`_champ_first`).  A request runs several steps running
+in the usual case (on the Azure trace, 79% of the steps at load 1.0, 93% at 1.5), and while it does,
+its effective priority stays (a grows with the steps) and only its total_len grows: its step
+touches no slot, heap or leaf, where moving it to its next residue would dirty two slots a step.
+When the top comes first, the champion goes back to its residue's slot before that step (its
+residue and base from its a), so a victim search or a later step finds it there.
+
+Cost per step: O(D (F log V + log R)) for D dirty slots (about 1 on a step of the champion: the
+residue whose shift rose; after a finish, preemption or a preemptible admission also the non-empty
+ones whose front may run, found by a scan of `slow` over all R of them, R <= min(K, requests in the
+system)), F = FRONT and V = admitted preemptible requests (a victim joining or leaving costs O(V)
+once); O(log A) heap work when the champion goes back to its slot and displaces a hot row (A
+admitted), O(log n) treap or B+tree work when the chosen request or its victim was waiting; and the
+walks of parts whose front may run: O(log n) when the bound prunes well, but not bounded by it in
+the worst case (a subtree can pass the bound without a runnable row).  With many non-empty residues
+at heavy load, one change of the victims can stop the cached answers of many residues from running,
+and each is walked again as it reaches the top of the tree (the Azure trace at load 1.5 with
+K = 100000: 3.6 walks per step, where K = 4 needs 0.02).  Every aging interval runs here (`fast_nb`
+replays an interval above the trace's total work steps as fixed_priority).
 """
 
 from collections import namedtuple
@@ -218,17 +225,18 @@ TB_NCOLS = 3
 
 
 @njit(cache=True, _nrt=False, inline="always")
-def _chosen_key(r, slot, wrap, total_len, gk, nd):
-    """Row r's key once it was chosen (it is in decode phase now): a is one more, so it moves to the
-    next residue's `slot`, and when that wraps around to residue 0 its base is one lower."""
-    gk[r, AK_SLOT] = slot
-    gk[r, AK_PHASE_CACHE] = 2 * E.PHASE_DECODE + gk[r, AK_CACHE]
-    if wrap:
-        gk[r, AK_NEG_BASE] += 1
-        gk[r, AK_PACKED] += 1
-        nd[r, ND_BASE] -= 1
-        nd[r, ND_MAXBASE] = nd[r, ND_BASE]
-    gk[r, AK_TOTAL_LEN] = total_len
+def _champ_first(c, c_pc, c_ne, t, tb, gk):
+    """Whether the champion c (phase and cache rank c_pc, -effective priority c_ne) comes before the
+    top t of the tournament tree (-1: there is none)."""
+    if t < 0:
+        return True
+    if c_pc != tb[1, TB_PHASE_CACHE]:
+        return c_pc < tb[1, TB_PHASE_CACHE]
+    if c_ne != tb[1, TB_NEG_EFF]:
+        return c_ne < tb[1, TB_NEG_EFF]
+    if gk[c, AK_TOTAL_LEN] != gk[t, AK_TOTAL_LEN]:
+        return gk[c, AK_TOTAL_LEN] < gk[t, AK_TOTAL_LEN]
+    return gk[c, AK_ID] < gk[t, AK_ID]
 
 
 @njit(cache=True, _nrt=False, inline="always")
@@ -798,10 +806,9 @@ def _front_low(q, h):
 # the heap's place in ``pool`` starts at meta[s, HM_LO], with room for meta[s, HM_CAP] rows,
 # meta[s, HM_N] of them used, and pos[row] is a row's place in its heap.  The last row of meta holds
 # the pool's first unused place (HM_LO) and its size (HM_CAP).  A heap that is full moves to the end of the pool with
-# twice the room; a full pool is first repacked (`_adm_grow`).  A decode step of an admitted row takes
-# it from one slot and puts it in the next; a request is often chosen several steps running, and
-# then it only moves from hot place to hot place (a heap holds the row it displaces: O(log A) with A
-# admitted rows).
+# twice the room; a full pool is first repacked (`_adm_grow`).  A chosen row leaves its slot as the
+# champion and comes back as its residue's hot row when another row is chosen (a heap holds the row it
+# displaces: O(log A) with A admitted rows).
 
 @njit(cache=True, _nrt=False, inline="always")
 def _adm_less(gk, a, b):
@@ -1099,6 +1106,11 @@ def _replay_loop(request_id, arrival_step, prompt_len, max_new_tokens, priority,
     stop = E.STOP_DRAINED
     limit = max_steps if max_steps >= 0 else BIG
     next_arrival = arrival_step[order[0]] if n > 0 else BIG  # of row order[pos]
+    # The champion: the last step's request while it stays admitted, in no slot (see `_champ_first`),
+    # with its phase and cache rank and its -effective priority, which stays while it runs every step.
+    champ = E.NO_ROW
+    c_pc = np.int64(0)
+    c_ne = np.int64(0)
 
     while True:
         if steps >= limit:
@@ -1153,9 +1165,14 @@ def _replay_loop(request_id, arrival_step, prompt_len, max_new_tokens, priority,
             if c != tb[t_leaves + sl, TB_ROW] or flags & DIRTY_KEY:
                 _tree_set(tb, t_leaves, sl, c, gk, sh)
         n_d = 0
-        # The top of the tree, once it runs, is the step's request (see `tb`).
+        # The top of the tree, once it runs, is the step's request (see `tb`), unless the champion
+        # comes first: the top is at or before every other row that runs (a cached answer that stopped
+        # running only comes too early), so then the champion is.
         while True:
             chosen = tb[1, TB_ROW]
+            if champ != E.NO_ROW and _champ_first(champ, c_pc, c_ne, chosen, tb, gk):
+                chosen = champ
+                break
             if chosen == E.NO_ROW:
                 break
             if req.admitted[chosen]:
@@ -1186,12 +1203,29 @@ def _replay_loop(request_id, arrival_step, prompt_len, max_new_tokens, priority,
             stop = E.STOP_DRAINED if unfinished == 0 else E.STOP_STUCK
             break
 
+        if champ != E.NO_ROW and chosen != champ:
+            # The champion lost: back into its residue's slot as that slot's hot row, its key brought
+            # up to date (its a, so its residue and base, changed at every step it ran).
+            a = req.enqueue_steps[champ] + req.chosen_count[champ]
+            rho = a % k
+            sl, n_free = _slot_acquire(rho, steps, k, hkey, hval, mask, free_slots, n_free, s_rho, sh, h, adm,
+                                       afirst, slow)
+            _set_aging_key(champ, a // k, sl, gk, nd, E.PHASE_DECODE, cache_hit[champ], priority[champ], top,
+                           prompt_len[champ] + req.generated[champ], request_id[champ])
+            afirst[sl] = _adm_put(sl, champ, adm, gk)
+            n_d = _mark(sl, DIRTY_LEAF | DIRTY_KEY, dirty, in_dirty, n_d)
+            champ = E.NO_ROW
+
         victim = E.NO_ROW
         was_admitted = req.admitted[chosen]
+        in_slot = chosen != champ  # (the champion is in none)
         s_old = gk[chosen, AK_SLOT]
+        if in_slot:
+            c_ne = tb[1, TB_NEG_EFF]  # kept while it is the champion
         if was_admitted:
-            afirst[s_old] = _adm_take(s_old, chosen, adm, gk)
-            n_d = _mark(s_old, DIRTY_LEAF, dirty, in_dirty, n_d)
+            if in_slot:
+                afirst[s_old] = _adm_take(s_old, chosen, adm, gk)
+                n_d = _mark(s_old, DIRTY_LEAF, dirty, in_dirty, n_d)
         else:
             need = nd[chosen, ND_BLOCKS]
             if need > free:
@@ -1259,22 +1293,18 @@ def _replay_loop(request_id, arrival_step, prompt_len, max_new_tokens, priority,
                 n_v = _victims_drop(vic, v_pos, n_v, chosen)
             # free blocks grew
             n_d = _mark_may_run(free, n_v, vic, wlist, n_w, slow, dirty, in_dirty, n_d)
+            champ = E.NO_ROW
         else:
-            rho = s_rho[s_old] + 1  # its residue, one more now that it was chosen
-            wrap = rho == k
-            if wrap:
-                rho = 0
-            sl = _slot_lookup(rho, hkey, hval, mask)
-            if sl < 0:
-                sl, n_free = _slot_acquire(rho, steps, k, hkey, hval, mask, free_slots, n_free, s_rho, sh,
-                                           h, adm, afirst, slow)
-            _chosen_key(chosen, sl, wrap, prompt_len[chosen] + req.generated[chosen], gk, nd)
-            afirst[sl] = _adm_put(sl, chosen, adm, gk)
+            # It is the champion now (or still): its a is one more, so its residue moves on, but its
+            # effective priority stays (one more step run, one more chosen); in decode phase, one
+            # token longer (total_len: the only part of its key it keeps in gk while it is champion).
+            if in_slot:
+                champ = chosen
+                c_pc = 2 * E.PHASE_DECODE + gk[chosen, AK_CACHE]
+            gk[chosen, AK_TOTAL_LEN] = prompt_len[chosen] + req.generated[chosen]
             if preemptible[chosen]:  # a victim: its w is one lower
                 _victims_chosen(vic, v_pos, chosen)
-            # (with K = 1 its leaf may be the same row, with a new key)
-            n_d = _mark(sl, DIRTY_LEAF | DIRTY_KEY, dirty, in_dirty, n_d)
-        if wpos[s_old] < 0 and afirst[s_old] < 0:
+        if in_slot and wpos[s_old] < 0 and afirst[s_old] < 0:
             n_free = _slot_release(s_old, s_rho, hkey, hval, mask, free_slots, n_free)
 
         if victim != E.NO_ROW:
