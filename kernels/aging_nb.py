@@ -225,18 +225,23 @@ TB_NCOLS = 3
 
 
 @njit(cache=True, _nrt=False, inline="always")
+def _real_less(pa, na, ra, pb, nb, rb, gk):
+    """Row ra before row rb by the real key at the current step, of any residues: phase and cache
+    rank (pa, pb), -effective priority (na, nb), then total_len and request_id from gk."""
+    if pa != pb:
+        return pa < pb
+    if na != nb:
+        return na < nb
+    if gk[ra, AK_TOTAL_LEN] != gk[rb, AK_TOTAL_LEN]:
+        return gk[ra, AK_TOTAL_LEN] < gk[rb, AK_TOTAL_LEN]
+    return gk[ra, AK_ID] < gk[rb, AK_ID]
+
+
+@njit(cache=True, _nrt=False, inline="always")
 def _champ_first(c, c_pc, c_ne, t, tb, gk):
     """Whether the champion c (phase and cache rank c_pc, -effective priority c_ne) comes before the
     top t of the tournament tree (-1: there is none)."""
-    if t < 0:
-        return True
-    if c_pc != tb[1, TB_PHASE_CACHE]:
-        return c_pc < tb[1, TB_PHASE_CACHE]
-    if c_ne != tb[1, TB_NEG_EFF]:
-        return c_ne < tb[1, TB_NEG_EFF]
-    if gk[c, AK_TOTAL_LEN] != gk[t, AK_TOTAL_LEN]:
-        return gk[c, AK_TOTAL_LEN] < gk[t, AK_TOTAL_LEN]
-    return gk[c, AK_ID] < gk[t, AK_ID]
+    return t < 0 or _real_less(c_pc, c_ne, c, tb[1, TB_PHASE_CACHE], tb[1, TB_NEG_EFF], t, gk)
 
 
 @njit(cache=True, _nrt=False, inline="always")
@@ -759,14 +764,11 @@ def _tree_set(tb, size, s, row, gk, sh):
             w = b
         elif rb < 0:
             w = a
-        elif tb[a, TB_PHASE_CACHE] != tb[b, TB_PHASE_CACHE]:
-            w = a if tb[a, TB_PHASE_CACHE] < tb[b, TB_PHASE_CACHE] else b
-        elif tb[a, TB_NEG_EFF] != tb[b, TB_NEG_EFF]:
-            w = a if tb[a, TB_NEG_EFF] < tb[b, TB_NEG_EFF] else b
-        elif gk[ra, AK_TOTAL_LEN] != gk[rb, AK_TOTAL_LEN]:
-            w = a if gk[ra, AK_TOTAL_LEN] < gk[rb, AK_TOTAL_LEN] else b
+        elif _real_less(tb[a, TB_PHASE_CACHE], tb[a, TB_NEG_EFF], ra, tb[b, TB_PHASE_CACHE], tb[b, TB_NEG_EFF], rb,
+                        gk):
+            w = a
         else:
-            w = a if gk[ra, AK_ID] < gk[rb, AK_ID] else b
+            w = b
         tb[i, TB_ROW] = tb[w, TB_ROW]
         tb[i, TB_PHASE_CACHE] = tb[w, TB_PHASE_CACHE]
         tb[i, TB_NEG_EFF] = tb[w, TB_NEG_EFF]
