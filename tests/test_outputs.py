@@ -149,6 +149,36 @@ def test_outputs_that_are_inputs_sidecars_or_each_other_are_refused(tmp_path, tr
     check_outputs([tmp_path / "a.csv", tmp_path / "b.csv", None], [trace_csv])
 
 
+@pytest.mark.parametrize("name", ["ev.json", "ev.csv.gz", "ev", "ev.txt"])
+@pytest.mark.parametrize("option", ["--events", "--requests"])
+def test_a_table_name_of_another_format_is_refused_before_the_replay(tmp_path, trace_csv, capsys, name, option):
+    target = tmp_path / name
+    target.write_text("kept\n")  # an existing file of that name stays as it was
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    assert simulate(trace_csv, option, str(target)) == 2
+    captured = capsys.readouterr()
+    assert ".csv" in one_line(captured.err) and str(target) in captured.err
+    assert captured.out == ""  # refused before the replay: no summary table
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+    import decodesched
+
+    result = decodesched.simulate(decodesched.load_trace(trace_csv), "aging", 4, 4)
+    for write in (result.write_events, result.write_requests):
+        with pytest.raises(UserError, match="csv"):
+            write(target)
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+
+
+def test_table_extensions_are_read_in_any_case(tmp_path, trace_csv):
+    assert tables_io.table_format("-") == "csv"
+    assert tables_io.table_format(tmp_path / "A.CSV") == "csv"
+    assert tables_io.table_format(tmp_path / "a.Parquet") == tables_io.table_format("b.PQ") == "parquet"
+    assert simulate(trace_csv, "--events", str(tmp_path / "EV.CSV")) == 0
+    assert simulate(trace_csv, "--events", str(tmp_path / "ev.csv")) == 0
+    upper, lower = tables_io.read_table(tmp_path / "EV.CSV"), tables_io.read_table(tmp_path / "ev.csv")
+    assert len(lower["step"]) == 9 and tables_io.tables_equal(upper, lower)  # 3 prefills + 6 tokens
+
+
 def test_missing_folder_is_one_line(tmp_path, trace_csv, capsys):
     assert simulate(trace_csv, "--requests", str(tmp_path / "nope" / "rq.csv")) == 2
     assert "no such directory" in one_line(capsys.readouterr().err)

@@ -218,13 +218,14 @@ class SimulationResult:
         return _metrics.aggregate(self.trace, self.requests, self.n_events, self.clock)
 
     def write_events(self, path: str | os.PathLike) -> None:
-        """Write the events table (SPEC section 4) atomically: CSV, or Parquet for a ``.parquet`` path."""
+        """Write the events table (docs/files.md) atomically: CSV for a ``.csv`` path or ``-``, Parquet
+        for ``.parquet`` / ``.pq``; another name is a `UserError`."""
         from .tables_io import write_events
 
         write_events(path, self._need_events(), self.trace)
 
     def write_requests(self, path: str | os.PathLike) -> None:
-        """Write the requests table (SPEC section 4) atomically: CSV, or Parquet for a ``.parquet`` path."""
+        """Write the requests table (docs/files.md) atomically, CSV or Parquet as `write_events`."""
         _metrics.write_request_table(path, self.requests)
 
     def to_pandas(self, table: str = "requests"):

@@ -195,8 +195,8 @@ REQUEST_CSV_COLUMNS = TRACE_COLUMNS + (
 
 
 def write_request_table(path, req: dict) -> None:
-    """The requests table of SPEC section 4 (CSV, or Parquet for a ``.parquet`` path); empty cells
-    where a value does not exist."""
+    """The requests table of docs/files.md (by the path's extension: `tables_io.table_format`); empty
+    cells where a value does not exist."""
     from .tables_io import write_requests
 
     write_requests(path, req)

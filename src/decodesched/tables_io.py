@@ -4,8 +4,9 @@ from the kernels' arrays, and read back exactly.
 Writing formats a chunk of rows at a time with NumPy (no Python loop over rows: see
 `format_csv_rows`), so memory stays bounded by the chunk.  A ``.parquet`` / ``.pq`` path writes
 Parquet (one row group per `PARQUET_CHUNK_ROWS` rows, Arrow arrays over the chunk's NumPy buffers:
-see `_write_parquet`; needs the ``data`` extra, pyarrow); anything else, ``-`` (standard output)
-included, writes CSV.  `read_table` reads either back into the same NumPy columns: nullable columns
+see `_write_parquet`; needs the ``data`` extra, pyarrow); a ``.csv`` path or ``-`` (standard output)
+writes CSV, and any other name is refused (`table_format`): ``out.json`` or ``out.csv.gz`` would
+otherwise hold plain CSV under a name that promises something else.  `read_table` reads either back into the same NumPy columns: nullable columns
 come back as masked arrays.
 
 CSV spelling (docs/files.md): integers in decimal, booleans ``true``/``false``, an empty field for a
@@ -27,6 +28,7 @@ from .kernels import enums as E
 CHUNK_ROWS = 1 << 15  # CSV rows per chunk: its byte matrix (about 3 MB) stays in the CPU caches
 PARQUET_CHUNK_ROWS = 1 << 17  # rows per Parquet row group: 1 MB columns, reused by malloc (1 << 20: 0.3 s of page faults)
 PARQUET_SUFFIXES = (".parquet", ".pq")
+CSV_SUFFIXES = (".csv",)
 
 # Column kinds: int, int? (nullable), bool, bool?, float? (NaN = missing), str.
 EVENT_SCHEMA = (
@@ -45,6 +47,21 @@ REQUEST_SCHEMA = (
 
 def is_parquet(path) -> bool:
     return str(path) != "-" and Path(path).suffix.lower() in PARQUET_SUFFIXES
+
+
+def table_format(path) -> str:
+    """``"csv"`` or ``"parquet"``: the format an events or requests table is written in, by the
+    extension of `path` (any case; ``-`` is CSV on standard output).  Any other name is a
+    `UserError`, raised before anything is written."""
+    if str(path) == "-":
+        return "csv"
+    suffix = Path(path).suffix.lower()
+    if suffix in PARQUET_SUFFIXES:
+        return "parquet"
+    if suffix in CSV_SUFFIXES:
+        return "csv"
+    got = f"'{Path(path).suffix}'" if suffix else "no extension"
+    raise UserError(f"{path}: a table is written as .csv or .parquet (.pq), or - for standard output; got {got}")
 
 
 # -- columns of one chunk ------------------------------------------------------------------------
@@ -299,7 +316,7 @@ def _write_parquet(path, schema, n_rows: int, chunk) -> None:
 
 
 def _write(path, schema, n_rows: int, chunk) -> None:
-    if is_parquet(path):
+    if table_format(path) == "parquet":
         _write_parquet(path, schema, n_rows, chunk)
         return
     names = [name for name, _ in schema]
@@ -409,4 +426,4 @@ def tables_equal(a: dict, b: dict) -> bool:
 
 
 __all__ = ["write_events", "write_requests", "read_table", "tables_equal", "format_csv_rows", "is_parquet",
-           "EVENT_SCHEMA", "REQUEST_SCHEMA", "CHUNK_ROWS", "PARQUET_CHUNK_ROWS"]
+           "table_format", "EVENT_SCHEMA", "REQUEST_SCHEMA", "CHUNK_ROWS", "PARQUET_CHUNK_ROWS"]

@@ -28,10 +28,10 @@ def add_parser(sub) -> None:
     p.add_argument("--kv-blocks", type=int_arg, required=True, metavar="N", help="free KV blocks at the start")
     p.add_argument("--aging-interval", type=int_arg, default=4, metavar="K", help="steps per priority level (default 4)")
     p.add_argument("--max-steps", type=int_arg, default=None, metavar="N", help="stop after N steps that ran")
-    p.add_argument("--events", metavar="PATH", help="write the event log here: CSV, or Parquet for a .parquet "
-                   "name (needs the data extra); - for standard output")
-    p.add_argument("--requests", metavar="PATH", help="write the per-request table here (CSV or .parquet; - for "
-                   "standard output)")
+    p.add_argument("--events", metavar="PATH", help="write the event log here: a .csv, or a .parquet / .pq name "
+                   "(needs the data extra); - for standard output")
+    p.add_argument("--requests", metavar="PATH", help="write the per-request table here (.csv, .parquet / .pq, or - "
+                   "for standard output)")
     p.add_argument("--engine", choices=ENGINES, default="fast", help="fast (default) or the scan baseline")
     p.set_defaults(func=run)
 
@@ -39,8 +39,12 @@ def add_parser(sub) -> None:
 def run(args) -> int:
     from .._io import STDOUT, check_outputs, immediate_interrupt
     from .._numba_cache import compile_notice, early_compile_notice
+    from ..tables_io import table_format
 
     check_outputs([args.events, args.requests], [args.trace])
+    for path in (args.events, args.requests):
+        if path is not None:
+            table_format(path)  # a name with another extension is refused before the replay
     trace = load_trace(args.trace)
     policy = resolve_policy(args.policy)
     if not isinstance(policy, str):
