@@ -340,3 +340,14 @@ def test_mooncake_default_skips_the_shared_system_prompt_block(tmp_path):
     assert main(["trace", "convert", str(src), "--steps-per-second", "2", "--out", str(out)]) == 0
     assert decodesched.load_trace(out).cache_hit.tolist() == [False, False, True]
     assert cv.read_meta(out)["options"]["cache_min_blocks"] == 2
+
+
+@pytest.mark.parametrize("name", ["t.parquet", "t.PQ", "t.json", "t"])
+def test_convert_refuses_an_out_name_that_is_not_csv(tmp_path, capsys, name):
+    """A .parquet name would hold CSV that every reader then takes for Parquet: refused, nothing written."""
+    assert main(["trace", "convert", "bundled", "--load", "1", "--requests", "5", "--out", str(tmp_path / name)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and ".csv" in err and name in err
+    assert list(tmp_path.iterdir()) == []
+    assert main(["trace", "convert", "bundled", "--load", "1", "--requests", "5", "--out", str(tmp_path / "T.CSV")]) == 0
+    assert len(decodesched.load_trace(tmp_path / "T.CSV")) == 5

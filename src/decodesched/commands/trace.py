@@ -73,7 +73,7 @@ def add_parser(subparsers) -> None:
     c.add_argument("--cache-min-blocks", type=int_arg, default=cv.DEFAULT_CACHE_MIN_BLOCKS, metavar="K",
                    help="mooncake: a hit needs the first K hash_ids seen before (default %(default)s)")
     c.add_argument("--requests", type=int_arg, default=None, metavar="N", help="convert only the first N requests")
-    c.add_argument("--out", required=True, metavar="OUT.csv", help="the canonical trace CSV to write")
+    c.add_argument("--out", required=True, metavar="OUT.csv", help="the canonical trace CSV to write (a .csv name)")
     c.set_defaults(func=run_convert)
 
     i = sub.add_parser("inspect", help="print the shape of a trace (rows, span, lengths, offered load)",
@@ -146,6 +146,9 @@ def run_convert(args) -> int:
     if src.exists() and out.exists() and out.resolve() == src.resolve():
         raise UserError(f"{out}: would overwrite the source trace; choose another --out")
     check_outputs([out, cv.meta_path(out)], [src])
+    if out.suffix.lower() != ".csv":  # a .parquet name would be read back as Parquet, another as CSV
+        got = f"'{out.suffix}'" if out.suffix else "no extension"
+        raise UserError(f"{out}: --out names the canonical trace CSV, which ends in .csv; got {got}")
     if args.requests is not None and args.requests < 1:
         raise UserError(f"--requests must be >= 1, got {args.requests}")
     fmt = args.format or cv.detect_format(src)
