@@ -217,12 +217,15 @@ DIRTY_RISE = 8
 
 # Columns of a slot's certificate (see `_cert_holds`), as it was taken: the free blocks, the highest
 # limit of a point that the champion was not below (`_cert_lcrit`; -BIG: none, or the champion cannot
-# make a point run), the victims' version (-1: no certificate) and the champion.
+# make a point run; BIG: not computed yet), the victims' version (-1: no certificate), the champion,
+# its w, and the last part whose front the certificate covers.
 CT_FREE = 0
 CT_LCRIT = 1
 CT_VER = 2
 CT_CHAMP = 3
-CT_NCOLS = 4
+CT_W = 4
+CT_PART = 5
+CT_NCOLS = 6
 
 # Columns of the victim matrix (see `_victims_add`).
 VC_W = 0
@@ -586,7 +589,7 @@ def _cert_lcrit(sl, q_end, fn, fx, shift, steps, k, wce):
 
 
 @njit(cache=True, _nrt=False, inline="always")
-def _cert_holds(sl, ct, vver, champ, free, vic, v_pos):
+def _cert_holds(sl, ct, vver, champ, free, vic, v_pos, fn, fx, shift, steps, k):
     """Whether slot sl's certificate shows that no row before its parts' cached answers runs at this
     rise of its residue's priorities, so that their answers stand.  It was taken at an earlier rise
     where no part was walked (no point of their fronts ran): at every rise a point's limit
@@ -594,11 +597,17 @@ def _cert_holds(sl, ct, vver, champ, free, vic, v_pos):
     joining before an answer or an answer taken drops it); with no victim joined and none but the
     champion moved (`vver`), the same champion not yet below a limit it was not below then (CT_LCRIT),
     each point's M is at most what it was (victims leaving, or others' priorities rising, only lower
-    it), and with free blocks no more than then, no point runs now either.  (`Parts` holds only
-    per-part state; a certificate is per slot, in ``ct``, columns CT_*.)"""
+    it), and with free blocks no more than then, no point runs now either.  CT_LCRIT is found at the
+    first check that needs it (a rise's limits are those of the rise that took the certificate):
+    with a large backlog most certificates fail before that.  (`Parts` holds only per-part state; a
+    certificate is per slot, in ``ct``, columns CT_*; fn, fx: the fronts of `Parts`.)"""
     if ct[sl, CT_VER] != vver or ct[sl, CT_CHAMP] != champ or free > ct[sl, CT_FREE]:
         return False
-    return ct[sl, CT_LCRIT] == -BIG or vic[v_pos[champ], VC_W] >= ct[sl, CT_LCRIT]
+    if ct[sl, CT_LCRIT] == -BIG:
+        return True
+    if ct[sl, CT_LCRIT] == BIG:
+        ct[sl, CT_LCRIT] = _cert_lcrit(sl, ct[sl, CT_PART], fn, fx, shift, steps, k, ct[sl, CT_W])
+    return vic[v_pos[champ], VC_W] >= ct[sl, CT_LCRIT]
 
 
 # Not cached on its own: it calls kernels of another file (see `stamp`); its callers' cache holds it.
@@ -1199,7 +1208,8 @@ def _replay_loop(request_id, arrival_step, prompt_len, max_new_tokens, priority,
             # a part only matters when no row of the parts before it runs
             c = E.NO_ROW
             if (flags & (DIRTY_WAIT | DIRTY_RISE) and _parts_may_change(sl, h, slow, free, n_v, vic)
-                    and (flags & DIRTY_WAIT or not _cert_holds(sl, ct, vver, champ, free, vic, v_pos))):
+                    and (flags & DIRTY_WAIT or not _cert_holds(sl, ct, vver, champ, free, vic, v_pos, h.fn, h.fx, sh[sl],
+                                                                steps, k))):
                 walked = False
                 q = PARTS * sl
                 while q < PARTS * sl + PARTS:
@@ -1211,14 +1221,14 @@ def _replay_loop(request_id, arrival_step, prompt_len, max_new_tokens, priority,
                 if walked:
                     ct[sl, CT_VER] = -1
                 elif flags & DIRTY_RISE:  # no point of the fronts up to part q runs at this rise
-                    lcrit = np.int64(-BIG)
                     # (once free blocks are no more than now, a champion that does not fit with the
                     # fewest blocks of a point makes no point run when it joins the point's victims)
+                    ct[sl, CT_LCRIT] = -BIG
                     if champ != E.NO_ROW and preemptible[champ] and slow[sl] <= free + nd[champ, ND_BLOCKS]:
-                        lcrit = _cert_lcrit(sl, min(q, PARTS * sl + PARTS - 1), h.fn, h.fx, sh[sl], steps, k,
-                                            vic[v_pos[champ], VC_W])
+                        ct[sl, CT_LCRIT] = BIG
+                        ct[sl, CT_W] = vic[v_pos[champ], VC_W]
+                        ct[sl, CT_PART] = min(q, PARTS * sl + PARTS - 1)
                     ct[sl, CT_FREE] = free
-                    ct[sl, CT_LCRIT] = lcrit
                     ct[sl, CT_VER] = vver
                     ct[sl, CT_CHAMP] = champ
                 _slot_low(sl, h, slow)
