@@ -125,6 +125,21 @@ def test_device_nodes_are_refused_by_every_writer(tmp_path, trace_csv, capsys, m
     assert sorted(os.listdir(tmp_path)) == ["dev", "trace.csv", "trace.csv.meta.json"]
 
 
+@pytest.mark.parametrize("name", ["m.parquet", "m.PQ", "m.json", "metrics"])
+def test_sweep_refuses_an_out_name_that_is_not_csv(tmp_path, trace_csv, capsys, name):
+    """A metrics file named for another format would hold CSV that `report` then reads as that format."""
+    before = sorted(os.listdir(tmp_path))
+    assert main(["sweep", str(trace_csv), "--policy", "fcfs", "--kv-blocks", "4", "--out", str(tmp_path / name)]) == 2
+    assert ".csv" in one_line(capsys.readouterr().err)
+    assert sorted(os.listdir(tmp_path)) == before  # nothing written, no checkpoint either
+
+
+def test_sweep_takes_a_csv_name_in_any_case(tmp_path, trace_csv, capsys):
+    assert main(["sweep", str(trace_csv), "--policy", "fcfs", "--kv-blocks", "4", "--out", str(tmp_path / "M.CSV")]) == 0
+    capsys.readouterr()
+    assert (tmp_path / "M.CSV").read_text().startswith("trace,")
+
+
 def test_outputs_that_are_inputs_sidecars_or_each_other_are_refused(tmp_path, trace_csv, capsys):
     before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
     side = str(trace_csv) + ".meta.json"

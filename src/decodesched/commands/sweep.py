@@ -79,7 +79,8 @@ def add_parser(sub) -> None:
     p.add_argument("--chunk-size", type=int, default=None, metavar="N",
                    help="scenarios per chunk, each checkpointed as it finishes (default: with --dask 64, "
                         "else 4 per thread, at least 16)")
-    p.add_argument("--out", required=True, metavar="metrics.csv", help="the metrics CSV to write")
+    p.add_argument("--out", required=True, metavar="metrics.csv",
+                   help="the metrics CSV to write (a .csv name, or - for standard output)")
     p.set_defaults(func=run)
 
 
@@ -118,6 +119,9 @@ def _check_out(out: str, traces: list[str]) -> None:
     parent = path.parent if str(path.parent) else Path(".")
     if not parent.is_dir():
         raise UserError(f"cannot write {out}: no such directory {parent}")
+    if out != "-" and path.suffix.lower() != ".csv":  # `report` and every reader take a .parquet name for Parquet
+        got = f"'{path.suffix}'" if path.suffix else "no extension"
+        raise UserError(f"{out}: --out names the metrics CSV, which ends in .csv (or - for standard output); got {got}")
 
 
 def run(args) -> int:
