@@ -7,6 +7,9 @@
    at step 0, few fit): measured as (events of a long run - events of a short run) / (time difference),
    so the setup of inserting the backlog is not counted; the ratio to the 1k rate is printed, of the
    best rates and paired (each round runs every N back to back; the median of the rounds' ratios).
+   Below them, the preemptions per 1,000 events (the schedule's own work, which grows with N under
+   aging) and a fit of nanoseconds per event = a + b * preemptions per event over N with its residuals:
+   whether the same work costs more with a larger backlog.
 3. The full Azure 2023 conversation trace (19,366 requests) at offered loads 0.8, 1.0 and 1.5, per
    policy, warm (compiled, loaded from cache), with the event log: the whole `simulate` call.
 
@@ -137,7 +140,8 @@ def section_waiting(sizes, policies, window: int, rounds: int) -> None:
           f"'paired': the median\n   over rounds of each round's own last/first (the machine's speed drifts over "
           f"minutes, less within a round) ==")
     print("   (below each rate: preemptions per 1,000 of those events, the schedule's own work, which the policy and"
-          "\n   N decide: under aging a large backlog keeps preempting)")
+          "\n   N decide: under aging a large backlog keeps preempting; then ns per event fitted as a + b * preemptions"
+          "\n   per event over N: small residuals mean the same work costs the same at every N)")
     print(f"{'policy':<15}" + "".join(f"{f'N={n:,}':>14}" for n in sizes) + f"{'last/first':>12}{'paired':>8}")
     for policy in policies:
         traces = [waiting_trace(n, window, policy) for n in sizes]
@@ -162,6 +166,25 @@ def section_waiting(sizes, policies, window: int, rounds: int) -> None:
         paired = f"{statistics.median(ratios):.2f}" if ratios else "-"
         print(f"{policy:<15}" + "".join(f"{r:>14,.0f}" for r in best) + f"{best[-1] / best[0]:>12.2f}{paired:>8}")
         print(f"{'':<15}" + "".join(f"{c:>14.1f}" for c in churn))
+        print(cost_model(best, churn))
+
+
+def cost_model(rates, churn) -> str:
+    """A line on whether the cost per operation depends on N: the least-squares fit of nanoseconds per
+    event = a + b * preemptions per event over the backlogs, with each backlog's residual.  Small residuals
+    say that the rate moves only with the schedule's own work (an N-independent cost per step and per
+    preemption); large ones, that the same work costs more at some N (cache misses, deeper structures).
+    Without a spread of preemptions over N (within 2x) there is nothing to fit."""
+    ns = 1e9 / np.asarray(rates)
+    per_event = np.asarray(churn) / 1000
+    if per_event.min() <= 0 or per_event.max() < 2 * per_event.min():
+        return (f"{'':<15}   (preemptions per event within 2x over N: events/s compare equal work; "
+                f"{ns[0]:.0f} -> {ns[-1]:.0f} ns per event)")
+    design = np.column_stack([np.ones_like(per_event), per_event])
+    (a, b), *_ = np.linalg.lstsq(design, ns, rcond=None)
+    residual = ns / (design @ (a, b)) - 1
+    return (f"{'':<15}   fit over N: {a:.0f} ns per event + {b:,.0f} ns per preemption; residuals "
+            + ", ".join(f"{r:+.0%}" for r in residual))
 
 
 def section_azure(loads, capacity: int) -> None:
