@@ -77,9 +77,10 @@ once); O(log A) heap work when the champion goes back to its slot and displaces 
 admitted), O(log n) treap or B+tree work when the chosen request or its victim was waiting; and the
 walks of parts whose front may run: O(log n) when the bound prunes well, but not bounded by it in
 the worst case (a subtree can pass the bound without a runnable row).  With many non-empty residues
-at heavy load, one change of the victims can stop the cached answers of many residues from running,
-and each is walked again as it reaches the top of the tree (the Azure trace at load 1.5 with
-K = 100000: 3.6 walks per step, where K = 4 needs 0.02).  Every aging interval runs here (`fast_nb`
+at heavy load, a finish lets the rows of hundreds of residues run until the next admission takes the
+blocks back: each is walked when marked, and again when its answer, no longer running, reaches the
+top of the tree (the Azure trace at load 1.5, 8,000 blocks, K = 100000: about 3,500 residues, 6.8
+walks per step, 10-20 s; K = 4: 0.13 walks per step).  Every aging interval runs here (`fast_nb`
 replays an interval above the trace's total work steps as fixed_priority).
 """
 
