@@ -44,6 +44,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, default=1_000_000)
     a = ap.parse_args()
+    if a.rows < 1:
+        ap.error("--rows takes a positive count")
     trace = waiting_trace(a.rows, 10, "fixed_priority")
     n = len(trace)
     arrays = {c: getattr(trace, c) for c in TRACE_COLUMNS if c != "deadline_step"}
