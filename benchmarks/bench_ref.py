@@ -50,9 +50,10 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--shape", default="3 classes", choices=SHAPES, help="as in bench_shapes.py")
     ap.add_argument("--waiting", type=int, metavar="N", help="bench_scale's backlog of about N waiting instead")
+    ap.add_argument("--aging-interval", type=int, default=4, metavar="K", help="aging's interval on the Azure trace")
     a = ap.parse_args()
-    if a.repeats < 1 or (a.waiting is not None and a.waiting < 1):
-        ap.error("--repeats and --waiting take a positive count")
+    if a.repeats < 1 or a.aging_interval < 1 or (a.waiting is not None and a.waiting < 1):
+        ap.error("--repeats, --aging-interval and --waiting take a positive count")
     if not (a.ref / "fast_nb.py").is_file() or not a.ref.resolve().name.isidentifier():
         ap.error(f"{a.ref}: not a directory of kernel files named like a Python package (see the usage above)")
     sys.path.insert(0, str(a.ref.resolve().parent))
@@ -63,12 +64,12 @@ def main() -> None:
         waiting(a, ref)
 
 
-def _replay(kernel, args, code, capacity, max_steps, events):
-    """One replay: (CPU seconds, summary)."""
+def _replay(kernel, args, code, capacity, max_steps, events, k=4):
+    """One replay at aging interval k: (CPU seconds, summary)."""
     req_out = np.zeros((args[0].shape[0], E.RQ_NCOLS), np.int64)
     summary = np.zeros(E.SM_NCOLS, np.int64)
     t = time.process_time()
-    kernel(*args, code, capacity, 4, max_steps, events, req_out, summary)
+    kernel(*args, code, capacity, k, max_steps, events, req_out, summary)
     return time.process_time() - t, summary
 
 
@@ -98,12 +99,14 @@ def azure(a, ref) -> None:
     kernels = (ref, replay_fast_nb)
     for kernel in kernels:  # compile / load from cache
         _replay(kernel, args, 0, 100, -1, events)
-    print(f"Azure 2023 trace, load {a.load}, {a.shape}: CPU s per replay, best of {a.repeats}")
+    print(f"Azure 2023 trace, load {a.load}, {a.shape}, aging interval {a.aging_interval}: CPU s per replay, "
+          f"best of {a.repeats}")
     print(f"{'policy':<16}{'blocks':>7}{'ref':>9}{'current':>9}{'ratio':>7}{'paired':>8}")
     for capacity in a.capacities:
         for policy in a.policies:
             code = policy_code(policy)
-            t_ref, t_new = _paired(lambda i: _replay(kernels[i], args, code, capacity, -1, events), a.repeats)
+            t_ref, t_new = _paired(lambda i: _replay(kernels[i], args, code, capacity, -1, events, a.aging_interval),
+                                   a.repeats)
             print(f"{policy:<16}{capacity:>7}{min(t_ref):>9.4f}{min(t_new):>9.4f}{min(t_new) / min(t_ref):>7.3f}"
                   f"{_ratios(t_new, t_ref):>8.3f}", flush=True)
 

@@ -1268,8 +1268,14 @@ def _replay_loop(request_id, arrival_step, prompt_len, max_new_tokens, priority,
             # (its blocks read from its node, which shares a 128-byte block with the key the tree compared)
             if _fits(nd[chosen, ND_BLOCKS], nd[chosen, ND_BASE] + shift, free, n_v, vic, steps, k):
                 break
+            # It is its part's cached answer, and no point of the part's front runs (the dirty slots were
+            # just checked, and nothing else can make one run): the rows before it still cannot, so the
+            # walk goes on after it as after a taken answer, with it in the front.
             q = PARTS * sl + gk[chosen, AK_PHASE_CACHE]
-            c = _walk(q, h, free, shift, nd, gk, stack, n_v, vic, steps, k, bt, False)
+            _part_taken(q, chosen, gk, h)
+            _front_add(q, nd[chosen, ND_BLOCKS], nd[chosen, ND_BASE], h.fb, h.fx, h.fn)
+            c = _walk(q, h, free, shift, nd, gk, stack, n_v, vic, steps, k, bt, True)
+            h.taken[q] = False
             cand[q] = c
             ct[sl, CT_VER] = -1
             while c == E.NO_ROW and q + 1 < PARTS * sl + PARTS:
