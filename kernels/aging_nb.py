@@ -80,8 +80,20 @@ the worst case (a subtree can pass the bound without a runnable row).  With many
 at heavy load, a finish lets the rows of hundreds of residues run until the next admission takes the
 blocks back: each is walked when marked, and again when its answer, no longer running, reaches the
 top of the tree (the Azure trace at load 1.5, 8,000 blocks, K = 100000: about 3,500 residues, 6.8
-walks per step, 10-20 s; K = 4: 0.13 walks per step).  Every aging interval runs here (`fast_nb`
-replays an interval above the trace's total work steps as fixed_priority).
+walks per step, 10-20 s; K = 4: 0.13 walks per step).  Hence grouped mode for long intervals.
+
+**Grouped mode** (an interval of at least n / GROUPED_DIV, n requests): with r = steps mod K and
+q = steps // K, a row's effective priority is ``base + q - [rho > r]``, so the rows in slots split
+into two groups of one shift each: slot ``ga`` holds those whose residue rose this cycle (rho <= r,
+shift q), slot ``gb`` the others (shift q - 1), each in the same static order as a residue's slot.
+At the end of a step the rows of the residue that rises (linked in a list per residue, found
+through the table) move from gb to ga, keeping their base (`_rise_grouped`); when a cycle ends gb
+is empty and the slots swap roles (ga keeps its shift as the new gb).  So a finish or a new victim
+marks at most two slots, and a step walks at most eight parts, as under fixed_priority; the price
+is one move per row per K steps: about (rows waiting) / K B+tree or treap moves a step, which is
+why short intervals keep a slot per residue (on the Azure trace at load 1.5, the two cross near
+K = n / 10; n / 8 is the boundary).  Every aging interval runs here (`fast_nb` replays an interval
+above the trace's total work steps as fixed_priority).
 """
 
 from collections import namedtuple
@@ -128,6 +140,8 @@ FRONT = 12
 BIG_AT = 64
 SMALL_AT = 32
 BIG = 2**62
+# Grouped mode (see the module docstring) from an interval of 1 / GROUPED_DIV of the requests on.
+GROUPED_DIV = 8
 
 # Columns of the aging key matrix: the residue's slot, phase and cache rank (``2 * phase + rank``),
 # cache rank, -base, total_len, request_id.
@@ -776,9 +790,8 @@ def _slot_acquire(rho, steps, k, hkey, hval, mask, free_slots, n_free, s_rho, sh
 
 
 @njit(cache=True, _nrt=False)
-def _slot_release(s, s_rho, hkey, hval, mask, free_slots, n_free):
-    """Give back slot s (both its treaps empty): delete its residue from the table (backward shift)."""
-    rho = s_rho[s]
+def _table_delete(rho, hkey, hval, mask):
+    """Delete residue rho (present) from the table (backward shift)."""
     i = rho & mask
     while hkey[i] != rho:
         i = (i + 1) & mask
@@ -798,8 +811,52 @@ def _slot_release(s, s_rho, hkey, hval, mask, free_slots, n_free):
             hval[i] = hval[j]
             i = j
     hkey[i] = -1
+
+
+@njit(cache=True, _nrt=False)
+def _slot_release(s, s_rho, hkey, hval, mask, free_slots, n_free):
+    """Give back slot s (both its treaps empty): delete its residue from the table."""
+    _table_delete(s_rho[s], hkey, hval, mask)
     free_slots[n_free] = s
     return n_free + 1
+
+
+# In grouped mode (see `replay_aging_nb`) the table maps a residue to the first of its rows that sit
+# in a slot, linked through rnext / rprev.
+
+@njit(cache=True, _nrt=False)
+def _res_add(rho, r, hkey, hval, mask, rnext, rprev):
+    """Row r (of residue rho) joins its residue's list."""
+    i = rho & mask
+    while hkey[i] != -1 and hkey[i] != rho:
+        i = (i + 1) & mask
+    rprev[r] = -1
+    if hkey[i] == -1:
+        hkey[i] = rho
+        rnext[r] = -1
+    else:
+        x = hval[i]
+        rnext[r] = x
+        rprev[x] = r
+    hval[i] = r
+
+
+@njit(cache=True, _nrt=False)
+def _res_remove(rho, r, hkey, hval, mask, rnext, rprev):
+    """Row r (of residue rho) leaves its residue's list."""
+    p = rprev[r]
+    x = rnext[r]
+    if x >= 0:
+        rprev[x] = p
+    if p >= 0:
+        rnext[p] = x
+    elif x >= 0:
+        i = rho & mask
+        while hkey[i] != rho:
+            i = (i + 1) & mask
+        hval[i] = x
+    else:
+        _table_delete(rho, hkey, hval, mask)
 
 
 @njit(cache=True, _nrt=False)
@@ -1143,15 +1200,54 @@ def _list_remove(lst, lpos, cnt, s):
     return cnt - 1
 
 
+# Not cached on its own: it calls kernels of another file (see `stamp`); its callers' cache holds it.
+@njit(_nrt=False)
+def _rise_grouped(x, ga, gb, req, h, adm, afirst, gk, nd, stack, bt, path, conv, big_at, small_at, wlist, wpos,
+                  n_w, slow, ct, dirty, in_dirty, n_d, rnext):
+    """Grouped mode: the rows of a residue, from x on its list, rose by one: each moves from slot gb
+    (not risen this cycle) to slot ga (risen), keeping its base; returns (n_d, n_w).  A moving row
+    that was its part's cached answer is taken from there (the rows before it still cannot run);
+    one that lands before the answer in ga joins that part's front, as an arrival does."""
+    while x >= 0:
+        if req.admitted[x]:
+            afirst[gb] = _adm_take(gb, x, adm, gk)
+            gk[x, AK_SLOT] = ga
+            afirst[ga] = _adm_put(ga, x, adm, gk)
+            n_d = _mark(gb, DIRTY_LEAF, dirty, in_dirty, n_d)
+            n_d = _mark(ga, DIRTY_LEAF, dirty, in_dirty, n_d)
+        else:
+            pc = gk[x, AK_PHASE_CACHE]
+            q = PARTS * gb + pc
+            if h.cand[q] == x:
+                _part_taken(q, x, gk, h)
+            _wait_remove(q, x, h, stack, gk, nd, bt, path, conv, small_at)
+            if _empty(gb, h):
+                n_w = _list_remove(wlist, wpos, n_w, gb)
+            ct[gb, CT_VER] = -1
+            n_d = _mark(gb, DIRTY_WAIT, dirty, in_dirty, n_d)
+            gk[x, AK_SLOT] = ga
+            if wpos[ga] < 0:
+                n_w = _list_add(wlist, wpos, n_w, ga)
+            b = nd[x, ND_BLOCKS]
+            if _wait_insert(PARTS * ga + pc, x, h, stack, gk, nd, b, bt, path, conv, big_at):
+                slow[ga] = min(slow[ga], b)
+                ct[ga, CT_VER] = -1
+                n_d = _mark(ga, DIRTY_WAIT, dirty, in_dirty, n_d)
+        x = rnext[x]
+    return n_d, n_w
+
+
 # Not cached on its own: it calls kernels of another file (see `stamp`); its caller's cache holds it.
 # Without NRT, so that the helpers inlined into the loop carry no reference counting.
 @njit(_nrt=False)
 def _replay_loop(request_id, arrival_step, prompt_len, max_new_tokens, priority, cache_hit, required_blocks,
                  deadline_step, has_deadline, preemptible, order, free_kv_blocks, max_steps, events, k, top, req,
                  nd, gk, stack, hkey, hval, mask, free_slots, n_free, s_rho, h, adm, afirst, sh, wlist, wpos, tb,
-                 t_leaves, dirty, in_dirty, vic, v_pos, bt, path, conv, big_at, small_at, slow, ct):
+                 t_leaves, dirty, in_dirty, vic, v_pos, bt, path, conv, big_at, small_at, slow, ct, grouped, rnext,
+                 rprev):
     """The replay loop of `replay_aging_nb` over its state (`req`: the per-request state, `h`: the
-    waiting parts, `adm`: the admitted rows); returns (steps, clock, free, stop)."""
+    waiting parts, `adm`: the admitted rows; in grouped mode, rnext / rprev: the residues' lists);
+    returns (steps, clock, free, stop)."""
     cand = h.cand
     n = request_id.shape[0]
     n_w = 0
@@ -1175,6 +1271,9 @@ def _replay_loop(request_id, arrival_step, prompt_len, max_new_tokens, priority,
     c_ne = np.int64(0)
     # Bumped when a victim joins or one other than the champion moves (see `_cert_holds`).
     vver = np.int64(0)
+    # Grouped mode: slot ga holds the rows whose residue rose this cycle, gb the others.
+    ga = 0
+    gb = 1
 
     while True:
         if steps >= limit:
@@ -1190,8 +1289,12 @@ def _replay_loop(request_id, arrival_step, prompt_len, max_new_tokens, priority,
             unfinished += 1
             if required_blocks[r] > capacity:
                 continue  # can never be admitted
-            sl, n_free = _slot_acquire(rmod, steps, k, hkey, hval, mask, free_slots, n_free, s_rho, sh,
-                                       h, adm, afirst, slow)
+            if grouped:
+                sl = ga  # its residue, rmod, rose at the end of the last step
+                _res_add(rmod, r, hkey, hval, mask, rnext, rprev)
+            else:
+                sl, n_free = _slot_acquire(rmod, steps, k, hkey, hval, mask, free_slots, n_free, s_rho, sh,
+                                           h, adm, afirst, slow)
             _set_aging_key(r, sdiv, sl, gk, nd, E.PHASE_PREFILL, cache_hit[r], priority[r], top, prompt_len[r],
                            request_id[r])
             if wpos[sl] < 0:
@@ -1299,8 +1402,12 @@ def _replay_loop(request_id, arrival_step, prompt_len, max_new_tokens, priority,
             # up to date (its a, so its residue and base, changed at every step it ran).
             a = req.enqueue_steps[champ] + req.chosen_count[champ]
             rho = a % k
-            sl, n_free = _slot_acquire(rho, steps, k, hkey, hval, mask, free_slots, n_free, s_rho, sh, h, adm,
-                                       afirst, slow)
+            if grouped:
+                sl = ga if rho <= rmod else gb
+                _res_add(rho, champ, hkey, hval, mask, rnext, rprev)
+            else:
+                sl, n_free = _slot_acquire(rho, steps, k, hkey, hval, mask, free_slots, n_free, s_rho, sh, h, adm,
+                                           afirst, slow)
             _set_aging_key(champ, a // k, sl, gk, nd, E.PHASE_DECODE, cache_hit[champ], priority[champ], top,
                            prompt_len[champ] + req.generated[champ], request_id[champ])
             afirst[sl] = _adm_put(sl, champ, adm, gk)
@@ -1313,6 +1420,9 @@ def _replay_loop(request_id, arrival_step, prompt_len, max_new_tokens, priority,
         s_old = gk[chosen, AK_SLOT]
         if in_slot:
             c_ne = tb[1, TB_NEG_EFF]  # kept while it is the champion
+            if grouped:
+                _res_remove((req.enqueue_steps[chosen] + req.chosen_count[chosen]) % k, chosen, hkey, hval, mask,
+                            rnext, rprev)
         if was_admitted:
             if in_slot:
                 afirst[s_old] = _adm_take(s_old, chosen, adm, gk)
@@ -1400,7 +1510,7 @@ def _replay_loop(request_id, arrival_step, prompt_len, max_new_tokens, priority,
                 _victims_chosen(vic, v_pos, chosen)
                 if in_slot:  # (the champion's own moves are in its slots' certificates)
                     vver += 1
-        if in_slot and wpos[s_old] < 0 and afirst[s_old] < 0:
+        if in_slot and not grouped and wpos[s_old] < 0 and afirst[s_old] < 0:
             n_free = _slot_release(s_old, s_rho, hkey, hval, mask, free_slots, n_free)
             ct[s_old, CT_VER] = -1
 
@@ -1417,7 +1527,15 @@ def _replay_loop(request_id, arrival_step, prompt_len, max_new_tokens, priority,
         # Residue steps % K: every effective priority in it rises by one (the chosen request's,
         # now in another residue, stays), so more of it may run.  An empty residue holds no slot.
         rs = _slot_lookup(rmod, hkey, hval, mask)
-        if rs >= 0:
+        if grouped:
+            if rmod == 0:  # a new cycle: every row has risen (gb is empty) and now none has
+                ga, gb = gb, ga
+                sh[ga] = sdiv  # (gb's shift, sdiv - 1, is what it was as ga)
+                n_d = _mark(ga, DIRTY_LEAF | DIRTY_KEY, dirty, in_dirty, n_d)
+            if rs >= 0:  # (the first row of the residue's list)
+                n_d, n_w = _rise_grouped(rs, ga, gb, req, h, adm, afirst, gk, nd, stack, bt, path, conv, big_at,
+                                         small_at, wlist, wpos, n_w, slow, ct, dirty, in_dirty, n_d, rnext)
+        elif rs >= 0:
             sh[rs] += 1
             # more of its waiting rows may run, and its leaf compares differently now
             n_d = _mark(rs, DIRTY_RISE | DIRTY_KEY, dirty, in_dirty, n_d)
@@ -1425,10 +1543,11 @@ def _replay_loop(request_id, arrival_step, prompt_len, max_new_tokens, priority,
     return steps, clock, free, stop
 
 
-def _make_replay_aging(stamp, big_at, small_at):
+def _make_replay_aging(stamp, big_at, small_at, grouped_div):
     """`replay_aging_nb`, closing over `stamp` so that an edit of a kernel it calls compiles it afresh,
     with parts in B+trees from `big_at` rows on and back in treaps below `small_at` (1 < small_at <
-    big_at; BIG_AT and SMALL_AT but in the tests)."""
+    big_at), in grouped mode when the interval is at least the requests / `grouped_div` (never for 0;
+    BIG_AT, SMALL_AT and GROUPED_DIV but in the tests)."""
 
     @njit(cache=True)
     def replay_aging_nb(request_id, arrival_step, prompt_len, max_new_tokens, priority, cache_hit,
@@ -1445,14 +1564,18 @@ def _make_replay_aging(stamp, big_at, small_at):
         nd, gk = treap_nodes_nb(required_blocks, AK_NCOLS)
         stack = np.empty(n + 64, np.int64)
         # Per-slot structures: a slot is held by a non-empty residue (a live row sits in its residue's
-        # slot), so at most min(K, n) are in use; sized by that, not by K.
-        m = min(k, np.int64(n) + 1)
+        # slot), so at most min(K, n) are in use; sized by that, not by K.  In grouped mode, two.
+        m_res = min(k, np.int64(n) + 1)
+        grouped = grouped_div > 0 and k >= -(-np.int64(n) // grouped_div)
+        m = np.int64(2) if grouped else m_res
         t_size = 2
-        while t_size < 2 * m:
+        while t_size < 2 * m_res:
             t_size *= 2
         mask = np.int64(t_size - 1)
-        hkey = np.full(t_size, -1, np.int64)  # residue -> slot table
+        hkey = np.full(t_size, -1, np.int64)  # residue -> slot table (grouped: -> its list's first row)
         hval = np.zeros(t_size, np.int64)
+        rnext = np.empty(n if grouped else 0, np.int64)
+        rprev = np.empty(n if grouped else 0, np.int64)
         free_slots = np.empty(m, np.int64)
         for i in range(m):
             free_slots[i] = m - 1 - i
@@ -1464,6 +1587,8 @@ def _make_replay_aging(stamp, big_at, small_at):
         adm = _new_admitted(n, m)
         afirst = np.full(m, -1, np.int64)
         sh = np.zeros(m, np.int64)  # sh[slot] = (steps - rho) // K: its residue's shift, kept per step
+        if grouped:
+            sh[1] = -1  # slot 1 holds the rows whose residue has not risen yet (none at step 0)
         # The slots with waiting rows, as a compact list.
         wlist = np.empty(m, np.int64)
         wpos = np.full(m, -1, np.int64)
@@ -1498,10 +1623,10 @@ def _make_replay_aging(stamp, big_at, small_at):
                                                 preemptible, order, free_kv_blocks, max_steps, events, k, top, req,
                                                 nd, gk, stack, hkey, hval, mask, free_slots, n_free, s_rho, h, adm,
                                                 afirst, sh, wlist, wpos, tb, t_leaves, dirty, in_dirty, vic, v_pos, bt,
-                                                path, conv, big_at, small_at, slow, ct)
+                                                path, conv, big_at, small_at, slow, ct, grouped, rnext, rprev)
         write_state_nb(req_out, summary, steps, clock, free, stop, req)
 
     return replay_aging_nb
 
 
-replay_aging_nb = _make_replay_aging(SOURCE_STAMP, BIG_AT, SMALL_AT)
+replay_aging_nb = _make_replay_aging(SOURCE_STAMP, BIG_AT, SMALL_AT, GROUPED_DIV)

@@ -19,11 +19,13 @@ from decodesched.engine import policy_code, simulate, trace_arrays
 from decodesched.kernels import enums as E
 from decodesched.kernels.aging_nb import (
     AK_PACKED,
+    BIG_AT,
     FRONT,
     HM_CAP,
     HM_HOT,
     HM_LO,
     HM_N,
+    SMALL_AT,
     SOURCE_STAMP,
     _adm_first,
     _adm_put,
@@ -195,12 +197,14 @@ def test_aging_rise_certificates_equal_scan_on_many_random_traces():
     (`_cert_holds`): what can break one (free blocks grown, a victim joined or moved, the champion
     past a point's limit or back after another ran, a front grown) is rare at a given rise, so this
     replays 10,000 seeded random traces (each a fraction of a millisecond) against the scan kernel,
-    every other one with parts in B+trees from 3 rows on."""
+    every other one with parts in B+trees from 3 rows on (a slot per residue: the real kernel takes
+    small traces in grouped mode, which has no certificates)."""
     rng = np.random.default_rng(20261203)
     for i in range(10_000):
         trace = random_small_trace(rng)
         capacity, interval = int(rng.integers(3, 40)), int(rng.integers(1, 9))
-        fast = run_aging_kernel(trace, capacity, interval, kernel=replay_aging_btree_nb if i % 2 else replay_aging_nb)
+        kernel = replay_aging_btree_nb if i % 2 else replay_aging_residues_nb
+        fast = run_aging_kernel(trace, capacity, interval, kernel=kernel)
         scan = run_kernel(replay_scan_nb, trace, "aging", capacity, interval)
         for a, b in zip(fast, scan):
             np.testing.assert_array_equal(a, b, err_msg=f"capacity {capacity}, interval {interval}")
@@ -270,47 +274,56 @@ def run_aging_kernel(trace, capacity, interval, max_steps=-1, kernel=replay_agin
 
 # The aging kernel with every part of 3 rows or more in a B+tree (back in a treap below 2): small
 # traces then exercise the B+tree walks and every change of structure, which the real thresholds
-# (BIG_AT, SMALL_AT) leave to large backlogs.
-replay_aging_btree_nb = _make_replay_aging(SOURCE_STAMP, 3, 2)
+# (BIG_AT, SMALL_AT) leave to large backlogs.  One slot per residue at every interval, where the
+# real kernel (GROUPED_DIV) takes small traces in grouped mode from an interval of n / 8 on; and the
+# same in grouped mode at every interval.
+replay_aging_btree_nb = _make_replay_aging(SOURCE_STAMP, 3, 2, 0)
+replay_aging_residues_nb = _make_replay_aging(SOURCE_STAMP, BIG_AT, SMALL_AT, 0)
+replay_aging_grouped_nb = _make_replay_aging(SOURCE_STAMP, 3, 2, 2**62)
+AGING_KERNELS = {"residues": replay_aging_btree_nb, "grouped": replay_aging_grouped_nb, "real": replay_aging_nb}
 
 
 @settings(max_examples=300, **SETTINGS)
 @given(rows=st.one_of(traces(max_requests=40, max_len=8, max_arrival=20, max_blocks=10),
                      traces(max_requests=40, max_len=8, max_arrival=20, max_blocks=10, wide_priorities=True)),
        capacity=st.integers(0, 25), interval=st.sampled_from([1, 2, 3, 4, 7, 64, 1000]),
-       max_steps=st.one_of(st.none(), st.integers(0, 200)))
-def test_aging_with_btree_parts_matches_scan_on_small_traces(rows, capacity, interval, max_steps):
+       max_steps=st.one_of(st.none(), st.integers(0, 200)), mode=st.sampled_from(sorted(AGING_KERNELS)))
+def test_aging_with_btree_parts_matches_scan_on_small_traces(rows, capacity, interval, max_steps, mode):
     trace = load_trace(rows)
     got = run_aging_kernel(trace, capacity, interval, -1 if max_steps is None else max_steps,
-                           kernel=replay_aging_btree_nb)
+                           kernel=AGING_KERNELS[mode])
     want = run_kernel(replay_scan_nb, trace, "aging", capacity, interval, -1 if max_steps is None else max_steps)
     for g, w in zip(got, want):
         np.testing.assert_array_equal(g, w)
 
 
-@pytest.mark.parametrize("interval", [1, 4, 64])
+@pytest.mark.parametrize("interval", [1, 4, 64, 1000])
 def test_aging_with_btree_parts_equals_scan_on_backlogs(interval):
-    """Deep B+trees (hundreds of rows a part) with many priorities, sizes and cache ranks."""
+    """Deep B+trees (hundreds of rows a part) with many priorities, sizes and cache ranks, with a slot
+    per residue and in grouped mode (where each residue's rows move between two slots' B+trees)."""
     for seed, n, capacity in [(41, 1500, 40), (42, 900, 12)]:
         trace = backlog_trace(n, seed=seed, priorities=40, max_blocks=36, non_preemptible_fraction=0.15,
                               cache_fraction=0.5)
-        got = run_aging_kernel(trace, capacity, interval, kernel=replay_aging_btree_nb)
         want = run_kernel(replay_scan_nb, trace, "aging", capacity, interval)
-        for g, w in zip(got, want):
-            np.testing.assert_array_equal(g, w)
-        assert got[1][:, E.RQ_PREEMPTIONS].sum() > 0
+        for kernel in (replay_aging_btree_nb, replay_aging_grouped_nb):
+            got = run_aging_kernel(trace, capacity, interval, kernel=kernel)
+            for g, w in zip(got, want):
+                np.testing.assert_array_equal(g, w)
+        assert want[1][:, E.RQ_PREEMPTIONS].sum() > 0
 
 
 @pytest.mark.parametrize("interval", [10**6, 2**40 + 3])
 def test_aging_kernel_itself_with_huge_intervals_equals_scan(interval):
     """The aging kernel called directly (not through the fixed_priority shortcut) with intervals far
-    above the trace's work: every residue its own slot, colliding in the table; memory as for small K."""
+    above the trace's work: in grouped mode, as the real kernel runs them, and with every residue its
+    own slot, colliding in the table; memory as for small K."""
     trace = backlog_trace(600, seed=23, priorities=5, max_blocks=10, non_preemptible_fraction=0.3)
-    got = run_aging_kernel(trace, 20, interval)
     want = run_kernel(replay_scan_nb, trace, "aging", 20, interval)
-    for g, w in zip(got, want):
-        np.testing.assert_array_equal(g, w)
-    assert got[1][:, E.RQ_PREEMPTIONS].sum() > 0
+    for kernel in (replay_aging_nb, replay_aging_btree_nb):
+        got = run_aging_kernel(trace, 20, interval, kernel=kernel)
+        for g, w in zip(got, want):
+            np.testing.assert_array_equal(g, w)
+    assert want[1][:, E.RQ_PREEMPTIONS].sum() > 0
 
 
 @settings(max_examples=300, **SETTINGS)
