@@ -1202,14 +1202,14 @@ def _list_remove(lst, lpos, cnt, s):
 
 # Not cached on its own: it calls kernels of another file (see `stamp`); its callers' cache holds it.
 @njit(_nrt=False)
-def _rise_grouped(x, ga, gb, req, h, adm, afirst, gk, nd, stack, bt, path, conv, big_at, small_at, wlist, wpos,
+def _rise_grouped(x, ga, gb, admitted, h, adm, afirst, gk, nd, stack, bt, path, conv, big_at, small_at, wlist, wpos,
                   n_w, slow, ct, dirty, in_dirty, n_d, rnext):
     """Grouped mode: the rows of a residue, from x on its list, rose by one: each moves from slot gb
     (not risen this cycle) to slot ga (risen), keeping its base; returns (n_d, n_w).  A moving row
     that was its part's cached answer is taken from there (the rows before it still cannot run);
     one that lands before the answer in ga joins that part's front, as an arrival does."""
     while x >= 0:
-        if req.admitted[x]:
+        if admitted[x]:
             afirst[gb] = _adm_take(gb, x, adm, gk)
             gk[x, AK_SLOT] = ga
             afirst[ga] = _adm_put(ga, x, adm, gk)
@@ -1533,7 +1533,7 @@ def _replay_loop(request_id, arrival_step, prompt_len, max_new_tokens, priority,
                 sh[ga] = sdiv  # (gb's shift, sdiv - 1, is what it was as ga)
                 n_d = _mark(ga, DIRTY_LEAF | DIRTY_KEY, dirty, in_dirty, n_d)
             if rs >= 0:  # (the first row of the residue's list)
-                n_d, n_w = _rise_grouped(rs, ga, gb, req, h, adm, afirst, gk, nd, stack, bt, path, conv, big_at,
+                n_d, n_w = _rise_grouped(rs, ga, gb, req.admitted, h, adm, afirst, gk, nd, stack, bt, path, conv, big_at,
                                          small_at, wlist, wpos, n_w, slow, ct, dirty, in_dirty, n_d, rnext)
         elif rs >= 0:
             sh[rs] += 1
