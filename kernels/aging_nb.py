@@ -91,8 +91,8 @@ through the table) move from gb to ga, keeping their base (`_rise_grouped`); whe
 is empty and the slots swap roles (ga keeps its shift as the new gb).  So a finish or a new victim
 marks at most two slots, and a step walks at most eight parts, as under fixed_priority; the price
 is one move per row per K steps: about (rows waiting) / K B+tree or treap moves a step, which is
-why short intervals keep a slot per residue (on the Azure trace at load 1.5, the two cross near
-K = n / 10; n / 8 is the boundary).  Every aging interval runs here (`fast_nb` replays an interval
+why short intervals keep a slot per residue (on the Azure trace the two cross between n / 19 and
+n / 8 at load 1.5, near n / 8 at load 1.0; n / 8 is the boundary).  Every aging interval runs here (`fast_nb` replays an interval
 above the trace's total work steps as fixed_priority).
 """
 
@@ -749,25 +749,28 @@ def _compressed_priorities(priority, max_new_tokens, aging_interval):
 # open-addressing hash table with linear probing on ``rho & mask`` (the identity when K fits).
 
 @njit(cache=True, _nrt=False, inline="always")
-def _slot_lookup(rho, hkey, hval, mask):
-    """The slot of residue rho, or -1."""
+def _table_find(rho, hkey, mask):
+    """The table's place of residue rho, or the free place where it would go."""
     i = rho & mask
-    while hkey[i] != -1:
-        if hkey[i] == rho:
-            return hval[i]
+    while hkey[i] != -1 and hkey[i] != rho:
         i = (i + 1) & mask
-    return -1
+    return i
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _slot_lookup(rho, hkey, hval, mask):
+    """The slot of residue rho (grouped mode: the first row of its list), or -1."""
+    i = _table_find(rho, hkey, mask)
+    return hval[i] if hkey[i] == rho else -1
 
 
 @njit(cache=True, _nrt=False)
 def _slot_acquire(rho, steps, k, hkey, hval, mask, free_slots, n_free, s_rho, sh, h, adm, afirst, slow):
     """The slot of residue rho, a fresh one (empty, shift (steps - rho) // K) if it has none; returns
     (slot, n_free)."""
-    i = rho & mask
-    while hkey[i] != -1:
-        if hkey[i] == rho:
-            return hval[i], n_free
-        i = (i + 1) & mask
+    i = _table_find(rho, hkey, mask)
+    if hkey[i] == rho:
+        return hval[i], n_free
     n_free -= 1
     s = free_slots[n_free]
     hkey[i] = rho
@@ -792,9 +795,7 @@ def _slot_acquire(rho, steps, k, hkey, hval, mask, free_slots, n_free, s_rho, sh
 @njit(cache=True, _nrt=False)
 def _table_delete(rho, hkey, hval, mask):
     """Delete residue rho (present) from the table (backward shift)."""
-    i = rho & mask
-    while hkey[i] != rho:
-        i = (i + 1) & mask
+    i = _table_find(rho, hkey, mask)
     j = i
     while True:
         j = (j + 1) & mask
@@ -827,9 +828,7 @@ def _slot_release(s, s_rho, hkey, hval, mask, free_slots, n_free):
 @njit(cache=True, _nrt=False)
 def _res_add(rho, r, hkey, hval, mask, rnext, rprev):
     """Row r (of residue rho) joins its residue's list."""
-    i = rho & mask
-    while hkey[i] != -1 and hkey[i] != rho:
-        i = (i + 1) & mask
+    i = _table_find(rho, hkey, mask)
     rprev[r] = -1
     if hkey[i] == -1:
         hkey[i] = rho
@@ -851,10 +850,7 @@ def _res_remove(rho, r, hkey, hval, mask, rnext, rprev):
     if p >= 0:
         rnext[p] = x
     elif x >= 0:
-        i = rho & mask
-        while hkey[i] != rho:
-            i = (i + 1) & mask
-        hval[i] = x
+        hval[_table_find(rho, hkey, mask)] = x
     else:
         _table_delete(rho, hkey, hval, mask)
 
