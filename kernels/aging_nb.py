@@ -861,7 +861,9 @@ def _tree_set(tb, size, s, row, gk, sh):
     A node holds its row with the first two parts of the row's real key at the current step (phase
     and cache rank, -effective priority ``= -base - sh[slot]``), so that rows of any residues compare
     without their slots' shifts; total_len and request_id break ties.  A node's key parts are the
-    same as its leaf's, and a slot whose shift rose sets its leaf again (DIRTY_KEY)."""
+    same as its leaf's, and a slot whose shift rose sets its leaf again (DIRTY_KEY).  The path stops at
+    the first node that keeps its row and key: the nodes above it depend on nothing else that changed
+    (with K = 1,000 at heavy load a finish re-sets hundreds of leaves, most of them far from the top)."""
     i = s + size
     tb[i, TB_ROW] = row
     if row >= 0:
@@ -882,6 +884,9 @@ def _tree_set(tb, size, s, row, gk, sh):
             w = a
         else:
             w = b
+        if (tb[i, TB_ROW] == tb[w, TB_ROW] and tb[i, TB_PHASE_CACHE] == tb[w, TB_PHASE_CACHE]
+                and tb[i, TB_NEG_EFF] == tb[w, TB_NEG_EFF]):
+            return  # this node keeps its value: so do the ones above it
         tb[i, TB_ROW] = tb[w, TB_ROW]
         tb[i, TB_PHASE_CACHE] = tb[w, TB_PHASE_CACHE]
         tb[i, TB_NEG_EFF] = tb[w, TB_NEG_EFF]
