@@ -142,8 +142,6 @@ SMALL_AT = 32
 BIG = 2**62
 # Grouped mode (see the module docstring) from an interval of 1 / GROUPED_DIV of the requests on.
 GROUPED_DIV = 8
-# Slots may be left pending (see `Pending`) while at least PEND_AT of them hold waiting rows.
-PEND_AT = 16
 
 # Columns of the aging key matrix: the residue's slot, phase and cache rank (``2 * phase + rank``),
 # cache rank, -base, total_len, request_id.
@@ -225,14 +223,12 @@ def _new_admitted(n, m):
 
 
 # Flags of a dirty slot (see `_mark`): its leaf may be out of date; its waiting rows' answers may be
-# (waiting rows joined or left); its leaf's key or shift changed; its residue's priorities rose (its
-# answers may change too, unless its certificate holds: `_cert_holds`); more of its rows may run (a
-# slot marked for that alone may be left *pending*, see `Pending`).
+# (waiting rows joined or left, or more of them may run); its leaf's key or shift changed; its
+# residue's priorities rose (its answers may change too, unless its certificate holds: `_cert_holds`).
 DIRTY_LEAF = 1
 DIRTY_WAIT = 2
 DIRTY_KEY = 4
 DIRTY_RISE = 8
-DIRTY_MAYRUN = 16  # free blocks grew or a victim joined: a point of its fronts may run (`_mark_may_run`)
 
 # Columns of a slot's certificate (see `_cert_holds`), as it was taken: the free blocks, the highest
 # limit of a point that the champion was not below (`_cert_lcrit`; -BIG: none, or the champion cannot
@@ -245,91 +241,6 @@ CT_CHAMP = 3
 CT_W = 4
 CT_PART = 5
 CT_NCOLS = 6
-
-# Slots left *pending* (from PEND_AT slots with waiting rows on): marked by `_mark_may_run` alone, with
-# a point of a front that may run now, they are not walked at once but keep their cached answers,
-# with a bound on the key of every row before them that may run (`_front_bound`: the part's phase
-# and cache rank, and -(the highest base of a point that runs + the slot's shift)), in a binary heap
-# by that bound (the slot breaks ties).  Before a step takes the top of the tree, or the champion, a
-# pending slot whose bound comes first is marked to be evaluated as usual (`_pend_resolve`).  After
-# a finish at heavy load, hundreds of residues may run for the step until the next admission takes
-# the blocks back: the first bound or two decide the step, and the others, evaluated a step later,
-# mostly find that nothing before their answers runs any more, without a walk.  A slot leaves the
-# heap when evaluated, or when its slot is given back.
-Pending = namedtuple("Pending", ("heap", "pos", "pc", "ne"))
-
-
-@njit(cache=True)
-def _new_pending(m):
-    """The `Pending` of m slots: the heap, each slot's place in it (-1: not pending), its bound."""
-    return Pending(heap=np.empty(m, np.int64), pos=np.full(m, -1, np.int64), pc=np.zeros(m, np.int64),
-                   ne=np.zeros(m, np.int64))
-
-
-@njit(cache=True, _nrt=False, inline="always")
-def _pend_less(pc, ne, a, b):
-    """Pending slot a's bound before slot b's."""
-    if pc[a] != pc[b]:
-        return pc[a] < pc[b]
-    if ne[a] != ne[b]:
-        return ne[a] < ne[b]
-    return a < b
-
-
-@njit(cache=True, _nrt=False)
-def _pend_sift(heap, pos, pc, ne, n, i):
-    """Move the heap's entry i (of n) up or down to its place."""
-    s = heap[i]
-    while i > 0:
-        j = (i - 1) >> 1
-        t = heap[j]
-        if not _pend_less(pc, ne, s, t):
-            break
-        heap[i] = t
-        pos[t] = i
-        i = j
-    while True:
-        c = 2 * i + 1
-        if c >= n:
-            break
-        if c + 1 < n and _pend_less(pc, ne, heap[c + 1], heap[c]):
-            c += 1
-        t = heap[c]
-        if not _pend_less(pc, ne, t, s):
-            break
-        heap[i] = t
-        pos[t] = i
-        i = c
-    heap[i] = s
-    pos[s] = i
-
-
-@njit(cache=True, _nrt=False)
-def _pend_set(s, pcv, nev, heap, pos, pc, ne, n):
-    """Slot s pending with bound (pcv, nev), in the heap or moved in it; returns the heap's size."""
-    pc[s] = pcv
-    ne[s] = nev
-    if pos[s] < 0:
-        heap[n] = s
-        pos[s] = n
-        n += 1
-    _pend_sift(heap, pos, pc, ne, n, pos[s])
-    return n
-
-
-@njit(cache=True, _nrt=False)
-def _pend_remove(s, heap, pos, pc, ne, n):
-    """Slot s (pending) out of the heap; returns the heap's size."""
-    i = pos[s]
-    pos[s] = -1
-    n -= 1
-    if i < n:
-        last = heap[n]
-        heap[i] = last
-        pos[last] = i
-        _pend_sift(heap, pos, pc, ne, n, i)
-    return n
-
 
 # Columns of the victim matrix (see `_victims_add`).
 VC_W = 0
@@ -501,30 +412,6 @@ def _front_may_run(s, free, shift, h, n_v, vic, steps, k):
         if last > room:
             return False
     return False
-
-
-@njit(cache=True, _nrt=False)
-def _front_bound(s, free, shift, h, n_v, vic, steps, k):
-    """The highest base of a point of part s's front that runs now (-BIG: none), as `_front_may_run`
-    checks them: every row before the part's cached answer that runs has at most that base (a point
-    bounding it, with no more blocks and at least its base, runs too)."""
-    n = h.fn[s]
-    if n == 0:
-        return np.int64(-BIG)
-    top = _room_any(free, n_v, vic)
-    if h.fb[s, n - 1] > top:
-        return np.int64(-BIG)
-    for i in range(n):
-        b = h.fb[s, i]
-        if b <= free:
-            return h.fx[s, i]
-        if b > top:
-            continue
-        j = _victims_below((h.fx[s, i] + shift) * k - steps, n_v, vic, h.fj[s, i])
-        h.fj[s, i] = j
-        if b <= free + (vic[j - 1, VC_PMAX] if j > 0 else 0):
-            return h.fx[s, i]
-    return np.int64(-BIG)
 
 
 @njit(cache=True, _nrt=False, inline="always")
@@ -1246,17 +1133,8 @@ def _mark_may_run(free, n_v, vic, wlist, n_w, slow, dirty, in_dirty, n_d):
     for i in range(n_w):
         sl = wlist[i]
         if slow[sl] <= top:
-            n_d = _mark(sl, DIRTY_MAYRUN, dirty, in_dirty, n_d)
+            n_d = _mark(sl, DIRTY_WAIT, dirty, in_dirty, n_d)
     return n_d
-
-
-@njit(cache=True, _nrt=False, inline="always")
-def _any_taken(sl, h):
-    """Whether an answer of a part of slot sl was taken (the rows after it are bounded by no front)."""
-    for q in range(PARTS * sl, PARTS * sl + PARTS):
-        if h.taken[q]:
-            return True
-    return False
 
 
 @njit(cache=True, _nrt=False, inline="always")
@@ -1266,7 +1144,12 @@ def _parts_may_change(sl, h, slow, free, n_v, vic):
     slow[sl] is at most the fewest blocks of a point (see `_slot_low`): on many steps the residue whose
     priorities rose has waiting rows that are all too big, and its parts are not read.  (A part whose
     last row left has no cached answer: that row was its taken answer.)"""
-    return slow[sl] <= _room_any(free, n_v, vic) or _any_taken(sl, h)
+    if slow[sl] <= _room_any(free, n_v, vic):
+        return True
+    for q in range(PARTS * sl, PARTS * sl + PARTS):
+        if h.taken[q]:
+            return True
+    return False
 
 
 @njit(cache=True, _nrt=False, inline="always")
@@ -1362,7 +1245,7 @@ def _replay_loop(request_id, arrival_step, prompt_len, max_new_tokens, priority,
                  deadline_step, has_deadline, preemptible, order, free_kv_blocks, max_steps, events, k, top, req,
                  nd, gk, stack, hkey, hval, mask, free_slots, n_free, s_rho, h, adm, afirst, sh, wlist, wpos, tb,
                  t_leaves, dirty, in_dirty, vic, v_pos, bt, path, conv, big_at, small_at, slow, ct, grouped, rnext,
-                 rprev, pnd, pend_at):
+                 rprev):
     """The replay loop of `replay_aging_nb` over its state (`req`: the per-request state, `h`: the
     waiting parts, `adm`: the admitted rows; in grouped mode, rnext / rprev: the residues' lists);
     returns (steps, clock, free, stop)."""
@@ -1371,7 +1254,6 @@ def _replay_loop(request_id, arrival_step, prompt_len, max_new_tokens, priority,
     n_w = 0
     n_d = 0
     n_v = 0
-    n_p = 0  # pending slots (`pnd`, from pend_at slots with waiting rows on)
     pos = 0
     clock = np.int64(0)
     free = np.int64(free_kv_blocks)
@@ -1424,131 +1306,90 @@ def _replay_loop(request_id, arrival_step, prompt_len, max_new_tokens, priority,
                 ct[sl, CT_VER] = -1  # its front grew
                 n_d = _mark(sl, DIRTY_WAIT, dirty, in_dirty, n_d)
 
-        # The dirty slots, then the step's request; a pending slot that may come first sends it back.
-        while True:
-            for i in range(n_d):
-                sl = dirty[i]
-                flags = in_dirty[sl]
-                in_dirty[sl] = 0
-                if flags == DIRTY_MAYRUN and n_w >= pend_at and not _any_taken(sl, h):
-                    # Pending while a point before its answers runs now (see `Pending`), else nothing
-                    # changed for it: the rows of a part after a cached answer sort after that answer.
-                    pended = False
-                    for q in range(PARTS * sl, PARTS * sl + PARTS):
-                        if h.root[q] >= 0:
-                            x = _front_bound(q, free, sh[sl], h, n_v, vic, steps, k)
-                            if x != -BIG:
-                                n_p = _pend_set(sl, q - PARTS * sl, -(x + sh[sl]), pnd.heap, pnd.pos, pnd.pc, pnd.ne,
-                                                n_p)
-                                pended = True
-                                break
-                        if cand[q] != E.NO_ROW:
-                            break
-                    if not pended and pnd.pos[sl] >= 0:
-                        n_p = _pend_remove(sl, pnd.heap, pnd.pos, pnd.pc, pnd.ne, n_p)
-                    continue
-                if flags & (DIRTY_WAIT | DIRTY_RISE | DIRTY_MAYRUN) and pnd.pos[sl] >= 0:
-                    # evaluated now, or none of its points runs (`_parts_may_change`, `_cert_holds`)
-                    n_p = _pend_remove(sl, pnd.heap, pnd.pos, pnd.pc, pnd.ne, n_p)
-                # a part only matters when no row of the parts before it runs
-                c = E.NO_ROW
-                if (flags & (DIRTY_WAIT | DIRTY_RISE | DIRTY_MAYRUN) and _parts_may_change(sl, h, slow, free, n_v, vic)
-                        and (flags & (DIRTY_WAIT | DIRTY_MAYRUN)
-                             or not _cert_holds(sl, ct, vver, champ, free, vic, v_pos, h.fn, h.fx, sh[sl], steps, k))):
-                    walked = False
-                    q = PARTS * sl
-                    while q < PARTS * sl + PARTS:
-                        c, w_q = _part_answer(q, h, free, sh[sl], nd, gk, stack, n_v, vic, steps, k, bt)
-                        walked |= w_q
-                        if c != E.NO_ROW:
-                            break
-                        q += 1
-                    if walked:
-                        ct[sl, CT_VER] = -1
-                    elif flags & DIRTY_RISE:  # no point of the fronts up to part q runs at this rise
-                        # (once free blocks are no more than now, a champion that does not fit with the
-                        # fewest blocks of a point makes no point run when it joins the point's victims)
-                        ct[sl, CT_LCRIT] = -BIG
-                        if champ != E.NO_ROW and preemptible[champ] and slow[sl] <= free + nd[champ, ND_BLOCKS]:
-                            ct[sl, CT_LCRIT] = BIG
-                            ct[sl, CT_W] = vic[v_pos[champ], VC_W]
-                            ct[sl, CT_PART] = min(q, PARTS * sl + PARTS - 1)
-                        ct[sl, CT_FREE] = free
-                        ct[sl, CT_VER] = vver
-                        ct[sl, CT_CHAMP] = champ
-                    _slot_low(sl, h, slow)
-                    # A new waiting answer may be the step's request a few steps on: start its misses now,
-                    # while the tree compares its key, rather than when it is chosen.
-                    if c != E.NO_ROW and c != tb[t_leaves + sl, TB_ROW]:
-                        _prefetch_request(c, req, max_new_tokens, preemptible, cache_hit, priority, prompt_len,
-                                          request_id, has_deadline, deadline_step)
-                else:  # only its admitted rows changed, or no part's answer can change: the cached answers stand
-                    for q in range(PARTS * sl, PARTS * sl + PARTS):
-                        c = cand[q]
-                        if c != E.NO_ROW:
-                            break
-                f = afirst[sl]
-                if c == E.NO_ROW or (f != E.NO_ROW and _slot_less(gk, f, c)):
-                    c = f
-                if c != tb[t_leaves + sl, TB_ROW] or flags & DIRTY_KEY:
-                    _tree_set(tb, t_leaves, sl, c, gk, sh)
-            n_d = 0
-            # The top of the tree, once it runs, is the step's request (see `tb`), unless the champion
-            # comes first: the top is at or before every other row that runs (a cached answer that stopped
-            # running only comes too early), so then the champion is.
-            resolve = False
-            while True:
-                chosen = tb[1, TB_ROW]
-                if n_p > 0:
-                    # a pending slot whose bound comes before the best known row is evaluated first
-                    ps = pnd.heap[0]
-                    b_pc = np.int64(BIG)
-                    b_ne = np.int64(BIG)
-                    if chosen != E.NO_ROW:
-                        b_pc = tb[1, TB_PHASE_CACHE]
-                        b_ne = tb[1, TB_NEG_EFF]
-                    if champ != E.NO_ROW and _champ_first(champ, c_pc, c_ne, chosen, tb, gk):
-                        b_pc = c_pc
-                        b_ne = c_ne
-                    if pnd.pc[ps] < b_pc or (pnd.pc[ps] == b_pc and pnd.ne[ps] <= b_ne):
-                        n_p = _pend_remove(ps, pnd.heap, pnd.pos, pnd.pc, pnd.ne, n_p)
-                        n_d = _mark(ps, DIRTY_WAIT, dirty, in_dirty, n_d)
-                        resolve = True
+        for i in range(n_d):
+            sl = dirty[i]
+            flags = in_dirty[sl]
+            in_dirty[sl] = 0
+            # a part only matters when no row of the parts before it runs
+            c = E.NO_ROW
+            if (flags & (DIRTY_WAIT | DIRTY_RISE) and _parts_may_change(sl, h, slow, free, n_v, vic)
+                    and (flags & DIRTY_WAIT or not _cert_holds(sl, ct, vver, champ, free, vic, v_pos, h.fn, h.fx, sh[sl],
+                                                                steps, k))):
+                walked = False
+                q = PARTS * sl
+                while q < PARTS * sl + PARTS:
+                    c, w_q = _part_answer(q, h, free, sh[sl], nd, gk, stack, n_v, vic, steps, k, bt)
+                    walked |= w_q
+                    if c != E.NO_ROW:
                         break
-                if champ != E.NO_ROW and _champ_first(champ, c_pc, c_ne, chosen, tb, gk):
-                    chosen = champ
-                    break
-                if chosen == E.NO_ROW:
-                    break
-                if req.admitted[chosen]:
-                    break
-                _prefetch_request(chosen, req, max_new_tokens, preemptible, cache_hit, priority, prompt_len, request_id,
-                                  has_deadline, deadline_step)
-                sl = gk[chosen, AK_SLOT]
-                shift = sh[sl]
-                # (its blocks read from its node, which shares a 128-byte block with the key the tree compared)
-                if _fits(nd[chosen, ND_BLOCKS], nd[chosen, ND_BASE] + shift, free, n_v, vic, steps, k):
-                    break
-                # It is its part's cached answer, and no point of the part's front runs (the dirty slots were
-                # just checked, and nothing else can make one run): the rows before it still cannot, so the
-                # walk goes on after it as after a taken answer, with it in the front.
-                q = PARTS * sl + gk[chosen, AK_PHASE_CACHE]
-                _part_taken(q, chosen, gk, h)
-                _front_add(q, nd[chosen, ND_BLOCKS], nd[chosen, ND_BASE], h.fb, h.fx, h.fn)
-                c = _walk(q, h, free, shift, nd, gk, stack, n_v, vic, steps, k, bt, True)
-                h.taken[q] = False
-                cand[q] = c
-                ct[sl, CT_VER] = -1
-                while c == E.NO_ROW and q + 1 < PARTS * sl + PARTS:
                     q += 1
-                    c = _part_answer(q, h, free, shift, nd, gk, stack, n_v, vic, steps, k, bt)[0]
+                if walked:
+                    ct[sl, CT_VER] = -1
+                elif flags & DIRTY_RISE:  # no point of the fronts up to part q runs at this rise
+                    # (once free blocks are no more than now, a champion that does not fit with the
+                    # fewest blocks of a point makes no point run when it joins the point's victims)
+                    ct[sl, CT_LCRIT] = -BIG
+                    if champ != E.NO_ROW and preemptible[champ] and slow[sl] <= free + nd[champ, ND_BLOCKS]:
+                        ct[sl, CT_LCRIT] = BIG
+                        ct[sl, CT_W] = vic[v_pos[champ], VC_W]
+                        ct[sl, CT_PART] = min(q, PARTS * sl + PARTS - 1)
+                    ct[sl, CT_FREE] = free
+                    ct[sl, CT_VER] = vver
+                    ct[sl, CT_CHAMP] = champ
                 _slot_low(sl, h, slow)
-                f = afirst[sl]
-                if c == E.NO_ROW or (f != E.NO_ROW and _slot_less(gk, f, c)):
-                    c = f
+                # A new waiting answer may be the step's request a few steps on: start its misses now,
+                # while the tree compares its key, rather than when it is chosen.
+                if c != E.NO_ROW and c != tb[t_leaves + sl, TB_ROW]:
+                    _prefetch_request(c, req, max_new_tokens, preemptible, cache_hit, priority, prompt_len,
+                                      request_id, has_deadline, deadline_step)
+            else:  # only its admitted rows changed, or no part's answer can change: the cached answers stand
+                for q in range(PARTS * sl, PARTS * sl + PARTS):
+                    c = cand[q]
+                    if c != E.NO_ROW:
+                        break
+            f = afirst[sl]
+            if c == E.NO_ROW or (f != E.NO_ROW and _slot_less(gk, f, c)):
+                c = f
+            if c != tb[t_leaves + sl, TB_ROW] or flags & DIRTY_KEY:
                 _tree_set(tb, t_leaves, sl, c, gk, sh)
-            if not resolve:
+        n_d = 0
+        # The top of the tree, once it runs, is the step's request (see `tb`), unless the champion
+        # comes first: the top is at or before every other row that runs (a cached answer that stopped
+        # running only comes too early), so then the champion is.
+        while True:
+            chosen = tb[1, TB_ROW]
+            if champ != E.NO_ROW and _champ_first(champ, c_pc, c_ne, chosen, tb, gk):
+                chosen = champ
                 break
+            if chosen == E.NO_ROW:
+                break
+            if req.admitted[chosen]:
+                break
+            _prefetch_request(chosen, req, max_new_tokens, preemptible, cache_hit, priority, prompt_len, request_id,
+                              has_deadline, deadline_step)
+            sl = gk[chosen, AK_SLOT]
+            shift = sh[sl]
+            # (its blocks read from its node, which shares a 128-byte block with the key the tree compared)
+            if _fits(nd[chosen, ND_BLOCKS], nd[chosen, ND_BASE] + shift, free, n_v, vic, steps, k):
+                break
+            # It is its part's cached answer, and no point of the part's front runs (the dirty slots were
+            # just checked, and nothing else can make one run): the rows before it still cannot, so the
+            # walk goes on after it as after a taken answer, with it in the front.
+            q = PARTS * sl + gk[chosen, AK_PHASE_CACHE]
+            _part_taken(q, chosen, gk, h)
+            _front_add(q, nd[chosen, ND_BLOCKS], nd[chosen, ND_BASE], h.fb, h.fx, h.fn)
+            c = _walk(q, h, free, shift, nd, gk, stack, n_v, vic, steps, k, bt, True)
+            h.taken[q] = False
+            cand[q] = c
+            ct[sl, CT_VER] = -1
+            while c == E.NO_ROW and q + 1 < PARTS * sl + PARTS:
+                q += 1
+                c = _part_answer(q, h, free, shift, nd, gk, stack, n_v, vic, steps, k, bt)[0]
+            _slot_low(sl, h, slow)
+            f = afirst[sl]
+            if c == E.NO_ROW or (f != E.NO_ROW and _slot_less(gk, f, c)):
+                c = f
+            _tree_set(tb, t_leaves, sl, c, gk, sh)
 
         if chosen == E.NO_ROW:
             if pos < n:
@@ -1671,8 +1512,6 @@ def _replay_loop(request_id, arrival_step, prompt_len, max_new_tokens, priority,
                 if in_slot:  # (the champion's own moves are in its slots' certificates)
                     vver += 1
         if in_slot and not grouped and wpos[s_old] < 0 and afirst[s_old] < 0:
-            if pnd.pos[s_old] >= 0:
-                n_p = _pend_remove(s_old, pnd.heap, pnd.pos, pnd.pc, pnd.ne, n_p)
             n_free = _slot_release(s_old, s_rho, hkey, hval, mask, free_slots, n_free)
             ct[s_old, CT_VER] = -1
 
@@ -1705,12 +1544,11 @@ def _replay_loop(request_id, arrival_step, prompt_len, max_new_tokens, priority,
     return steps, clock, free, stop
 
 
-def _make_replay_aging(stamp, big_at, small_at, grouped_div, pend_at):
+def _make_replay_aging(stamp, big_at, small_at, grouped_div):
     """`replay_aging_nb`, closing over `stamp` so that an edit of a kernel it calls compiles it afresh,
     with parts in B+trees from `big_at` rows on and back in treaps below `small_at` (1 < small_at <
-    big_at), in grouped mode when the interval is at least the requests / `grouped_div` (never for 0),
-    leaving slots pending (`Pending`) while at least `pend_at` hold waiting rows (BIG_AT, SMALL_AT,
-    GROUPED_DIV and PEND_AT but in the tests)."""
+    big_at), in grouped mode when the interval is at least the requests / `grouped_div` (never for 0;
+    BIG_AT, SMALL_AT and GROUPED_DIV but in the tests)."""
 
     @njit(cache=True)
     def replay_aging_nb(request_id, arrival_step, prompt_len, max_new_tokens, priority, cache_hit,
@@ -1786,11 +1624,10 @@ def _make_replay_aging(stamp, big_at, small_at, grouped_div, pend_at):
                                                 preemptible, order, free_kv_blocks, max_steps, events, k, top, req,
                                                 nd, gk, stack, hkey, hval, mask, free_slots, n_free, s_rho, h, adm,
                                                 afirst, sh, wlist, wpos, tb, t_leaves, dirty, in_dirty, vic, v_pos, bt,
-                                                path, conv, big_at, small_at, slow, ct, grouped, rnext, rprev,
-                                                _new_pending(m), pend_at)
+                                                path, conv, big_at, small_at, slow, ct, grouped, rnext, rprev)
         write_state_nb(req_out, summary, steps, clock, free, stop, req)
 
     return replay_aging_nb
 
 
-replay_aging_nb = _make_replay_aging(SOURCE_STAMP, BIG_AT, SMALL_AT, GROUPED_DIV, PEND_AT)
+replay_aging_nb = _make_replay_aging(SOURCE_STAMP, BIG_AT, SMALL_AT, GROUPED_DIV)

@@ -25,7 +25,6 @@ from decodesched.kernels.aging_nb import (
     HM_HOT,
     HM_LO,
     HM_N,
-    PEND_AT,
     SMALL_AT,
     SOURCE_STAMP,
     _adm_first,
@@ -277,11 +276,10 @@ def run_aging_kernel(trace, capacity, interval, max_steps=-1, kernel=replay_agin
 # traces then exercise the B+tree walks and every change of structure, which the real thresholds
 # (BIG_AT, SMALL_AT) leave to large backlogs.  One slot per residue at every interval, where the
 # real kernel (GROUPED_DIV) takes small traces in grouped mode from an interval of n / 8 on; and the
-# same in grouped mode at every interval.  Both leave slots pending (`aging_nb.Pending`) however few
-# hold waiting rows (PEND_AT 0).
-replay_aging_btree_nb = _make_replay_aging(SOURCE_STAMP, 3, 2, 0, 0)
-replay_aging_residues_nb = _make_replay_aging(SOURCE_STAMP, BIG_AT, SMALL_AT, 0, PEND_AT)
-replay_aging_grouped_nb = _make_replay_aging(SOURCE_STAMP, 3, 2, 2**62, 0)
+# same in grouped mode at every interval.
+replay_aging_btree_nb = _make_replay_aging(SOURCE_STAMP, 3, 2, 0)
+replay_aging_residues_nb = _make_replay_aging(SOURCE_STAMP, BIG_AT, SMALL_AT, 0)
+replay_aging_grouped_nb = _make_replay_aging(SOURCE_STAMP, 3, 2, 2**62)
 AGING_KERNELS = {"residues": replay_aging_btree_nb, "grouped": replay_aging_grouped_nb, "real": replay_aging_nb}
 
 
