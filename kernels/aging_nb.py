@@ -80,7 +80,8 @@ the worst case (a subtree can pass the bound without a runnable row).  With many
 at heavy load, a finish lets the rows of hundreds of residues run until the next admission takes the
 blocks back: each is walked when marked, and again when its answer, no longer running, reaches the
 top of the tree (the Azure trace at load 1.5, 8,000 blocks, K = 100000: about 3,500 residues, 6.8
-walks per step, 10-20 s; K = 4: 0.13 walks per step).  Hence grouped mode for long intervals.
+walks per step, 10-20 s; K = 4: 0.13 walks per step).  Hence grouped mode for long intervals, and
+block mode for middle ones at heavy load.
 
 **Grouped mode** (an interval of at least n / GROUPED_DIV, n requests): with r = steps mod K and
 q = steps // K, a row's effective priority is ``base + q - [rho > r]``, so the rows in slots split
@@ -94,6 +95,27 @@ is one move per row per K steps: about (rows waiting) / K B+tree or treap moves 
 why short intervals keep a slot per residue (on the Azure trace the two cross between n / 19 and
 n / 8 at load 1.5, near n / 8 at load 1.0; n / 8 is the boundary).  Every aging interval runs here (`fast_nb` replays an interval
 above the trace's total work steps as fixed_priority).
+
+**Block mode** (below grouped mode, from an interval of BLOCK_MIN on, when the counts below say):
+the residues are cut into blocks of bw = max(2, isqrt(K)) consecutive ones (the last may be
+shorter), and every waiting row is held twice: in its residue's slot as above, and in a part of its
+block's slot (slot m_res + rho // bw after the residues' m_res; always a B+tree, since a row's
+treap node can sit in one treap only).  A block none of whose residues rose this cycle, or all of
+them, has one shift, so its slot's parts are in the static order of that shift and answer for all
+its rows; only the block holding steps mod K (from its first residue's rise to its last one's) is
+*split*, and there its residues' slots answer instead (a slot's waiting rows answer while it is
+`live`).  A finish or a new victim then marks at most the blocks and the split block's residues,
+about 2 sqrt(K) slots, not every residue whose front may run; the price is that each residue's slot
+goes live and back once a cycle (`_block_turn`): its cached answers and fronts, kept while it was
+not live by the rows joining and leaving, are read again, two re-reads per residue with waiting
+rows per K steps, against one per marked residue per finish without blocks.  Which is cheaper
+depends on the load as much as on K, so the kernel counts, over at least max(K, n) steps (a switch
+rebuilds or frees the blocks' parts: O(n)), the residues' slots that finishes and new victims mark
+(or would mark, in block mode: `_mark_may_run`) against those held, and turns block mode on above
+BLOCKS_ON_NUM / BLOCKS_ON_DEN a slot a cycle and off below BLOCKS_OFF_NUM / BLOCKS_OFF_DEN
+(`_want_blocks`; switches happen at a cycle's start, `_blocks_on`, `_blocks_off`).  On the Azure
+trace at load 1.5 (3 classes, 8,000 blocks) the count is about 10 at K = 1,000 and block mode
+replays in 2.6 s what took 6.6-7.1 s; at load 1.0 about 0.1-2, and it stays off.
 """
 
 from collections import namedtuple
@@ -142,6 +164,20 @@ SMALL_AT = 32
 BIG = 2**62
 # Grouped mode (see the module docstring) from an interval of 1 / GROUPED_DIV of the requests on.
 GROUPED_DIV = 8
+# Below that, blocks of residues (see the module docstring) may be used from an interval of BLOCK_MIN
+# on, when the rule says (BLOCKS_*: never, by the cost counts of `_want_blocks`, always, every other
+# cycle: the last two for the tests).
+BLOCK_MIN = 128
+BLOCKS_NEVER = 0
+BLOCKS_COUNTED = 1
+BLOCKS_ALWAYS = 2
+BLOCKS_ALTERNATE = 3
+# `_want_blocks`: block mode from (residues' slots made dirty) / (residues' slots) > ON_NUM / ON_DEN
+# over the cycles since the last decision, back below OFF_NUM / OFF_DEN.
+BLOCKS_ON_NUM = 4
+BLOCKS_ON_DEN = 1
+BLOCKS_OFF_NUM = 2
+BLOCKS_OFF_DEN = 1
 
 # Columns of the aging key matrix: the residue's slot, phase and cache rank (``2 * phase + rank``),
 # cache rank, -base, total_len, request_id.
@@ -765,9 +801,10 @@ def _slot_lookup(rho, hkey, hval, mask):
 
 
 @njit(cache=True, _nrt=False)
-def _slot_acquire(rho, steps, k, hkey, hval, mask, free_slots, n_free, s_rho, sh, h, adm, afirst, slow):
-    """The slot of residue rho, a fresh one (empty, shift (steps - rho) // K) if it has none; returns
-    (slot, n_free)."""
+def _slot_acquire(rho, steps, k, hkey, hval, mask, free_slots, n_free, s_rho, sh, h, adm, afirst, slow, live,
+                  sp_lo, sp_hi):
+    """The slot of residue rho, a fresh one (empty, shift (steps - rho) // K) if it has none, its
+    waiting rows live when rho is in [sp_lo, sp_hi] (see `live`); returns (slot, n_free)."""
     i = _table_find(rho, hkey, mask)
     if hkey[i] == rho:
         return hval[i], n_free
@@ -777,6 +814,7 @@ def _slot_acquire(rho, steps, k, hkey, hval, mask, free_slots, n_free, s_rho, sh
     hval[i] = s
     s_rho[s] = rho
     sh[s] = (steps - rho) // k
+    live[s] = sp_lo <= rho and rho <= sp_hi
     for q in range(PARTS * s, PARTS * s + PARTS):
         h.root[q] = -1
         h.cand[q] = -1
@@ -1124,16 +1162,27 @@ def _victims_chosen(vic, v_pos, row):
 
 
 @njit(cache=True, _nrt=False)
-def _mark_may_run(free, n_v, vic, wlist, n_w, slow, dirty, in_dirty, n_d):
-    """Free blocks grew or a victim joined: mark the slots with waiting rows where a front point may
-    run now.  A point with more blocks than free + the largest victim's blocks cannot (M never
+def _mark_may_run(free, n_v, vic, wlist, n_w, slow, dirty, in_dirty, n_d, live, m_res, tally, counted):
+    """Free blocks grew or a victim joined: mark the live slots with waiting rows where a front point
+    may run now.  A point with more blocks than free + the largest victim's blocks cannot (M never
     exceeds that), which spares the residues whose waiting rows are all too big (slow[s]: the fewest
-    blocks of a point of slot s's fronts, see `_slot_low`)."""
+    blocks of a point of slot s's fronts, see `_slot_low`).  tally[0] counts the residues' slots such
+    a point makes dirty, or would if they were live (see `_want_blocks`), when `counted`: without
+    blocks every slot is live."""
     top = _room_any(free, n_v, vic)
+    if not counted:
+        for i in range(n_w):
+            sl = wlist[i]
+            if slow[sl] <= top:
+                n_d = _mark(sl, DIRTY_WAIT, dirty, in_dirty, n_d)
+        return n_d
     for i in range(n_w):
         sl = wlist[i]
         if slow[sl] <= top:
-            n_d = _mark(sl, DIRTY_WAIT, dirty, in_dirty, n_d)
+            if sl < m_res:
+                tally[0] += 1
+            if live[sl]:
+                n_d = _mark(sl, DIRTY_WAIT, dirty, in_dirty, n_d)
     return n_d
 
 
@@ -1238,317 +1287,539 @@ def _rise_grouped(x, ga, gb, admitted, h, adm, afirst, gk, nd, stack, bt, path, 
     return n_d, n_w
 
 
-# Not cached on its own: it calls kernels of another file (see `stamp`); its caller's cache holds it.
-# Without NRT, so that the helpers inlined into the loop carry no reference counting.
+# Not cached on its own: it calls kernels of another file (see `stamp`); its callers' cache holds it.
+@njit(_nrt=False, inline="always")
+def _join_waiting(sl, r, b, h, stack, gk, nd, bt, path, conv, big_at, live, wlist, wpos, n_w, slow, ct, dirty,
+                  in_dirty, n_d):
+    """Row r (b blocks) joins the waiting part of slot sl for its phase and cache rank; returns (n_d, n_w).
+    Only a live slot (see `live`) is marked: the others' answers are read when they go live."""
+    if wpos[sl] < 0:
+        n_w = _list_add(wlist, wpos, n_w, sl)
+    if _wait_insert(PARTS * sl + gk[r, AK_PHASE_CACHE], r, h, stack, gk, nd, b, bt, path, conv, big_at):
+        slow[sl] = min(slow[sl], b)
+        ct[sl, CT_VER] = -1  # its front grew
+        if live[sl]:
+            n_d = _mark(sl, DIRTY_WAIT, dirty, in_dirty, n_d)
+    return n_d, n_w
+
+
+# Not cached on its own: it calls kernels of another file (see `stamp`); its callers' cache holds it.
+@njit(_nrt=False, inline="always")
+def _leave_waiting(sl, r, h, stack, gk, nd, bt, path, conv, small_at, live, wlist, wpos, n_w, ct, dirty, in_dirty,
+                   n_d):
+    """Waiting row r, chosen, leaves its part of slot sl; returns (n_d, n_w).  In a live slot it was the
+    part's cached answer: the next one comes after it.  A slot that is not live may have cached
+    another answer, before or after r (rows before an answer only ever leave)."""
+    q = PARTS * sl + gk[r, AK_PHASE_CACHE]
+    _wait_remove(q, r, h, stack, gk, nd, bt, path, conv, small_at)
+    if _empty(sl, h):
+        n_w = _list_remove(wlist, wpos, n_w, sl)
+    if live[sl] or h.cand[q] == r:
+        _part_taken(q, r, gk, h)
+    ct[sl, CT_VER] = -1
+    if live[sl]:
+        n_d = _mark(sl, DIRTY_WAIT, dirty, in_dirty, n_d)
+    return n_d, n_w
+
+
+@njit(cache=True, _nrt=False)
+def _set_live(sl, on, h, live, ct, dirty, in_dirty, n_d):
+    """Slot sl's waiting rows start (on) or stop answering for their residues; returns n_d.  A slot
+    going live is checked from its cached answers and fronts, kept while it was not (rows joining
+    and leaving keep them), without the certificate of a rise it did not see."""
+    live[sl] = on
+    ct[sl, CT_VER] = -1
+    if not _empty(sl, h):  # (else its leaf stays: its first admitted row)
+        n_d = _mark(sl, (DIRTY_WAIT | DIRTY_LEAF) if on else DIRTY_LEAF, dirty, in_dirty, n_d)
+    return n_d
+
+
+@njit(cache=True, _nrt=False)
+def _block_turn(rmod, steps, k, bw, m_res, hkey, hval, mask, h, live, sh, ct, dirty, in_dirty, n_d):
+    """Block mode, at the end of a step, residue rmod rose: when rmod starts a block, the block splits
+    (its residues' slots go live, the block's slot does not); when it ends one, the block is whole
+    again, with one shift (the other way round).  Returns (n_d, sp_lo, sp_hi): the residues of the
+    split block, or an empty range, unchanged (sp_lo = -1) when rmod does neither."""
+    b = rmod // bw
+    lo = b * bw
+    hi = min(lo + bw, k) - 1
+    bs = m_res + b
+    if rmod == lo and lo < hi:
+        on = True
+    elif rmod == hi:
+        on = False
+        sh[bs] = (steps - lo) // k
+        n_d = _mark(bs, DIRTY_KEY, dirty, in_dirty, n_d)
+    else:
+        return n_d, np.int64(-1), np.int64(-1)
+    n_d = _set_live(bs, not on, h, live, ct, dirty, in_dirty, n_d)
+    for rho in range(lo, hi + 1):
+        s = _slot_lookup(rho, hkey, hval, mask)
+        if s >= 0:
+            n_d = _set_live(s, on, h, live, ct, dirty, in_dirty, n_d)
+    if on:
+        return n_d, lo, hi
+    return n_d, np.int64(1), np.int64(0)
+
+
+@njit(cache=True, _nrt=False)
+def _reset_parts(sl, h):
+    """Slot sl's parts, empty (a block's stay B+trees: `big` is kept)."""
+    for q in range(PARTS * sl, PARTS * sl + PARTS):
+        h.root[q] = -1
+        h.height[q] = 0
+        h.size[q] = 0
+        h.cand[q] = -1
+        h.fn[q] = 0
+        h.taken[q] = False
+
+
+# Not cached on its own: it calls kernels of another file (see `stamp`); its callers' cache holds it.
 @njit(_nrt=False)
-def _replay_loop(request_id, arrival_step, prompt_len, max_new_tokens, priority, cache_hit, required_blocks,
-                 deadline_step, has_deadline, preemptible, order, free_kv_blocks, max_steps, events, k, top, req,
-                 nd, gk, stack, hkey, hval, mask, free_slots, n_free, s_rho, h, adm, afirst, sh, wlist, wpos, tb,
-                 t_leaves, dirty, in_dirty, vic, v_pos, bt, path, conv, big_at, small_at, slow, ct, grouped, rnext,
-                 rprev):
-    """The replay loop of `replay_aging_nb` over its state (`req`: the per-request state, `h`: the
-    waiting parts, `adm`: the admitted rows; in grouped mode, rnext / rprev: the residues' lists);
-    returns (steps, clock, free, stop)."""
-    cand = h.cand
-    n = request_id.shape[0]
-    n_w = 0
-    n_d = 0
-    n_v = 0
-    pos = 0
-    clock = np.int64(0)
-    free = np.int64(free_kv_blocks)
-    capacity = np.int64(free_kv_blocks)
-    steps = np.int64(0)
-    rmod = np.int64(0)  # steps % K
-    sdiv = np.int64(0)  # steps // K
-    unfinished = 0
-    stop = E.STOP_DRAINED
-    limit = max_steps if max_steps >= 0 else BIG
-    next_arrival = arrival_step[order[0]] if n > 0 else BIG  # of row order[pos]
-    # The champion: the last step's request while it stays admitted, in no slot (see `_champ_first`),
-    # with its phase and cache rank and its -effective priority, which stays while it runs every step.
-    champ = E.NO_ROW
-    c_pc = np.int64(0)
-    c_ne = np.int64(0)
-    # Bumped when a victim joins or one other than the champion moves (see `_cert_holds`).
-    vver = np.int64(0)
-    # Grouped mode: slot ga holds the rows whose residue rose this cycle, gb the others.
-    ga = 0
-    gb = 1
+def _blocks_on(n, sdiv, bw, n_blocks, m_res, hkey, hval, mask, s_rho, req, required_blocks, capacity, h, gk, nd,
+               stack, bt, path, free, n_v, vic, steps, k, live, sh, slow, ct, wlist, wpos, n_w, dirty, in_dirty, n_d):
+    """Into block mode at the start of a cycle (steps % K == 0: block 0 split, no other residue risen):
+    every waiting row joins its block's part, each walked afresh; the residues' slots but block 0's
+    stop being live.  Returns (n_d, n_w)."""
+    for b in range(n_blocks):
+        bs = m_res + b
+        _reset_parts(bs, h)
+        sh[bs] = sdiv - 1
+        live[bs] = b > 0
+        ct[bs, CT_VER] = -1
+    for r in range(n):
+        if req.enqueued[r] and not req.admitted[r] and req.status[r] != E.STATUS_FINISHED and \
+                required_blocks[r] <= capacity:
+            q = PARTS * (m_res + s_rho[gk[r, AK_SLOT]] // bw) + gk[r, AK_PHASE_CACHE]
+            root, height = bt_insert_nb(bt, h.root[q], h.height[q], gk[r, AK_PACKED], gk[r, AK_TOTAL_LEN],
+                                        gk[r, AK_ID], r, nd[r, ND_BLOCKS], nd[r, ND_BASE], path)
+            h.root[q] = root
+            h.height[q] = height
+            h.size[q] += 1
+    for b in range(n_blocks):
+        bs = m_res + b
+        for q in range(PARTS * bs, PARTS * bs + PARTS):
+            if h.root[q] >= 0:
+                h.cand[q] = _walk(q, h, free, sh[bs], nd, gk, stack, n_v, vic, steps, k, bt, False)
+        _slot_low(bs, h, slow)
+        if not _empty(bs, h):
+            n_w = _list_add(wlist, wpos, n_w, bs)
+            n_d = _mark(bs, DIRTY_LEAF | DIRTY_KEY, dirty, in_dirty, n_d)
+    for s in range(m_res):
+        if s_rho[s] >= bw and _slot_lookup(s_rho[s], hkey, hval, mask) == s:
+            n_d = _set_live(s, False, h, live, ct, dirty, in_dirty, n_d)
+    return n_d, n_w
 
-    while True:
-        if steps >= limit:
-            stop = E.STOP_MAX_STEPS
-            break
-        while pos < n and next_arrival <= clock:
-            r = order[pos]
-            pos += 1
-            if pos < n:
-                next_arrival = arrival_step[order[pos]]
-            req.enqueued[r] = True
-            req.enqueue_steps[r] = steps
-            unfinished += 1
-            if required_blocks[r] > capacity:
-                continue  # can never be admitted
-            if grouped:
-                sl = ga  # its residue, rmod, rose at the end of the last step
-                _res_add(rmod, r, hkey, hval, mask, rnext, rprev)
+
+# Not cached on its own: it calls kernels of another file (see `stamp`); its callers' cache holds it.
+@njit(_nrt=False)
+def _blocks_off(n_blocks, m_res, hkey, hval, mask, s_rho, h, bt, path, stack, live, wlist, wpos, n_w, ct, dirty,
+                in_dirty, n_d):
+    """Out of block mode: the blocks' parts are emptied (their nodes freed), every residue's slot is
+    live.  Returns (n_d, n_w)."""
+    for b in range(n_blocks):
+        bs = m_res + b
+        for q in range(PARTS * bs, PARTS * bs + PARTS):
+            if h.root[q] >= 0:
+                bt_rows_nb(bt, h.root[q], h.height[q], stack, path)
+        _reset_parts(bs, h)
+        if wpos[bs] >= 0:
+            n_w = _list_remove(wlist, wpos, n_w, bs)
+        live[bs] = False
+        n_d = _mark(bs, DIRTY_LEAF, dirty, in_dirty, n_d)
+    for s in range(m_res):
+        if not live[s]:
+            if _slot_lookup(s_rho[s], hkey, hval, mask) == s:
+                n_d = _set_live(s, True, h, live, ct, dirty, in_dirty, n_d)
             else:
-                sl, n_free = _slot_acquire(rmod, steps, k, hkey, hval, mask, free_slots, n_free, s_rho, sh,
-                                           h, adm, afirst, slow)
-            _set_aging_key(r, sdiv, sl, gk, nd, E.PHASE_PREFILL, cache_hit[r], priority[r], top, prompt_len[r],
-                           request_id[r])
-            if wpos[sl] < 0:
-                n_w = _list_add(wlist, wpos, n_w, sl)
-            if _wait_insert(PARTS * sl + gk[r, AK_PHASE_CACHE], r, h, stack, gk, nd, required_blocks[r], bt, path,
-                            conv, big_at):
-                slow[sl] = min(slow[sl], required_blocks[r])
-                ct[sl, CT_VER] = -1  # its front grew
-                n_d = _mark(sl, DIRTY_WAIT, dirty, in_dirty, n_d)
+                live[s] = True
+    return n_d, n_w
 
-        for i in range(n_d):
-            sl = dirty[i]
-            flags = in_dirty[sl]
-            in_dirty[sl] = 0
-            # a part only matters when no row of the parts before it runs
-            c = E.NO_ROW
-            if (flags & (DIRTY_WAIT | DIRTY_RISE) and _parts_may_change(sl, h, slow, free, n_v, vic)
-                    and (flags & DIRTY_WAIT or not _cert_holds(sl, ct, vver, champ, free, vic, v_pos, h.fn, h.fx, sh[sl],
-                                                                steps, k))):
-                walked = False
-                q = PARTS * sl
-                while q < PARTS * sl + PARTS:
-                    c, w_q = _part_answer(q, h, free, sh[sl], nd, gk, stack, n_v, vic, steps, k, bt)
-                    walked |= w_q
-                    if c != E.NO_ROW:
-                        break
-                    q += 1
-                if walked:
-                    ct[sl, CT_VER] = -1
-                elif flags & DIRTY_RISE:  # no point of the fronts up to part q runs at this rise
-                    # (once free blocks are no more than now, a champion that does not fit with the
-                    # fewest blocks of a point makes no point run when it joins the point's victims)
-                    ct[sl, CT_LCRIT] = -BIG
-                    if champ != E.NO_ROW and preemptible[champ] and slow[sl] <= free + nd[champ, ND_BLOCKS]:
-                        ct[sl, CT_LCRIT] = BIG
-                        ct[sl, CT_W] = vic[v_pos[champ], VC_W]
-                        ct[sl, CT_PART] = min(q, PARTS * sl + PARTS - 1)
-                    ct[sl, CT_FREE] = free
-                    ct[sl, CT_VER] = vver
-                    ct[sl, CT_CHAMP] = champ
-                _slot_low(sl, h, slow)
-                # A new waiting answer may be the step's request a few steps on: start its misses now,
-                # while the tree compares its key, rather than when it is chosen.
-                if c != E.NO_ROW and c != tb[t_leaves + sl, TB_ROW]:
-                    _prefetch_request(c, req, max_new_tokens, preemptible, cache_hit, priority, prompt_len,
-                                      request_id, has_deadline, deadline_step)
-            else:  # only its admitted rows changed, or no part's answer can change: the cached answers stand
-                for q in range(PARTS * sl, PARTS * sl + PARTS):
-                    c = cand[q]
-                    if c != E.NO_ROW:
-                        break
-            f = afirst[sl]
-            if c == E.NO_ROW or (f != E.NO_ROW and _slot_less(gk, f, c)):
-                c = f
-            if c != tb[t_leaves + sl, TB_ROW] or flags & DIRTY_KEY:
-                _tree_set(tb, t_leaves, sl, c, gk, sh)
+
+@njit(cache=True, _nrt=False)
+def _want_blocks(rule, on, tally, r_sum):
+    """Whether the next cycles run in block mode, by `rule` (BLOCKS_*), from the cycles since the last
+    decision: tally, the residues' slots that finishes and new victims made dirty (or would have, in
+    block mode: see `_mark_may_run`), against r_sum, the residues' slots held at each cycle's start.
+    A block mode cycle turns every residue's slot with waiting rows live and back (two re-reads a
+    slot), a cycle of slots per residue re-reads every slot made dirty: blocks from twice as many
+    of the latter (4 a slot), until they are fewer than the former (2 a slot).  Counts between the
+    two keep the mode, so that a load near one threshold does not rebuild the blocks at every
+    decision."""
+    if rule == BLOCKS_ALWAYS:
+        return True
+    if rule == BLOCKS_ALTERNATE:
+        return not on
+    if on:
+        return tally * BLOCKS_OFF_DEN >= r_sum * BLOCKS_OFF_NUM
+    return tally * BLOCKS_ON_DEN > r_sum * BLOCKS_ON_NUM
+
+
+def _make_replay_loop(blockable):
+    """The replay loop, with block mode (`blockable`) or without: a closure constant, so that the loop
+    without it compiles with none of its branches (the intervals below BLOCK_MIN, the default among
+    them, run that one)."""
+
+    # Not cached on its own: it calls kernels of another file (see `stamp`); its caller's cache holds it.
+    # Without NRT, so that the helpers inlined into the loop carry no reference counting.
+    @njit(_nrt=False)
+    def _replay_loop(request_id, arrival_step, prompt_len, max_new_tokens, priority, cache_hit, required_blocks,
+                     deadline_step, has_deadline, preemptible, order, free_kv_blocks, max_steps, events, k, top, req,
+                     nd, gk, stack, hkey, hval, mask, free_slots, n_free, s_rho, h, adm, afirst, sh, wlist, wpos, tb,
+                     t_leaves, dirty, in_dirty, vic, v_pos, bt, path, conv, big_at, small_at, slow, ct, grouped, rnext,
+                     rprev, can_block, block_rule, bw, n_blocks, m_res, live, tally):
+        """The replay loop of `replay_aging_nb` over its state (`req`: the per-request state, `h`: the
+        waiting parts, `adm`: the admitted rows; in grouped mode, rnext / rprev: the residues' lists);
+        returns (steps, clock, free, stop)."""
+        cand = h.cand
+        n = request_id.shape[0]
+        n_w = 0
         n_d = 0
-        # The top of the tree, once it runs, is the step's request (see `tb`), unless the champion
-        # comes first: the top is at or before every other row that runs (a cached answer that stopped
-        # running only comes too early), so then the champion is.
+        n_v = 0
+        pos = 0
+        clock = np.int64(0)
+        free = np.int64(free_kv_blocks)
+        capacity = np.int64(free_kv_blocks)
+        steps = np.int64(0)
+        rmod = np.int64(0)  # steps % K
+        sdiv = np.int64(0)  # steps // K
+        unfinished = 0
+        stop = E.STOP_DRAINED
+        limit = max_steps if max_steps >= 0 else BIG
+        next_arrival = arrival_step[order[0]] if n > 0 else BIG  # of row order[pos]
+        # The champion: the last step's request while it stays admitted, in no slot (see `_champ_first`),
+        # with its phase and cache rank and its -effective priority, which stays while it runs every step.
+        champ = E.NO_ROW
+        c_pc = np.int64(0)
+        c_ne = np.int64(0)
+        # Bumped when a victim joins or one other than the champion moves (see `_cert_holds`).
+        vver = np.int64(0)
+        # Grouped mode: slot ga holds the rows whose residue rose this cycle, gb the others.
+        ga = 0
+        gb = 1
+        # Block mode (blk): the residues whose slots' waiting rows are live (see `live`): those of the
+        # split block in block mode, all otherwise; the counts for `_want_blocks` since its last decision.
+        blk = False
+        sp_lo = np.int64(0)
+        sp_hi = np.int64(BIG)
+        r_sum = np.int64(0)
+        last_dec = np.int64(0)
+        dwell = max(k, np.int64(n))  # steps between decisions (switching costs O(n))
+        if blockable and can_block and block_rule == BLOCKS_ALWAYS:
+            blk = True
+            sp_hi = bw - 1
+            n_d, n_w = _blocks_on(n, sdiv, bw, n_blocks, m_res, hkey, hval, mask, s_rho, req, required_blocks, capacity,
+                                  h, gk, nd, stack, bt, path, free, n_v, vic, steps, k, live, sh, slow, ct, wlist, wpos,
+                                  n_w, dirty, in_dirty, n_d)
+
         while True:
-            chosen = tb[1, TB_ROW]
-            if champ != E.NO_ROW and _champ_first(champ, c_pc, c_ne, chosen, tb, gk):
-                chosen = champ
+            if steps >= limit:
+                stop = E.STOP_MAX_STEPS
                 break
+            while pos < n and next_arrival <= clock:
+                r = order[pos]
+                pos += 1
+                if pos < n:
+                    next_arrival = arrival_step[order[pos]]
+                req.enqueued[r] = True
+                req.enqueue_steps[r] = steps
+                unfinished += 1
+                if required_blocks[r] > capacity:
+                    continue  # can never be admitted
+                if grouped:
+                    sl = ga  # its residue, rmod, rose at the end of the last step
+                    _res_add(rmod, r, hkey, hval, mask, rnext, rprev)
+                else:
+                    sl, n_free = _slot_acquire(rmod, steps, k, hkey, hval, mask, free_slots, n_free, s_rho, sh,
+                                               h, adm, afirst, slow, live, sp_lo, sp_hi)
+                _set_aging_key(r, sdiv, sl, gk, nd, E.PHASE_PREFILL, cache_hit[r], priority[r], top, prompt_len[r],
+                               request_id[r])
+                n_d, n_w = _join_waiting(sl, r, required_blocks[r], h, stack, gk, nd, bt, path, conv, big_at, live,
+                                         wlist, wpos, n_w, slow, ct, dirty, in_dirty, n_d)
+                if blockable and blk:
+                    n_d, n_w = _join_waiting(m_res + rmod // bw, r, required_blocks[r], h, stack, gk, nd, bt, path,
+                                             conv, big_at, live, wlist, wpos, n_w, slow, ct, dirty, in_dirty, n_d)
+
+            for i in range(n_d):
+                sl = dirty[i]
+                flags = in_dirty[sl]
+                in_dirty[sl] = 0
+                # a part only matters when no row of the parts before it runs
+                c = E.NO_ROW
+                if blockable and not live[sl]:
+                    pass  # its waiting rows answer in their block's slot: its leaf is its first admitted row
+                elif (flags & (DIRTY_WAIT | DIRTY_RISE) and _parts_may_change(sl, h, slow, free, n_v, vic)
+                        and (flags & DIRTY_WAIT
+                             or not _cert_holds(sl, ct, vver, champ, free, vic, v_pos, h.fn, h.fx, sh[sl], steps, k))):
+                    walked = False
+                    q = PARTS * sl
+                    while q < PARTS * sl + PARTS:
+                        c, w_q = _part_answer(q, h, free, sh[sl], nd, gk, stack, n_v, vic, steps, k, bt)
+                        walked |= w_q
+                        if c != E.NO_ROW:
+                            break
+                        q += 1
+                    if walked:
+                        ct[sl, CT_VER] = -1
+                    elif flags & DIRTY_RISE:  # no point of the fronts up to part q runs at this rise
+                        # (once free blocks are no more than now, a champion that does not fit with the
+                        # fewest blocks of a point makes no point run when it joins the point's victims)
+                        ct[sl, CT_LCRIT] = -BIG
+                        if champ != E.NO_ROW and preemptible[champ] and slow[sl] <= free + nd[champ, ND_BLOCKS]:
+                            ct[sl, CT_LCRIT] = BIG
+                            ct[sl, CT_W] = vic[v_pos[champ], VC_W]
+                            ct[sl, CT_PART] = min(q, PARTS * sl + PARTS - 1)
+                        ct[sl, CT_FREE] = free
+                        ct[sl, CT_VER] = vver
+                        ct[sl, CT_CHAMP] = champ
+                    _slot_low(sl, h, slow)
+                    # A new waiting answer may be the step's request a few steps on: start its misses now,
+                    # while the tree compares its key, rather than when it is chosen.
+                    if c != E.NO_ROW and c != tb[t_leaves + sl, TB_ROW]:
+                        _prefetch_request(c, req, max_new_tokens, preemptible, cache_hit, priority, prompt_len,
+                                          request_id, has_deadline, deadline_step)
+                else:  # only its admitted rows changed, or no part's answer can change: the cached answers stand
+                    for q in range(PARTS * sl, PARTS * sl + PARTS):
+                        c = cand[q]
+                        if c != E.NO_ROW:
+                            break
+                f = afirst[sl]
+                if c == E.NO_ROW or (f != E.NO_ROW and _slot_less(gk, f, c)):
+                    c = f
+                if c != tb[t_leaves + sl, TB_ROW] or flags & DIRTY_KEY:
+                    _tree_set(tb, t_leaves, sl, c, gk, sh)
+            n_d = 0
+            # The top of the tree, once it runs, is the step's request (see `tb`), unless the champion
+            # comes first: the top is at or before every other row that runs (a cached answer that stopped
+            # running only comes too early), so then the champion is.
+            while True:
+                chosen = tb[1, TB_ROW]
+                if champ != E.NO_ROW and _champ_first(champ, c_pc, c_ne, chosen, tb, gk):
+                    chosen = champ
+                    break
+                if chosen == E.NO_ROW:
+                    break
+                if req.admitted[chosen]:
+                    break
+                _prefetch_request(chosen, req, max_new_tokens, preemptible, cache_hit, priority, prompt_len, request_id,
+                                  has_deadline, deadline_step)
+                sl = gk[chosen, AK_SLOT]
+                if blockable and not live[sl]:
+                    sl = m_res + s_rho[sl] // bw  # its block's slot
+                shift = sh[sl]
+                # (its blocks read from its node, which shares a 128-byte block with the key the tree compared)
+                if _fits(nd[chosen, ND_BLOCKS], nd[chosen, ND_BASE] + shift, free, n_v, vic, steps, k):
+                    break
+                # It is its part's cached answer, and no point of the part's front runs (the dirty slots were
+                # just checked, and nothing else can make one run): the rows before it still cannot, so the
+                # walk goes on after it as after a taken answer, with it in the front.
+                q = PARTS * sl + gk[chosen, AK_PHASE_CACHE]
+                _part_taken(q, chosen, gk, h)
+                _front_add(q, nd[chosen, ND_BLOCKS], nd[chosen, ND_BASE], h.fb, h.fx, h.fn)
+                c = _walk(q, h, free, shift, nd, gk, stack, n_v, vic, steps, k, bt, True)
+                h.taken[q] = False
+                cand[q] = c
+                ct[sl, CT_VER] = -1
+                while c == E.NO_ROW and q + 1 < PARTS * sl + PARTS:
+                    q += 1
+                    c = _part_answer(q, h, free, shift, nd, gk, stack, n_v, vic, steps, k, bt)[0]
+                _slot_low(sl, h, slow)
+                f = afirst[sl]
+                if c == E.NO_ROW or (f != E.NO_ROW and _slot_less(gk, f, c)):
+                    c = f
+                _tree_set(tb, t_leaves, sl, c, gk, sh)
+
             if chosen == E.NO_ROW:
+                if pos < n:
+                    clock = next_arrival  # idle gap: jump, nobody waits
+                    continue
+                stop = E.STOP_DRAINED if unfinished == 0 else E.STOP_STUCK
                 break
-            if req.admitted[chosen]:
-                break
-            _prefetch_request(chosen, req, max_new_tokens, preemptible, cache_hit, priority, prompt_len, request_id,
-                              has_deadline, deadline_step)
-            sl = gk[chosen, AK_SLOT]
-            shift = sh[sl]
-            # (its blocks read from its node, which shares a 128-byte block with the key the tree compared)
-            if _fits(nd[chosen, ND_BLOCKS], nd[chosen, ND_BASE] + shift, free, n_v, vic, steps, k):
-                break
-            # It is its part's cached answer, and no point of the part's front runs (the dirty slots were
-            # just checked, and nothing else can make one run): the rows before it still cannot, so the
-            # walk goes on after it as after a taken answer, with it in the front.
-            q = PARTS * sl + gk[chosen, AK_PHASE_CACHE]
-            _part_taken(q, chosen, gk, h)
-            _front_add(q, nd[chosen, ND_BLOCKS], nd[chosen, ND_BASE], h.fb, h.fx, h.fn)
-            c = _walk(q, h, free, shift, nd, gk, stack, n_v, vic, steps, k, bt, True)
-            h.taken[q] = False
-            cand[q] = c
-            ct[sl, CT_VER] = -1
-            while c == E.NO_ROW and q + 1 < PARTS * sl + PARTS:
-                q += 1
-                c = _part_answer(q, h, free, shift, nd, gk, stack, n_v, vic, steps, k, bt)[0]
-            _slot_low(sl, h, slow)
-            f = afirst[sl]
-            if c == E.NO_ROW or (f != E.NO_ROW and _slot_less(gk, f, c)):
-                c = f
-            _tree_set(tb, t_leaves, sl, c, gk, sh)
 
-        if chosen == E.NO_ROW:
-            if pos < n:
-                clock = next_arrival  # idle gap: jump, nobody waits
-                continue
-            stop = E.STOP_DRAINED if unfinished == 0 else E.STOP_STUCK
-            break
+            if champ != E.NO_ROW and chosen != champ:
+                # The champion lost: back into its residue's slot as that slot's hot row, its key brought
+                # up to date (its a, so its residue and base, changed at every step it ran).
+                a = req.enqueue_steps[champ] + req.chosen_count[champ]
+                rho = a % k
+                if grouped:
+                    sl = ga if rho <= rmod else gb
+                    _res_add(rho, champ, hkey, hval, mask, rnext, rprev)
+                else:
+                    sl, n_free = _slot_acquire(rho, steps, k, hkey, hval, mask, free_slots, n_free, s_rho, sh, h, adm,
+                                               afirst, slow, live, sp_lo, sp_hi)
+                _set_aging_key(champ, a // k, sl, gk, nd, E.PHASE_DECODE, cache_hit[champ], priority[champ], top,
+                               prompt_len[champ] + req.generated[champ], request_id[champ])
+                afirst[sl] = _adm_put(sl, champ, adm, gk)
+                n_d = _mark(sl, DIRTY_LEAF | DIRTY_KEY, dirty, in_dirty, n_d)
+                champ = E.NO_ROW
 
-        if champ != E.NO_ROW and chosen != champ:
-            # The champion lost: back into its residue's slot as that slot's hot row, its key brought
-            # up to date (its a, so its residue and base, changed at every step it ran).
-            a = req.enqueue_steps[champ] + req.chosen_count[champ]
-            rho = a % k
-            if grouped:
-                sl = ga if rho <= rmod else gb
-                _res_add(rho, champ, hkey, hval, mask, rnext, rprev)
+            victim = E.NO_ROW
+            was_admitted = req.admitted[chosen]
+            in_slot = chosen != champ  # (the champion is in none)
+            s_old = gk[chosen, AK_SLOT]
+            if in_slot:
+                c_ne = tb[1, TB_NEG_EFF]  # kept while it is the champion
+                if grouped:
+                    _res_remove((req.enqueue_steps[chosen] + req.chosen_count[chosen]) % k, chosen, hkey, hval, mask,
+                                rnext, rprev)
+            if was_admitted:
+                if in_slot:
+                    afirst[s_old] = _adm_take(s_old, chosen, adm, gk)
+                    n_d = _mark(s_old, DIRTY_LEAF, dirty, in_dirty, n_d)
             else:
-                sl, n_free = _slot_acquire(rho, steps, k, hkey, hval, mask, free_slots, n_free, s_rho, sh, h, adm,
-                                           afirst, slow)
-            _set_aging_key(champ, a // k, sl, gk, nd, E.PHASE_DECODE, cache_hit[champ], priority[champ], top,
-                           prompt_len[champ] + req.generated[champ], request_id[champ])
-            afirst[sl] = _adm_put(sl, champ, adm, gk)
-            n_d = _mark(sl, DIRTY_LEAF | DIRTY_KEY, dirty, in_dirty, n_d)
-            champ = E.NO_ROW
-
-        victim = E.NO_ROW
-        was_admitted = req.admitted[chosen]
-        in_slot = chosen != champ  # (the champion is in none)
-        s_old = gk[chosen, AK_SLOT]
-        if in_slot:
-            c_ne = tb[1, TB_NEG_EFF]  # kept while it is the champion
-            if grouped:
-                _res_remove((req.enqueue_steps[chosen] + req.chosen_count[chosen]) % k, chosen, hkey, hval, mask,
-                            rnext, rprev)
-        if was_admitted:
-            if in_slot:
-                afirst[s_old] = _adm_take(s_old, chosen, adm, gk)
-                n_d = _mark(s_old, DIRTY_LEAF, dirty, in_dirty, n_d)
-        else:
-            need = nd[chosen, ND_BLOCKS]
-            if need > free:
-                e_c = -gk[chosen, AK_NEG_BASE] + sh[s_old]
-                best_e = np.int64(0)
-                best_b = np.int64(0)
-                # The seed's victim: lowest effective priority, then most blocks, then smallest id,
-                # among victims below the challenger that free enough blocks (their blocks read from
-                # the victim matrix: a victim's own row is only read on a tie).
-                for i in range(n_v):
-                    e_v = (steps + vic[i, VC_W]) // k
-                    if e_v >= e_c or (victim != E.NO_ROW and e_v > best_e):
-                        break
-                    b = vic[i, VC_BLOCKS]
-                    if free + b < need:
-                        continue
-                    v = vic[i, VC_ROW]
-                    if victim == E.NO_ROW or b > best_b or (b == best_b and request_id[v] < request_id[victim]):
-                        victim = v
-                        best_e = e_v
-                        best_b = b
-                if victim == E.NO_ROW:
-                    raise AssertionError("aging kernel: the chosen request has no victim")
-                prefetch_nb(req.preemptions, victim)  # counted at the end of the step, when it has arrived
-                req.admitted[victim] = False
-                req.status[victim] = E.STATUS_PREEMPTED
-                free += best_b
-                rv = gk[victim, AK_SLOT]  # its slot keeps a row throughout: out of its heap, into a treap
-                afirst[rv] = _adm_take(rv, victim, adm, gk)
-                if wpos[rv] < 0:
-                    n_w = _list_add(wlist, wpos, n_w, rv)
-                if _wait_insert(PARTS * rv + gk[victim, AK_PHASE_CACHE], victim, h, stack, gk, nd, best_b, bt, path,
-                                conv, big_at):
-                    slow[rv] = min(slow[rv], best_b)
-                    ct[rv, CT_VER] = -1  # its front grew
-                n_d = _mark(rv, DIRTY_WAIT, dirty, in_dirty, n_d)
-                n_v = _victims_drop(vic, v_pos, n_v, victim)
-                # free blocks grew by the victim's blocks
-                n_d = _mark_may_run(free, n_v, vic, wlist, n_w, slow, dirty, in_dirty, n_d)
-            # The chosen request was its residue's cached answer: the next one comes after it.
-            q = PARTS * s_old + gk[chosen, AK_PHASE_CACHE]
-            _wait_remove(q, chosen, h, stack, gk, nd, bt, path, conv, small_at)
-            if _empty(s_old, h):
-                n_w = _list_remove(wlist, wpos, n_w, s_old)
-            _part_taken(q, chosen, gk, h)
-            ct[s_old, CT_VER] = -1
-            n_d = _mark(s_old, DIRTY_WAIT, dirty, in_dirty, n_d)
-            free -= need
-            req.admitted[chosen] = True
-            if preemptible[chosen]:
-                w = priority[chosen] * k - req.enqueue_steps[chosen] - req.chosen_count[chosen]
-                n_v = _victims_add(vic, v_pos, n_v, chosen, w, need)
-                vver += 1
-                # a new victim: more may run
-                n_d = _mark_may_run(free, n_v, vic, wlist, n_w, slow, dirty, in_dirty, n_d)
-        req.status[chosen] = E.STATUS_RUNNING
-        req.chosen_count[chosen] += 1
-
-        action = advance_nb(chosen, clock, req, max_new_tokens)
-        if action == E.ACTION_FINISH:
-            free += nd[chosen, ND_BLOCKS]
-            req.admitted[chosen] = False
-            req.status[chosen] = E.STATUS_FINISHED
-            req.finish_step[chosen] = clock
-            unfinished -= 1
-            req.wait_final[chosen] = steps + 1 - req.enqueue_steps[chosen] - req.chosen_count[chosen]
-            if preemptible[chosen]:
-                n_v = _victims_drop(vic, v_pos, n_v, chosen)
-            # free blocks grew
-            n_d = _mark_may_run(free, n_v, vic, wlist, n_w, slow, dirty, in_dirty, n_d)
-            champ = E.NO_ROW
-        else:
-            # It is the champion now (or still): its a is one more, so its residue moves on, but its
-            # effective priority stays (one more step run, one more chosen); in decode phase, one
-            # token longer (total_len: the only part of its key it keeps in gk while it is champion).
-            if in_slot:
-                champ = chosen
-                c_pc = 2 * E.PHASE_DECODE + gk[chosen, AK_CACHE]
-            gk[chosen, AK_TOTAL_LEN] = prompt_len[chosen] + req.generated[chosen]
-            if preemptible[chosen]:  # a victim: its w is one lower
-                _victims_chosen(vic, v_pos, chosen)
-                if in_slot:  # (the champion's own moves are in its slots' certificates)
+                need = nd[chosen, ND_BLOCKS]
+                if need > free:
+                    e_c = -gk[chosen, AK_NEG_BASE] + sh[s_old]
+                    best_e = np.int64(0)
+                    best_b = np.int64(0)
+                    # The seed's victim: lowest effective priority, then most blocks, then smallest id,
+                    # among victims below the challenger that free enough blocks (their blocks read from
+                    # the victim matrix: a victim's own row is only read on a tie).
+                    for i in range(n_v):
+                        e_v = (steps + vic[i, VC_W]) // k
+                        if e_v >= e_c or (victim != E.NO_ROW and e_v > best_e):
+                            break
+                        b = vic[i, VC_BLOCKS]
+                        if free + b < need:
+                            continue
+                        v = vic[i, VC_ROW]
+                        if victim == E.NO_ROW or b > best_b or (b == best_b and request_id[v] < request_id[victim]):
+                            victim = v
+                            best_e = e_v
+                            best_b = b
+                    if victim == E.NO_ROW:
+                        raise AssertionError("aging kernel: the chosen request has no victim")
+                    prefetch_nb(req.preemptions, victim)  # counted at the end of the step, when it has arrived
+                    req.admitted[victim] = False
+                    req.status[victim] = E.STATUS_PREEMPTED
+                    free += best_b
+                    rv = gk[victim, AK_SLOT]  # its slot keeps a row throughout: out of its heap, into a treap
+                    afirst[rv] = _adm_take(rv, victim, adm, gk)
+                    n_d, n_w = _join_waiting(rv, victim, best_b, h, stack, gk, nd, bt, path, conv, big_at, live, wlist,
+                                             wpos, n_w, slow, ct, dirty, in_dirty, n_d)
+                    n_d = _mark(rv, DIRTY_WAIT, dirty, in_dirty, n_d)
+                    if blockable and blk:
+                        n_d, n_w = _join_waiting(m_res + s_rho[rv] // bw, victim, best_b, h, stack, gk, nd, bt, path,
+                                                 conv, big_at, live, wlist, wpos, n_w, slow, ct, dirty, in_dirty, n_d)
+                    n_v = _victims_drop(vic, v_pos, n_v, victim)
+                    # free blocks grew by the victim's blocks
+                    n_d = _mark_may_run(free, n_v, vic, wlist, n_w, slow, dirty, in_dirty, n_d, live, m_res, tally,
+                                        blockable and can_block)
+                # The chosen request was its residue's (or block's) cached answer: the next one comes after it.
+                n_d, n_w = _leave_waiting(s_old, chosen, h, stack, gk, nd, bt, path, conv, small_at, live, wlist, wpos,
+                                          n_w, ct, dirty, in_dirty, n_d)
+                if blockable and blk:  # (a block's parts stay in B+trees)
+                    n_d, n_w = _leave_waiting(m_res + s_rho[s_old] // bw, chosen, h, stack, gk, nd, bt, path, conv, 0,
+                                              live, wlist, wpos, n_w, ct, dirty, in_dirty, n_d)
+                free -= need
+                req.admitted[chosen] = True
+                if preemptible[chosen]:
+                    w = priority[chosen] * k - req.enqueue_steps[chosen] - req.chosen_count[chosen]
+                    n_v = _victims_add(vic, v_pos, n_v, chosen, w, need)
                     vver += 1
-        if in_slot and not grouped and wpos[s_old] < 0 and afirst[s_old] < 0:
-            n_free = _slot_release(s_old, s_rho, hkey, hval, mask, free_slots, n_free)
-            ct[s_old, CT_VER] = -1
+                    # a new victim: more may run
+                    n_d = _mark_may_run(free, n_v, vic, wlist, n_w, slow, dirty, in_dirty, n_d, live, m_res, tally,
+                                        blockable and can_block)
+            req.status[chosen] = E.STATUS_RUNNING
+            req.chosen_count[chosen] += 1
 
-        if victim != E.NO_ROW:
-            req.preemptions[victim] += 1
-        record_step_nb(events, steps, clock, chosen, action, req, max_new_tokens, deadline_step, has_deadline,
-                       steps + 1 - req.enqueue_steps[chosen] - req.chosen_count[chosen], free, victim)
-        clock += 1
-        steps += 1
-        rmod += 1
-        if rmod == k:
-            rmod = 0
-            sdiv += 1
-        # Residue steps % K: every effective priority in it rises by one (the chosen request's,
-        # now in another residue, stays), so more of it may run.  An empty residue holds no slot.
-        rs = _slot_lookup(rmod, hkey, hval, mask)
-        if grouped:
-            if rmod == 0:  # a new cycle: every row has risen (gb is empty) and now none has
-                ga, gb = gb, ga
-                sh[ga] = sdiv  # (gb's shift, sdiv - 1, is what it was as ga)
-                n_d = _mark(ga, DIRTY_LEAF | DIRTY_KEY, dirty, in_dirty, n_d)
-            if rs >= 0:  # (the first row of the residue's list)
-                n_d, n_w = _rise_grouped(rs, ga, gb, req.admitted, h, adm, afirst, gk, nd, stack, bt, path, conv, big_at,
-                                         small_at, wlist, wpos, n_w, slow, ct, dirty, in_dirty, n_d, rnext)
-        elif rs >= 0:
-            sh[rs] += 1
-            # more of its waiting rows may run, and its leaf compares differently now
-            n_d = _mark(rs, DIRTY_RISE | DIRTY_KEY, dirty, in_dirty, n_d)
+            action = advance_nb(chosen, clock, req, max_new_tokens)
+            if action == E.ACTION_FINISH:
+                free += nd[chosen, ND_BLOCKS]
+                req.admitted[chosen] = False
+                req.status[chosen] = E.STATUS_FINISHED
+                req.finish_step[chosen] = clock
+                unfinished -= 1
+                req.wait_final[chosen] = steps + 1 - req.enqueue_steps[chosen] - req.chosen_count[chosen]
+                if preemptible[chosen]:
+                    n_v = _victims_drop(vic, v_pos, n_v, chosen)
+                # free blocks grew
+                n_d = _mark_may_run(free, n_v, vic, wlist, n_w, slow, dirty, in_dirty, n_d, live, m_res, tally,
+                                    blockable and can_block)
+                champ = E.NO_ROW
+            else:
+                # It is the champion now (or still): its a is one more, so its residue moves on, but its
+                # effective priority stays (one more step run, one more chosen); in decode phase, one
+                # token longer (total_len: the only part of its key it keeps in gk while it is champion).
+                if in_slot:
+                    champ = chosen
+                    c_pc = 2 * E.PHASE_DECODE + gk[chosen, AK_CACHE]
+                gk[chosen, AK_TOTAL_LEN] = prompt_len[chosen] + req.generated[chosen]
+                if preemptible[chosen]:  # a victim: its w is one lower
+                    _victims_chosen(vic, v_pos, chosen)
+                    if in_slot:  # (the champion's own moves are in its slots' certificates)
+                        vver += 1
+            if in_slot and not grouped and wpos[s_old] < 0 and afirst[s_old] < 0:
+                n_free = _slot_release(s_old, s_rho, hkey, hval, mask, free_slots, n_free)
+                ct[s_old, CT_VER] = -1
 
-    return steps, clock, free, stop
+            if victim != E.NO_ROW:
+                req.preemptions[victim] += 1
+            record_step_nb(events, steps, clock, chosen, action, req, max_new_tokens, deadline_step, has_deadline,
+                           steps + 1 - req.enqueue_steps[chosen] - req.chosen_count[chosen], free, victim)
+            clock += 1
+            steps += 1
+            rmod += 1
+            if rmod == k:
+                rmod = 0
+                sdiv += 1
+            # Residue steps % K: every effective priority in it rises by one (the chosen request's,
+            # now in another residue, stays), so more of it may run.  An empty residue holds no slot.
+            rs = _slot_lookup(rmod, hkey, hval, mask)
+            if grouped:
+                if rmod == 0:  # a new cycle: every row has risen (gb is empty) and now none has
+                    ga, gb = gb, ga
+                    sh[ga] = sdiv  # (gb's shift, sdiv - 1, is what it was as ga)
+                    n_d = _mark(ga, DIRTY_LEAF | DIRTY_KEY, dirty, in_dirty, n_d)
+                if rs >= 0:  # (the first row of the residue's list)
+                    n_d, n_w = _rise_grouped(rs, ga, gb, req.admitted, h, adm, afirst, gk, nd, stack, bt, path, conv,
+                                             big_at, small_at, wlist, wpos, n_w, slow, ct, dirty, in_dirty, n_d, rnext)
+            elif rs >= 0:
+                sh[rs] += 1
+                # more of its waiting rows may run, and its leaf compares differently now
+                n_d = _mark(rs, DIRTY_RISE | DIRTY_KEY, dirty, in_dirty, n_d)
+            if blockable and blk:
+                n_d, lo, hi = _block_turn(rmod, steps, k, bw, m_res, hkey, hval, mask, h, live, sh, ct, dirty, in_dirty,
+                                          n_d)
+                if lo >= 0:
+                    sp_lo = lo
+                    sp_hi = hi
+            if blockable and can_block and rmod == 0:
+                r_sum += m_res - n_free
+                if steps - last_dec >= (k if block_rule == BLOCKS_ALTERNATE else dwell):
+                    want = _want_blocks(block_rule, blk, tally[0], r_sum)
+                    tally[0] = 0
+                    r_sum = 0
+                    last_dec = steps
+                    if want and not blk:
+                        n_d, n_w = _blocks_on(n, sdiv, bw, n_blocks, m_res, hkey, hval, mask, s_rho, req,
+                                              required_blocks, capacity, h, gk, nd, stack, bt, path, free, n_v, vic,
+                                              steps, k, live, sh, slow, ct, wlist, wpos, n_w, dirty, in_dirty, n_d)
+                        sp_lo = 0
+                        sp_hi = bw - 1
+                    elif blk and not want:
+                        n_d, n_w = _blocks_off(n_blocks, m_res, hkey, hval, mask, s_rho, h, bt, path, stack, live,
+                                               wlist, wpos, n_w, ct, dirty, in_dirty, n_d)
+                        sp_lo = 0
+                        sp_hi = BIG
+                    blk = want
+
+        return steps, clock, free, stop
+
+    return _replay_loop
 
 
-def _make_replay_aging(stamp, big_at, small_at, grouped_div):
+_replay_loop_plain = _make_replay_loop(False)
+_replay_loop_blocks = _make_replay_loop(True)
+
+
+def _make_replay_aging(stamp, big_at, small_at, grouped_div, block_min, block_rule):
     """`replay_aging_nb`, closing over `stamp` so that an edit of a kernel it calls compiles it afresh,
     with parts in B+trees from `big_at` rows on and back in treaps below `small_at` (1 < small_at <
-    big_at), in grouped mode when the interval is at least the requests / `grouped_div` (never for 0;
-    BIG_AT, SMALL_AT and GROUPED_DIV but in the tests)."""
+    big_at), in grouped mode when the interval is at least the requests / `grouped_div` (never for 0),
+    else with blocks of residues from an interval of `block_min` (at least 2) on, as `block_rule`
+    (BLOCKS_*) says (BIG_AT, SMALL_AT, GROUPED_DIV, BLOCK_MIN and BLOCKS_COUNTED but in the tests)."""
+    loop_blocks = _replay_loop_plain if block_rule == BLOCKS_NEVER else _replay_loop_blocks  # (compiled once)
 
     @njit(cache=True)
     def replay_aging_nb(request_id, arrival_step, prompt_len, max_new_tokens, priority, cache_hit,
@@ -1568,7 +1839,11 @@ def _make_replay_aging(stamp, big_at, small_at, grouped_div):
         # slot), so at most min(K, n) are in use; sized by that, not by K.  In grouped mode, two.
         m_res = min(k, np.int64(n) + 1)
         grouped = grouped_div > 0 and k >= -(-np.int64(n) // grouped_div)
-        m = np.int64(2) if grouped else m_res
+        blocked = not grouped and k >= block_min and block_rule != BLOCKS_NEVER  # (may go into block mode)
+        # Block mode: residues in blocks of bw, a slot per block after the m_res of the residues.
+        bw = max(np.int64(2), np.int64(np.sqrt(k))) if blocked else np.int64(1)
+        n_blocks = -(-k // bw) if blocked else np.int64(0)
+        m = np.int64(2) if grouped else m_res + n_blocks
         t_size = 2
         while t_size < 2 * m_res:
             t_size *= 2
@@ -1577,19 +1852,26 @@ def _make_replay_aging(stamp, big_at, small_at, grouped_div):
         hval = np.zeros(t_size, np.int64)
         rnext = np.empty(n if grouped else 0, np.int64)
         rprev = np.empty(n if grouped else 0, np.int64)
-        free_slots = np.empty(m, np.int64)
-        for i in range(m):
-            free_slots[i] = m - 1 - i
-        n_free = m
+        m_free = np.int64(2) if grouped else m_res  # the slots residues take
+        free_slots = np.empty(m_free, np.int64)
+        for i in range(m_free):
+            free_slots[i] = m_free - 1 - i
+        n_free = m_free
         s_rho = np.zeros(m, np.int64)
         # The waiting rows by part, each with its treap, cached answer and front (see `Parts`).
         h = _new_parts(m)
+        h.big[PARTS * m_res:] = blocked  # a block's parts are B+trees at every size
         # The admitted rows, a heap per slot in one pool (see `_adm_put`), and each slot's first.
         adm = _new_admitted(n, m)
         afirst = np.full(m, -1, np.int64)
         sh = np.zeros(m, np.int64)  # sh[slot] = (steps - rho) // K: its residue's shift, kept per step
         if grouped:
             sh[1] = -1  # slot 1 holds the rows whose residue has not risen yet (none at step 0)
+        # Whether a slot's waiting rows answer for their residues (see `_block_turn`): in block mode, a
+        # block's slot while the block is whole (none of its residues risen this cycle, or all), and
+        # a residue's slot while its block is split; every slot otherwise.  Block 0 starts split.
+        live = np.ones(m, np.bool_)
+        live[m_free:] = False
         # The slots with waiting rows, as a compact list.
         wlist = np.empty(m, np.int64)
         wpos = np.full(m, -1, np.int64)
@@ -1615,19 +1897,27 @@ def _make_replay_aging(stamp, big_at, small_at, grouped_div):
         # and fewer internal nodes than leaves, so all of them at most n / 4 + 2 n / small_at nodes (only
         # those used are ever written); a descent's path; room for a part's rows while it changes
         # structure.
-        bt = bt_nodes_nb(n // 4 + 2 * (n // small_at) + 64)
+        # A block's parts hold every waiting row again, in parts of any size (see the pool's bounds in
+        # `btree_nb`: at most n / 8 + P leaves and n / 56 + P (2 / 7 + height) internal nodes, P parts).
+        n_nodes = n // 4 + 2 * (n // small_at) + 64
+        if blocked:
+            n_nodes += n // 4 + 10 * PARTS * n_blocks + 64
+        bt = bt_nodes_nb(n_nodes)
         path = np.zeros(64, np.int64)
         conv = np.empty(big_at + small_at + 1, np.int64)
 
-        steps, clock, free, stop = _replay_loop(request_id, arrival_step, prompt_len, max_new_tokens, cprio,
-                                                cache_hit, required_blocks, deadline_step, has_deadline,
-                                                preemptible, order, free_kv_blocks, max_steps, events, k, top, req,
-                                                nd, gk, stack, hkey, hval, mask, free_slots, n_free, s_rho, h, adm,
-                                                afirst, sh, wlist, wpos, tb, t_leaves, dirty, in_dirty, vic, v_pos, bt,
-                                                path, conv, big_at, small_at, slow, ct, grouped, rnext, rprev)
+        state = (request_id, arrival_step, prompt_len, max_new_tokens, cprio, cache_hit, required_blocks,
+                 deadline_step, has_deadline, preemptible, order, free_kv_blocks, max_steps, events, k, top, req, nd,
+                 gk, stack, hkey, hval, mask, free_slots, n_free, s_rho, h, adm, afirst, sh, wlist, wpos, tb, t_leaves,
+                 dirty, in_dirty, vic, v_pos, bt, path, conv, big_at, small_at, slow, ct, grouped, rnext, rprev,
+                 blocked, block_rule, bw, n_blocks, m_res, live, np.zeros(1, np.int64))
+        if blocked:
+            steps, clock, free, stop = loop_blocks(*state)
+        else:
+            steps, clock, free, stop = _replay_loop_plain(*state)
         write_state_nb(req_out, summary, steps, clock, free, stop, req)
 
     return replay_aging_nb
 
 
-replay_aging_nb = _make_replay_aging(SOURCE_STAMP, BIG_AT, SMALL_AT, GROUPED_DIV)
+replay_aging_nb = _make_replay_aging(SOURCE_STAMP, BIG_AT, SMALL_AT, GROUPED_DIV, BLOCK_MIN, BLOCKS_COUNTED)

@@ -20,6 +20,14 @@ from decodesched.kernels import enums as E
 from decodesched.kernels.aging_nb import (
     AK_PACKED,
     BIG_AT,
+    BLOCKS_ALTERNATE,
+    BLOCKS_ALWAYS,
+    BLOCKS_COUNTED,
+    BLOCKS_NEVER,
+    BLOCKS_OFF_DEN,
+    BLOCKS_OFF_NUM,
+    BLOCKS_ON_DEN,
+    BLOCKS_ON_NUM,
     FRONT,
     HM_CAP,
     HM_HOT,
@@ -34,6 +42,7 @@ from decodesched.kernels.aging_nb import (
     _front_add,
     _make_replay_aging,
     _new_admitted,
+    _want_blocks,
     replay_aging_nb,
 )
 from decodesched.kernels.fast_nb import _sort_stable, replay_fast_nb
@@ -275,12 +284,17 @@ def run_aging_kernel(trace, capacity, interval, max_steps=-1, kernel=replay_agin
 # The aging kernel with every part of 3 rows or more in a B+tree (back in a treap below 2): small
 # traces then exercise the B+tree walks and every change of structure, which the real thresholds
 # (BIG_AT, SMALL_AT) leave to large backlogs.  One slot per residue at every interval, where the
-# real kernel (GROUPED_DIV) takes small traces in grouped mode from an interval of n / 8 on; and the
-# same in grouped mode at every interval.
-replay_aging_btree_nb = _make_replay_aging(SOURCE_STAMP, 3, 2, 0)
-replay_aging_residues_nb = _make_replay_aging(SOURCE_STAMP, BIG_AT, SMALL_AT, 0)
-replay_aging_grouped_nb = _make_replay_aging(SOURCE_STAMP, 3, 2, 2**62)
-AGING_KERNELS = {"residues": replay_aging_btree_nb, "grouped": replay_aging_grouped_nb, "real": replay_aging_nb}
+# real kernel takes small traces in block mode from an interval of BLOCK_MIN on and in grouped mode
+# from n / GROUPED_DIV on; the same in block mode from an interval of 2 on (blocks of 2 residues up
+# to an interval of 8, the last block of one residue at odd ones); and in grouped mode at every
+# interval.
+replay_aging_btree_nb = _make_replay_aging(SOURCE_STAMP, 3, 2, 0, 2, BLOCKS_NEVER)
+replay_aging_residues_nb = _make_replay_aging(SOURCE_STAMP, BIG_AT, SMALL_AT, 0, 2, BLOCKS_NEVER)
+replay_aging_blocks_nb = _make_replay_aging(SOURCE_STAMP, 3, 2, 0, 2, BLOCKS_ALWAYS)
+replay_aging_switching_nb = _make_replay_aging(SOURCE_STAMP, 3, 2, 0, 2, BLOCKS_ALTERNATE)
+replay_aging_grouped_nb = _make_replay_aging(SOURCE_STAMP, 3, 2, 2**62, 2, BLOCKS_NEVER)
+AGING_KERNELS = {"residues": replay_aging_btree_nb, "blocks": replay_aging_blocks_nb,
+                 "switching": replay_aging_switching_nb, "grouped": replay_aging_grouped_nb, "real": replay_aging_nb}
 
 
 @settings(max_examples=300, **SETTINGS)
@@ -305,11 +319,44 @@ def test_aging_with_btree_parts_equals_scan_on_backlogs(interval):
         trace = backlog_trace(n, seed=seed, priorities=40, max_blocks=36, non_preemptible_fraction=0.15,
                               cache_fraction=0.5)
         want = run_kernel(replay_scan_nb, trace, "aging", capacity, interval)
-        for kernel in (replay_aging_btree_nb, replay_aging_grouped_nb):
+        for kernel in (replay_aging_btree_nb, replay_aging_blocks_nb, replay_aging_switching_nb, replay_aging_grouped_nb):
             got = run_aging_kernel(trace, capacity, interval, kernel=kernel)
             for g, w in zip(got, want):
                 np.testing.assert_array_equal(g, w)
         assert want[1][:, E.RQ_PREEMPTIONS].sum() > 0
+
+
+def test_aging_block_mode_on_the_azure_trace_at_heavy_load_equals_slots_per_residue():
+    """The bundled Azure trace at load 1.5 with K = 1,000: here the real kernel's counts (about 10
+    residues' slots made dirty a slot a cycle, see `_want_blocks`) take it into block mode for most
+    of the replay (180 of its 205 decisions, counted with an instrumented copy), switching in and
+    out: 4 M events equal to the kernel that keeps a slot per residue throughout."""
+    from decodesched.convert import bundled_trace_path, read_azure, to_trace
+
+    trace = to_trace(read_azure(bundled_trace_path()), load=1.5, seed=0)
+    got = run_aging_kernel(trace, 8000, 1000)
+    want = run_aging_kernel(trace, 8000, 1000, kernel=replay_aging_residues_nb)
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
+    assert want[1][:, E.RQ_PREEMPTIONS].sum() > 1000
+
+
+@pytest.mark.parametrize("on", [False, True])
+def test_block_mode_rule_switches_with_a_margin(on):
+    """Block mode comes on above BLOCKS_ON_NUM / BLOCKS_ON_DEN residues' slots made dirty per slot
+    held and cycle, and goes off below BLOCKS_OFF_NUM / BLOCKS_OFF_DEN, a lower ratio: between the
+    two the mode stays, so counts near one threshold do not switch it (and rebuild the blocks) at
+    every decision."""
+    r_sum = 1000
+    up = r_sum * BLOCKS_ON_NUM // BLOCKS_ON_DEN
+    down = r_sum * BLOCKS_OFF_NUM // BLOCKS_OFF_DEN
+    assert down < up
+    assert _want_blocks(BLOCKS_COUNTED, on, up + 1, r_sum)
+    assert not _want_blocks(BLOCKS_COUNTED, on, down - 1, r_sum)
+    assert _want_blocks(BLOCKS_COUNTED, on, (up + down) // 2, r_sum) == on
+    assert _want_blocks(BLOCKS_ALWAYS, on, 0, r_sum)
+    assert _want_blocks(BLOCKS_ALTERNATE, on, 0, r_sum) != on
+    assert not _want_blocks(BLOCKS_COUNTED, False, 0, 0)
 
 
 @pytest.mark.parametrize("interval", [10**6, 2**40 + 3])
