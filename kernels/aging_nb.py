@@ -174,7 +174,7 @@ BLOCKS_ALWAYS = 2
 BLOCKS_ALTERNATE = 3
 # `_want_blocks`: block mode from (residues' slots made dirty) / (residues' slots) > ON_NUM / ON_DEN
 # over the cycles since the last decision, back below OFF_NUM / OFF_DEN.
-BLOCKS_ON_NUM = 4
+BLOCKS_ON_NUM = 3
 BLOCKS_ON_DEN = 1
 BLOCKS_OFF_NUM = 2
 BLOCKS_OFF_DEN = 1
@@ -1442,10 +1442,10 @@ def _want_blocks(rule, on, tally, r_sum):
     decision: tally, the residues' slots that finishes and new victims made dirty (or would have, in
     block mode: see `_mark_may_run`), against r_sum, the residues' slots held at each cycle's start.
     A block mode cycle turns every residue's slot with waiting rows live and back (two re-reads a
-    slot), a cycle of slots per residue re-reads every slot made dirty: blocks from twice as many
-    of the latter (4 a slot), until they are fewer than the former (2 a slot).  Counts between the
-    two keep the mode, so that a load near one threshold does not rebuild the blocks at every
-    decision."""
+    slot), a cycle of slots per residue re-reads every slot made dirty: blocks from half as many
+    again of the latter (3 a slot; with 4, the Azure trace at K = 256, load 1.5 took 1.10-1.18x as
+    long, paired), until they are fewer than the former (2 a slot).  Counts between the two keep the
+    mode, so that a load near one threshold does not rebuild the blocks at every decision."""
     if rule == BLOCKS_ALWAYS:
         return True
     if rule == BLOCKS_ALTERNATE:

@@ -329,7 +329,7 @@ def test_aging_with_btree_parts_equals_scan_on_backlogs(interval):
 def test_aging_block_mode_on_the_azure_trace_at_heavy_load_equals_slots_per_residue():
     """The bundled Azure trace at load 1.5 with K = 1,000: here the real kernel's counts (about 10
     residues' slots made dirty a slot a cycle, see `_want_blocks`) take it into block mode for most
-    of the replay (180 of its 205 decisions, counted with an instrumented copy), switching in and
+    of the replay (most of its 205 decisions, counted with an instrumented copy), switching in and
     out: 4 M events equal to the kernel that keeps a slot per residue throughout."""
     from decodesched.convert import bundled_trace_path, read_azure, to_trace
 
