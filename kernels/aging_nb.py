@@ -710,7 +710,13 @@ def _wait_remove(q, r, h, stack, gk, nd, bt, path, conv, small_at):
 @njit(_nrt=False)
 def _wait_insert(q, r, h, stack, gk, nd, blocks, bt, path, conv, big_at):
     """Row r joins part q's waiting rows; returns whether it lands before the cached answer (or the
-    taken one's key: a row after it is met by the walk from there)."""
+    taken one's key: a row after it is met by the walk from there).  Into an empty part it lands
+    before: a part that is not live (see `live`) keeps its taken key when its last row leaves, and
+    nothing would walk it from there."""
+    if h.root[q] < 0:
+        h.cand[q] = -1
+        h.taken[q] = False
+        h.fn[q] = 0
     if h.big[q]:
         root, height = bt_insert_nb(bt, h.root[q], h.height[q], gk[r, AK_PACKED], gk[r, AK_TOTAL_LEN], gk[r, AK_ID],
                                     r, blocks, nd[r, ND_BASE], path)

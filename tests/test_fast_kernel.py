@@ -300,7 +300,7 @@ AGING_KERNELS = {"residues": replay_aging_btree_nb, "blocks": replay_aging_block
 @settings(max_examples=300, **SETTINGS)
 @given(rows=st.one_of(traces(max_requests=40, max_len=8, max_arrival=20, max_blocks=10),
                      traces(max_requests=40, max_len=8, max_arrival=20, max_blocks=10, wide_priorities=True)),
-       capacity=st.integers(0, 25), interval=st.sampled_from([1, 2, 3, 4, 7, 64, 1000]),
+       capacity=st.integers(0, 25), interval=st.sampled_from([1, 2, 3, 4, 7, 10, 30, 64, 1000]),
        max_steps=st.one_of(st.none(), st.integers(0, 200)), mode=st.sampled_from(sorted(AGING_KERNELS)))
 def test_aging_with_btree_parts_matches_scan_on_small_traces(rows, capacity, interval, max_steps, mode):
     trace = load_trace(rows)
@@ -309,6 +309,48 @@ def test_aging_with_btree_parts_matches_scan_on_small_traces(rows, capacity, int
     want = run_kernel(replay_scan_nb, trace, "aging", capacity, interval, -1 if max_steps is None else max_steps)
     for g, w in zip(got, want):
         np.testing.assert_array_equal(g, w)
+
+
+def test_aging_block_part_emptied_just_before_its_split_answers_a_later_row():
+    """Shrunk from the Azure trace at K = 4,500 (load 1.0, 2,000 blocks), where block mode chose a
+    lower effective priority than the scan kernel: row 11, the only row of block 2's prefill part, is
+    chosen at the step before block 2 splits, so its part keeps the taken key while the block is not
+    live, and nothing walks it again; row 16, arriving after the block is whole again with a key after
+    row 11's, must still land before that part's (absent) answer.  Blocks of 3 residues at K = 10."""
+    n = 17
+    priority = [0] * n
+    for i in (3, 11, 16):
+        priority[i] = -1
+    priority[9] = priority[10] = 1
+    arrival = [0] * n
+    arrival[11], arrival[16] = 6, 18
+    trace = load_trace({
+        "request_id": list(range(n)), "arrival_step": arrival, "prompt_len": [1] * n, "max_new_tokens": [1] * n,
+        "priority": priority, "cache_hit": [i in (3, 5) for i in range(n)], "required_blocks": [1] * n,
+        "deadline_step": [None] * n, "preemptible": [i != 14 for i in range(n)],
+    })
+    want = run_kernel(replay_scan_nb, trace, "aging", 26, 10)
+    assert list(want[0][18:19, E.EV_ROW]) == [16]  # the new row's prefill comes first
+    for kernel in (replay_aging_blocks_nb, replay_aging_switching_nb):
+        got = run_aging_kernel(trace, 26, 10, kernel=kernel)
+        for g, w in zip(got, want):
+            np.testing.assert_array_equal(g, w)
+
+
+def test_aging_block_mode_equals_scan_on_many_random_traces_and_intervals():
+    """Block mode with blocks of 2 to 14 residues (K from 2 to 200, a last block shorter at most of
+    them), always on and switched every cycle, against the scan kernel on seeded random traces whose
+    arrivals spread over hundreds of steps: blocks split and join again many times per trace (the
+    test above was the first of two failures in 20,000 such traces before the fix)."""
+    rng = np.random.default_rng(20261204)
+    for i in range(3_000):
+        trace = random_small_trace(rng)
+        capacity, interval = int(rng.integers(3, 60)), int(rng.integers(2, 200))
+        kernel = replay_aging_switching_nb if i % 2 else replay_aging_blocks_nb
+        got = run_aging_kernel(trace, capacity, interval, kernel=kernel)
+        want = run_kernel(replay_scan_nb, trace, "aging", capacity, interval)
+        for g, w in zip(got, want):
+            np.testing.assert_array_equal(g, w, err_msg=f"trace {i}, capacity {capacity}, interval {interval}")
 
 
 @pytest.mark.parametrize("interval", [1, 4, 64, 1000])
