@@ -1394,8 +1394,8 @@ def _blocks_on(n, sdiv, bw, n_blocks, m_res, hkey, hval, mask, s_rho, req, requi
         live[bs] = b > 0
         ct[bs, CT_VER] = -1
     for r in range(n):
-        if req.enqueued[r] and not req.admitted[r] and req.status[r] != E.STATUS_FINISHED and \
-                required_blocks[r] <= capacity:
+        waiting = req.enqueued[r] and not req.admitted[r] and req.status[r] != E.STATUS_FINISHED
+        if waiting and required_blocks[r] <= capacity:
             q = PARTS * (m_res + s_rho[gk[r, AK_SLOT]] // bw) + gk[r, AK_PHASE_CACHE]
             root, height = bt_insert_nb(bt, h.root[q], h.height[q], gk[r, AK_PACKED], gk[r, AK_TOTAL_LEN],
                                         gk[r, AK_ID], r, nd[r, ND_BLOCKS], nd[r, ND_BASE], path)
@@ -1461,362 +1461,351 @@ def _want_blocks(rule, on, tally, r_sum):
     return tally * BLOCKS_ON_DEN > r_sum * BLOCKS_ON_NUM
 
 
-def _make_replay_loop(blockable):
-    """The replay loop, with block mode (`blockable`) or without: a closure constant, so that the loop
-    without it compiles with none of its branches (the intervals below BLOCK_MIN, the default among
-    them, run that one)."""
+# Not cached on its own: it calls kernels of another file (see `stamp`); its caller's cache holds it.
+# Without NRT, so that the helpers inlined into the loop carry no reference counting.
+@njit(_nrt=False)
+def _replay_loop(request_id, arrival_step, prompt_len, max_new_tokens, priority, cache_hit, required_blocks,
+                 deadline_step, has_deadline, preemptible, order, free_kv_blocks, max_steps, events, k, top, req,
+                 nd, gk, stack, hkey, hval, mask, free_slots, n_free, s_rho, h, adm, afirst, sh, wlist, wpos, tb,
+                 t_leaves, dirty, in_dirty, vic, v_pos, bt, path, conv, big_at, small_at, slow, ct, grouped, rnext,
+                 rprev, blockable, block_rule, bw, n_blocks, m_res, live, tally):
+    """The replay loop of `replay_aging_nb` over its state (`req`: the per-request state, `h`: the
+    waiting parts, `adm`: the admitted rows; in grouped mode, rnext / rprev: the residues' lists; with
+    `blockable`, block mode may go on); returns (steps, clock, free, stop)."""
+    cand = h.cand
+    n = request_id.shape[0]
+    n_w = 0
+    n_d = 0
+    n_v = 0
+    pos = 0
+    clock = np.int64(0)
+    free = np.int64(free_kv_blocks)
+    capacity = np.int64(free_kv_blocks)
+    steps = np.int64(0)
+    rmod = np.int64(0)  # steps % K
+    sdiv = np.int64(0)  # steps // K
+    unfinished = 0
+    stop = E.STOP_DRAINED
+    limit = max_steps if max_steps >= 0 else BIG
+    next_arrival = arrival_step[order[0]] if n > 0 else BIG  # of row order[pos]
+    # The champion: the last step's request while it stays admitted, in no slot (see `_champ_first`),
+    # with its phase and cache rank and its -effective priority, which stays while it runs every step.
+    champ = E.NO_ROW
+    c_pc = np.int64(0)
+    c_ne = np.int64(0)
+    # Bumped when a victim joins or one other than the champion moves (see `_cert_holds`).
+    vver = np.int64(0)
+    # Grouped mode: slot ga holds the rows whose residue rose this cycle, gb the others.
+    ga = 0
+    gb = 1
+    # Block mode (blk): the residues whose slots' waiting rows are live (see `live`): those of the
+    # split block in block mode, all otherwise; the counts for `_want_blocks` since its last decision.
+    blk = False
+    sp_lo = np.int64(0)
+    sp_hi = np.int64(BIG)
+    r_sum = np.int64(0)
+    last_dec = np.int64(0)
+    dwell = max(k, np.int64(n))  # steps between decisions (switching costs O(n))
+    if blockable and block_rule == BLOCKS_ALWAYS:
+        blk = True
+        sp_hi = bw - 1
+        n_d, n_w = _blocks_on(n, sdiv, bw, n_blocks, m_res, hkey, hval, mask, s_rho, req, required_blocks, capacity,
+                              h, gk, nd, stack, bt, path, free, n_v, vic, steps, k, live, sh, slow, ct, wlist, wpos,
+                              n_w, dirty, in_dirty, n_d)
 
-    # Not cached on its own: it calls kernels of another file (see `stamp`); its caller's cache holds it.
-    # Without NRT, so that the helpers inlined into the loop carry no reference counting.
-    @njit(_nrt=False)
-    def _replay_loop(request_id, arrival_step, prompt_len, max_new_tokens, priority, cache_hit, required_blocks,
-                     deadline_step, has_deadline, preemptible, order, free_kv_blocks, max_steps, events, k, top, req,
-                     nd, gk, stack, hkey, hval, mask, free_slots, n_free, s_rho, h, adm, afirst, sh, wlist, wpos, tb,
-                     t_leaves, dirty, in_dirty, vic, v_pos, bt, path, conv, big_at, small_at, slow, ct, grouped, rnext,
-                     rprev, can_block, block_rule, bw, n_blocks, m_res, live, tally):
-        """The replay loop of `replay_aging_nb` over its state (`req`: the per-request state, `h`: the
-        waiting parts, `adm`: the admitted rows; in grouped mode, rnext / rprev: the residues' lists);
-        returns (steps, clock, free, stop)."""
-        cand = h.cand
-        n = request_id.shape[0]
-        n_w = 0
-        n_d = 0
-        n_v = 0
-        pos = 0
-        clock = np.int64(0)
-        free = np.int64(free_kv_blocks)
-        capacity = np.int64(free_kv_blocks)
-        steps = np.int64(0)
-        rmod = np.int64(0)  # steps % K
-        sdiv = np.int64(0)  # steps // K
-        unfinished = 0
-        stop = E.STOP_DRAINED
-        limit = max_steps if max_steps >= 0 else BIG
-        next_arrival = arrival_step[order[0]] if n > 0 else BIG  # of row order[pos]
-        # The champion: the last step's request while it stays admitted, in no slot (see `_champ_first`),
-        # with its phase and cache rank and its -effective priority, which stays while it runs every step.
-        champ = E.NO_ROW
-        c_pc = np.int64(0)
-        c_ne = np.int64(0)
-        # Bumped when a victim joins or one other than the champion moves (see `_cert_holds`).
-        vver = np.int64(0)
-        # Grouped mode: slot ga holds the rows whose residue rose this cycle, gb the others.
-        ga = 0
-        gb = 1
-        # Block mode (blk): the residues whose slots' waiting rows are live (see `live`): those of the
-        # split block in block mode, all otherwise; the counts for `_want_blocks` since its last decision.
-        blk = False
-        sp_lo = np.int64(0)
-        sp_hi = np.int64(BIG)
-        r_sum = np.int64(0)
-        last_dec = np.int64(0)
-        dwell = max(k, np.int64(n))  # steps between decisions (switching costs O(n))
-        if blockable and can_block and block_rule == BLOCKS_ALWAYS:
-            blk = True
-            sp_hi = bw - 1
-            n_d, n_w = _blocks_on(n, sdiv, bw, n_blocks, m_res, hkey, hval, mask, s_rho, req, required_blocks, capacity,
-                                  h, gk, nd, stack, bt, path, free, n_v, vic, steps, k, live, sh, slow, ct, wlist, wpos,
-                                  n_w, dirty, in_dirty, n_d)
-
-        while True:
-            if steps >= limit:
-                stop = E.STOP_MAX_STEPS
-                break
-            while pos < n and next_arrival <= clock:
-                r = order[pos]
-                pos += 1
-                if pos < n:
-                    next_arrival = arrival_step[order[pos]]
-                req.enqueued[r] = True
-                req.enqueue_steps[r] = steps
-                unfinished += 1
-                if required_blocks[r] > capacity:
-                    continue  # can never be admitted
-                if grouped:
-                    sl = ga  # its residue, rmod, rose at the end of the last step
-                    _res_add(rmod, r, hkey, hval, mask, rnext, rprev)
-                else:
-                    sl, n_free = _slot_acquire(rmod, steps, k, hkey, hval, mask, free_slots, n_free, s_rho, sh,
-                                               h, adm, afirst, slow, live, sp_lo, sp_hi)
-                _set_aging_key(r, sdiv, sl, gk, nd, E.PHASE_PREFILL, cache_hit[r], priority[r], top, prompt_len[r],
-                               request_id[r])
-                n_d, n_w = _join_waiting(sl, r, required_blocks[r], h, stack, gk, nd, bt, path, conv, big_at, live,
-                                         wlist, wpos, n_w, slow, ct, dirty, in_dirty, n_d)
-                if blockable and blk:
-                    n_d, n_w = _join_waiting(m_res + rmod // bw, r, required_blocks[r], h, stack, gk, nd, bt, path,
-                                             conv, big_at, live, wlist, wpos, n_w, slow, ct, dirty, in_dirty, n_d)
-
-            for i in range(n_d):
-                sl = dirty[i]
-                flags = in_dirty[sl]
-                in_dirty[sl] = 0
-                # a part only matters when no row of the parts before it runs
-                c = E.NO_ROW
-                if blockable and not live[sl]:
-                    pass  # its waiting rows answer in their block's slot: its leaf is its first admitted row
-                elif (flags & (DIRTY_WAIT | DIRTY_RISE) and _parts_may_change(sl, h, slow, free, n_v, vic)
-                        and (flags & DIRTY_WAIT
-                             or not _cert_holds(sl, ct, vver, champ, free, vic, v_pos, h.fn, h.fx, sh[sl], steps, k))):
-                    walked = False
-                    q = PARTS * sl
-                    while q < PARTS * sl + PARTS:
-                        c, w_q = _part_answer(q, h, free, sh[sl], nd, gk, stack, n_v, vic, steps, k, bt)
-                        walked |= w_q
-                        if c != E.NO_ROW:
-                            break
-                        q += 1
-                    if walked:
-                        ct[sl, CT_VER] = -1
-                    elif flags & DIRTY_RISE:  # no point of the fronts up to part q runs at this rise
-                        # (once free blocks are no more than now, a champion that does not fit with the
-                        # fewest blocks of a point makes no point run when it joins the point's victims)
-                        ct[sl, CT_LCRIT] = -BIG
-                        if champ != E.NO_ROW and preemptible[champ] and slow[sl] <= free + nd[champ, ND_BLOCKS]:
-                            ct[sl, CT_LCRIT] = BIG
-                            ct[sl, CT_W] = vic[v_pos[champ], VC_W]
-                            ct[sl, CT_PART] = min(q, PARTS * sl + PARTS - 1)
-                        ct[sl, CT_FREE] = free
-                        ct[sl, CT_VER] = vver
-                        ct[sl, CT_CHAMP] = champ
-                    _slot_low(sl, h, slow)
-                    # A new waiting answer may be the step's request a few steps on: start its misses now,
-                    # while the tree compares its key, rather than when it is chosen.
-                    if c != E.NO_ROW and c != tb[t_leaves + sl, TB_ROW]:
-                        _prefetch_request(c, req, max_new_tokens, preemptible, cache_hit, priority, prompt_len,
-                                          request_id, has_deadline, deadline_step)
-                else:  # only its admitted rows changed, or no part's answer can change: the cached answers stand
-                    for q in range(PARTS * sl, PARTS * sl + PARTS):
-                        c = cand[q]
-                        if c != E.NO_ROW:
-                            break
-                f = afirst[sl]
-                if c == E.NO_ROW or (f != E.NO_ROW and _slot_less(gk, f, c)):
-                    c = f
-                if c != tb[t_leaves + sl, TB_ROW] or flags & DIRTY_KEY:
-                    _tree_set(tb, t_leaves, sl, c, gk, sh)
-            n_d = 0
-            # The top of the tree, once it runs, is the step's request (see `tb`), unless the champion
-            # comes first: the top is at or before every other row that runs (a cached answer that stopped
-            # running only comes too early), so then the champion is.
-            while True:
-                chosen = tb[1, TB_ROW]
-                if champ != E.NO_ROW and _champ_first(champ, c_pc, c_ne, chosen, tb, gk):
-                    chosen = champ
-                    break
-                if chosen == E.NO_ROW:
-                    break
-                if req.admitted[chosen]:
-                    break
-                _prefetch_request(chosen, req, max_new_tokens, preemptible, cache_hit, priority, prompt_len, request_id,
-                                  has_deadline, deadline_step)
-                sl = gk[chosen, AK_SLOT]
-                if blockable and not live[sl]:
-                    sl = m_res + s_rho[sl] // bw  # its block's slot
-                shift = sh[sl]
-                # (its blocks read from its node, which shares a 128-byte block with the key the tree compared)
-                if _fits(nd[chosen, ND_BLOCKS], nd[chosen, ND_BASE] + shift, free, n_v, vic, steps, k):
-                    break
-                # It is its part's cached answer, and no point of the part's front runs (the dirty slots were
-                # just checked, and nothing else can make one run): the rows before it still cannot, so the
-                # walk goes on after it as after a taken answer, with it in the front.
-                q = PARTS * sl + gk[chosen, AK_PHASE_CACHE]
-                _part_taken(q, chosen, gk, h)
-                _front_add(q, nd[chosen, ND_BLOCKS], nd[chosen, ND_BASE], h.fb, h.fx, h.fn)
-                c = _walk(q, h, free, shift, nd, gk, stack, n_v, vic, steps, k, bt, True)
-                h.taken[q] = False
-                cand[q] = c
-                ct[sl, CT_VER] = -1
-                while c == E.NO_ROW and q + 1 < PARTS * sl + PARTS:
-                    q += 1
-                    c = _part_answer(q, h, free, shift, nd, gk, stack, n_v, vic, steps, k, bt)[0]
-                _slot_low(sl, h, slow)
-                f = afirst[sl]
-                if c == E.NO_ROW or (f != E.NO_ROW and _slot_less(gk, f, c)):
-                    c = f
-                _tree_set(tb, t_leaves, sl, c, gk, sh)
-
-            if chosen == E.NO_ROW:
-                if pos < n:
-                    clock = next_arrival  # idle gap: jump, nobody waits
-                    continue
-                stop = E.STOP_DRAINED if unfinished == 0 else E.STOP_STUCK
-                break
-
-            if champ != E.NO_ROW and chosen != champ:
-                # The champion lost: back into its residue's slot as that slot's hot row, its key brought
-                # up to date (its a, so its residue and base, changed at every step it ran).
-                a = req.enqueue_steps[champ] + req.chosen_count[champ]
-                rho = a % k
-                if grouped:
-                    sl = ga if rho <= rmod else gb
-                    _res_add(rho, champ, hkey, hval, mask, rnext, rprev)
-                else:
-                    sl, n_free = _slot_acquire(rho, steps, k, hkey, hval, mask, free_slots, n_free, s_rho, sh, h, adm,
-                                               afirst, slow, live, sp_lo, sp_hi)
-                _set_aging_key(champ, a // k, sl, gk, nd, E.PHASE_DECODE, cache_hit[champ], priority[champ], top,
-                               prompt_len[champ] + req.generated[champ], request_id[champ])
-                afirst[sl] = _adm_put(sl, champ, adm, gk)
-                n_d = _mark(sl, DIRTY_LEAF | DIRTY_KEY, dirty, in_dirty, n_d)
-                champ = E.NO_ROW
-
-            victim = E.NO_ROW
-            was_admitted = req.admitted[chosen]
-            in_slot = chosen != champ  # (the champion is in none)
-            s_old = gk[chosen, AK_SLOT]
-            if in_slot:
-                c_ne = tb[1, TB_NEG_EFF]  # kept while it is the champion
-                if grouped:
-                    _res_remove((req.enqueue_steps[chosen] + req.chosen_count[chosen]) % k, chosen, hkey, hval, mask,
-                                rnext, rprev)
-            if was_admitted:
-                if in_slot:
-                    afirst[s_old] = _adm_take(s_old, chosen, adm, gk)
-                    n_d = _mark(s_old, DIRTY_LEAF, dirty, in_dirty, n_d)
-            else:
-                need = nd[chosen, ND_BLOCKS]
-                if need > free:
-                    e_c = -gk[chosen, AK_NEG_BASE] + sh[s_old]
-                    best_e = np.int64(0)
-                    best_b = np.int64(0)
-                    # The seed's victim: lowest effective priority, then most blocks, then smallest id,
-                    # among victims below the challenger that free enough blocks (their blocks read from
-                    # the victim matrix: a victim's own row is only read on a tie).
-                    for i in range(n_v):
-                        e_v = (steps + vic[i, VC_W]) // k
-                        if e_v >= e_c or (victim != E.NO_ROW and e_v > best_e):
-                            break
-                        b = vic[i, VC_BLOCKS]
-                        if free + b < need:
-                            continue
-                        v = vic[i, VC_ROW]
-                        if victim == E.NO_ROW or b > best_b or (b == best_b and request_id[v] < request_id[victim]):
-                            victim = v
-                            best_e = e_v
-                            best_b = b
-                    if victim == E.NO_ROW:
-                        raise AssertionError("aging kernel: the chosen request has no victim")
-                    prefetch_nb(req.preemptions, victim)  # counted at the end of the step, when it has arrived
-                    req.admitted[victim] = False
-                    req.status[victim] = E.STATUS_PREEMPTED
-                    free += best_b
-                    rv = gk[victim, AK_SLOT]  # its slot keeps a row throughout: out of its heap, into a treap
-                    afirst[rv] = _adm_take(rv, victim, adm, gk)
-                    n_d, n_w = _join_waiting(rv, victim, best_b, h, stack, gk, nd, bt, path, conv, big_at, live, wlist,
-                                             wpos, n_w, slow, ct, dirty, in_dirty, n_d)
-                    n_d = _mark(rv, DIRTY_WAIT, dirty, in_dirty, n_d)
-                    if blockable and blk:
-                        n_d, n_w = _join_waiting(m_res + s_rho[rv] // bw, victim, best_b, h, stack, gk, nd, bt, path,
-                                                 conv, big_at, live, wlist, wpos, n_w, slow, ct, dirty, in_dirty, n_d)
-                    n_v = _victims_drop(vic, v_pos, n_v, victim)
-                    # free blocks grew by the victim's blocks
-                    n_d = _mark_may_run(free, n_v, vic, wlist, n_w, slow, dirty, in_dirty, n_d, live, m_res, tally,
-                                        blockable and can_block)
-                # The chosen request was its residue's (or block's) cached answer: the next one comes after it.
-                n_d, n_w = _leave_waiting(s_old, chosen, h, stack, gk, nd, bt, path, conv, small_at, live, wlist, wpos,
-                                          n_w, ct, dirty, in_dirty, n_d)
-                if blockable and blk:  # (a block's parts stay in B+trees)
-                    n_d, n_w = _leave_waiting(m_res + s_rho[s_old] // bw, chosen, h, stack, gk, nd, bt, path, conv, 0,
-                                              live, wlist, wpos, n_w, ct, dirty, in_dirty, n_d)
-                free -= need
-                req.admitted[chosen] = True
-                if preemptible[chosen]:
-                    w = priority[chosen] * k - req.enqueue_steps[chosen] - req.chosen_count[chosen]
-                    n_v = _victims_add(vic, v_pos, n_v, chosen, w, need)
-                    vver += 1
-                    # a new victim: more may run
-                    n_d = _mark_may_run(free, n_v, vic, wlist, n_w, slow, dirty, in_dirty, n_d, live, m_res, tally,
-                                        blockable and can_block)
-            req.status[chosen] = E.STATUS_RUNNING
-            req.chosen_count[chosen] += 1
-
-            action = advance_nb(chosen, clock, req, max_new_tokens)
-            if action == E.ACTION_FINISH:
-                free += nd[chosen, ND_BLOCKS]
-                req.admitted[chosen] = False
-                req.status[chosen] = E.STATUS_FINISHED
-                req.finish_step[chosen] = clock
-                unfinished -= 1
-                req.wait_final[chosen] = steps + 1 - req.enqueue_steps[chosen] - req.chosen_count[chosen]
-                if preemptible[chosen]:
-                    n_v = _victims_drop(vic, v_pos, n_v, chosen)
-                # free blocks grew
-                n_d = _mark_may_run(free, n_v, vic, wlist, n_w, slow, dirty, in_dirty, n_d, live, m_res, tally,
-                                    blockable and can_block)
-                champ = E.NO_ROW
-            else:
-                # It is the champion now (or still): its a is one more, so its residue moves on, but its
-                # effective priority stays (one more step run, one more chosen); in decode phase, one
-                # token longer (total_len: the only part of its key it keeps in gk while it is champion).
-                if in_slot:
-                    champ = chosen
-                    c_pc = 2 * E.PHASE_DECODE + gk[chosen, AK_CACHE]
-                gk[chosen, AK_TOTAL_LEN] = prompt_len[chosen] + req.generated[chosen]
-                if preemptible[chosen]:  # a victim: its w is one lower
-                    _victims_chosen(vic, v_pos, chosen)
-                    if in_slot:  # (the champion's own moves are in its slots' certificates)
-                        vver += 1
-            if in_slot and not grouped and wpos[s_old] < 0 and afirst[s_old] < 0:
-                n_free = _slot_release(s_old, s_rho, hkey, hval, mask, free_slots, n_free)
-                ct[s_old, CT_VER] = -1
-
-            if victim != E.NO_ROW:
-                req.preemptions[victim] += 1
-            record_step_nb(events, steps, clock, chosen, action, req, max_new_tokens, deadline_step, has_deadline,
-                           steps + 1 - req.enqueue_steps[chosen] - req.chosen_count[chosen], free, victim)
-            clock += 1
-            steps += 1
-            rmod += 1
-            if rmod == k:
-                rmod = 0
-                sdiv += 1
-            # Residue steps % K: every effective priority in it rises by one (the chosen request's,
-            # now in another residue, stays), so more of it may run.  An empty residue holds no slot.
-            rs = _slot_lookup(rmod, hkey, hval, mask)
+    while True:
+        if steps >= limit:
+            stop = E.STOP_MAX_STEPS
+            break
+        while pos < n and next_arrival <= clock:
+            r = order[pos]
+            pos += 1
+            if pos < n:
+                next_arrival = arrival_step[order[pos]]
+            req.enqueued[r] = True
+            req.enqueue_steps[r] = steps
+            unfinished += 1
+            if required_blocks[r] > capacity:
+                continue  # can never be admitted
             if grouped:
-                if rmod == 0:  # a new cycle: every row has risen (gb is empty) and now none has
-                    ga, gb = gb, ga
-                    sh[ga] = sdiv  # (gb's shift, sdiv - 1, is what it was as ga)
-                    n_d = _mark(ga, DIRTY_LEAF | DIRTY_KEY, dirty, in_dirty, n_d)
-                if rs >= 0:  # (the first row of the residue's list)
-                    n_d, n_w = _rise_grouped(rs, ga, gb, req.admitted, h, adm, afirst, gk, nd, stack, bt, path, conv,
-                                             big_at, small_at, wlist, wpos, n_w, slow, ct, dirty, in_dirty, n_d, rnext)
-            elif rs >= 0:
-                sh[rs] += 1
-                # more of its waiting rows may run, and its leaf compares differently now
-                n_d = _mark(rs, DIRTY_RISE | DIRTY_KEY, dirty, in_dirty, n_d)
+                sl = ga  # its residue, rmod, rose at the end of the last step
+                _res_add(rmod, r, hkey, hval, mask, rnext, rprev)
+            else:
+                sl, n_free = _slot_acquire(rmod, steps, k, hkey, hval, mask, free_slots, n_free, s_rho, sh,
+                                           h, adm, afirst, slow, live, sp_lo, sp_hi)
+            _set_aging_key(r, sdiv, sl, gk, nd, E.PHASE_PREFILL, cache_hit[r], priority[r], top, prompt_len[r],
+                           request_id[r])
+            n_d, n_w = _join_waiting(sl, r, required_blocks[r], h, stack, gk, nd, bt, path, conv, big_at, live,
+                                     wlist, wpos, n_w, slow, ct, dirty, in_dirty, n_d)
             if blockable and blk:
-                n_d, lo, hi = _block_turn(rmod, steps, k, bw, m_res, hkey, hval, mask, h, live, sh, ct, dirty, in_dirty,
-                                          n_d)
-                if lo >= 0:
-                    sp_lo = lo
-                    sp_hi = hi
-            if blockable and can_block and rmod == 0:
-                r_sum += m_res - n_free
-                if steps - last_dec >= (k if block_rule == BLOCKS_ALTERNATE else dwell):
-                    want = _want_blocks(block_rule, blk, tally[0], r_sum)
-                    tally[0] = 0
-                    r_sum = 0
-                    last_dec = steps
-                    if want and not blk:
-                        n_d, n_w = _blocks_on(n, sdiv, bw, n_blocks, m_res, hkey, hval, mask, s_rho, req,
-                                              required_blocks, capacity, h, gk, nd, stack, bt, path, free, n_v, vic,
-                                              steps, k, live, sh, slow, ct, wlist, wpos, n_w, dirty, in_dirty, n_d)
-                        sp_lo = 0
-                        sp_hi = bw - 1
-                    elif blk and not want:
-                        n_d, n_w = _blocks_off(n_blocks, m_res, hkey, hval, mask, s_rho, h, bt, path, stack, live,
-                                               wlist, wpos, n_w, ct, dirty, in_dirty, n_d)
-                        sp_lo = 0
-                        sp_hi = BIG
-                    blk = want
+                n_d, n_w = _join_waiting(m_res + rmod // bw, r, required_blocks[r], h, stack, gk, nd, bt, path,
+                                         conv, big_at, live, wlist, wpos, n_w, slow, ct, dirty, in_dirty, n_d)
 
-        return steps, clock, free, stop
+        for i in range(n_d):
+            sl = dirty[i]
+            flags = in_dirty[sl]
+            in_dirty[sl] = 0
+            # a part only matters when no row of the parts before it runs
+            c = E.NO_ROW
+            if blockable and not live[sl]:
+                pass  # its waiting rows answer in their block's slot: its leaf is its first admitted row
+            elif (flags & (DIRTY_WAIT | DIRTY_RISE) and _parts_may_change(sl, h, slow, free, n_v, vic)
+                    and (flags & DIRTY_WAIT
+                         or not _cert_holds(sl, ct, vver, champ, free, vic, v_pos, h.fn, h.fx, sh[sl], steps, k))):
+                walked = False
+                q = PARTS * sl
+                while q < PARTS * sl + PARTS:
+                    c, w_q = _part_answer(q, h, free, sh[sl], nd, gk, stack, n_v, vic, steps, k, bt)
+                    walked |= w_q
+                    if c != E.NO_ROW:
+                        break
+                    q += 1
+                if walked:
+                    ct[sl, CT_VER] = -1
+                elif flags & DIRTY_RISE:  # no point of the fronts up to part q runs at this rise
+                    # (once free blocks are no more than now, a champion that does not fit with the
+                    # fewest blocks of a point makes no point run when it joins the point's victims)
+                    ct[sl, CT_LCRIT] = -BIG
+                    if champ != E.NO_ROW and preemptible[champ] and slow[sl] <= free + nd[champ, ND_BLOCKS]:
+                        ct[sl, CT_LCRIT] = BIG
+                        ct[sl, CT_W] = vic[v_pos[champ], VC_W]
+                        ct[sl, CT_PART] = min(q, PARTS * sl + PARTS - 1)
+                    ct[sl, CT_FREE] = free
+                    ct[sl, CT_VER] = vver
+                    ct[sl, CT_CHAMP] = champ
+                _slot_low(sl, h, slow)
+                # A new waiting answer may be the step's request a few steps on: start its misses now,
+                # while the tree compares its key, rather than when it is chosen.
+                if c != E.NO_ROW and c != tb[t_leaves + sl, TB_ROW]:
+                    _prefetch_request(c, req, max_new_tokens, preemptible, cache_hit, priority, prompt_len,
+                                      request_id, has_deadline, deadline_step)
+            else:  # only its admitted rows changed, or no part's answer can change: the cached answers stand
+                for q in range(PARTS * sl, PARTS * sl + PARTS):
+                    c = cand[q]
+                    if c != E.NO_ROW:
+                        break
+            f = afirst[sl]
+            if c == E.NO_ROW or (f != E.NO_ROW and _slot_less(gk, f, c)):
+                c = f
+            if c != tb[t_leaves + sl, TB_ROW] or flags & DIRTY_KEY:
+                _tree_set(tb, t_leaves, sl, c, gk, sh)
+        n_d = 0
+        # The top of the tree, once it runs, is the step's request (see `tb`), unless the champion
+        # comes first: the top is at or before every other row that runs (a cached answer that stopped
+        # running only comes too early), so then the champion is.
+        while True:
+            chosen = tb[1, TB_ROW]
+            if champ != E.NO_ROW and _champ_first(champ, c_pc, c_ne, chosen, tb, gk):
+                chosen = champ
+                break
+            if chosen == E.NO_ROW:
+                break
+            if req.admitted[chosen]:
+                break
+            _prefetch_request(chosen, req, max_new_tokens, preemptible, cache_hit, priority, prompt_len, request_id,
+                              has_deadline, deadline_step)
+            sl = gk[chosen, AK_SLOT]
+            if blockable and not live[sl]:
+                sl = m_res + s_rho[sl] // bw  # its block's slot
+            shift = sh[sl]
+            # (its blocks read from its node, which shares a 128-byte block with the key the tree compared)
+            if _fits(nd[chosen, ND_BLOCKS], nd[chosen, ND_BASE] + shift, free, n_v, vic, steps, k):
+                break
+            # It is its part's cached answer, and no point of the part's front runs (the dirty slots were
+            # just checked, and nothing else can make one run): the rows before it still cannot, so the
+            # walk goes on after it as after a taken answer, with it in the front.
+            q = PARTS * sl + gk[chosen, AK_PHASE_CACHE]
+            _part_taken(q, chosen, gk, h)
+            _front_add(q, nd[chosen, ND_BLOCKS], nd[chosen, ND_BASE], h.fb, h.fx, h.fn)
+            c = _walk(q, h, free, shift, nd, gk, stack, n_v, vic, steps, k, bt, True)
+            h.taken[q] = False
+            cand[q] = c
+            ct[sl, CT_VER] = -1
+            while c == E.NO_ROW and q + 1 < PARTS * sl + PARTS:
+                q += 1
+                c = _part_answer(q, h, free, shift, nd, gk, stack, n_v, vic, steps, k, bt)[0]
+            _slot_low(sl, h, slow)
+            f = afirst[sl]
+            if c == E.NO_ROW or (f != E.NO_ROW and _slot_less(gk, f, c)):
+                c = f
+            _tree_set(tb, t_leaves, sl, c, gk, sh)
 
-    return _replay_loop
+        if chosen == E.NO_ROW:
+            if pos < n:
+                clock = next_arrival  # idle gap: jump, nobody waits
+                continue
+            stop = E.STOP_DRAINED if unfinished == 0 else E.STOP_STUCK
+            break
 
+        if champ != E.NO_ROW and chosen != champ:
+            # The champion lost: back into its residue's slot as that slot's hot row, its key brought
+            # up to date (its a, so its residue and base, changed at every step it ran).
+            a = req.enqueue_steps[champ] + req.chosen_count[champ]
+            rho = a % k
+            if grouped:
+                sl = ga if rho <= rmod else gb
+                _res_add(rho, champ, hkey, hval, mask, rnext, rprev)
+            else:
+                sl, n_free = _slot_acquire(rho, steps, k, hkey, hval, mask, free_slots, n_free, s_rho, sh, h, adm,
+                                           afirst, slow, live, sp_lo, sp_hi)
+            _set_aging_key(champ, a // k, sl, gk, nd, E.PHASE_DECODE, cache_hit[champ], priority[champ], top,
+                           prompt_len[champ] + req.generated[champ], request_id[champ])
+            afirst[sl] = _adm_put(sl, champ, adm, gk)
+            n_d = _mark(sl, DIRTY_LEAF | DIRTY_KEY, dirty, in_dirty, n_d)
+            champ = E.NO_ROW
 
-_replay_loop_plain = _make_replay_loop(False)
-_replay_loop_blocks = _make_replay_loop(True)
+        victim = E.NO_ROW
+        was_admitted = req.admitted[chosen]
+        in_slot = chosen != champ  # (the champion is in none)
+        s_old = gk[chosen, AK_SLOT]
+        if in_slot:
+            c_ne = tb[1, TB_NEG_EFF]  # kept while it is the champion
+            if grouped:
+                _res_remove((req.enqueue_steps[chosen] + req.chosen_count[chosen]) % k, chosen, hkey, hval, mask,
+                            rnext, rprev)
+        if was_admitted:
+            if in_slot:
+                afirst[s_old] = _adm_take(s_old, chosen, adm, gk)
+                n_d = _mark(s_old, DIRTY_LEAF, dirty, in_dirty, n_d)
+        else:
+            need = nd[chosen, ND_BLOCKS]
+            if need > free:
+                e_c = -gk[chosen, AK_NEG_BASE] + sh[s_old]
+                best_e = np.int64(0)
+                best_b = np.int64(0)
+                # The seed's victim: lowest effective priority, then most blocks, then smallest id,
+                # among victims below the challenger that free enough blocks (their blocks read from
+                # the victim matrix: a victim's own row is only read on a tie).
+                for i in range(n_v):
+                    e_v = (steps + vic[i, VC_W]) // k
+                    if e_v >= e_c or (victim != E.NO_ROW and e_v > best_e):
+                        break
+                    b = vic[i, VC_BLOCKS]
+                    if free + b < need:
+                        continue
+                    v = vic[i, VC_ROW]
+                    if victim == E.NO_ROW or b > best_b or (b == best_b and request_id[v] < request_id[victim]):
+                        victim = v
+                        best_e = e_v
+                        best_b = b
+                if victim == E.NO_ROW:
+                    raise AssertionError("aging kernel: the chosen request has no victim")
+                prefetch_nb(req.preemptions, victim)  # counted at the end of the step, when it has arrived
+                req.admitted[victim] = False
+                req.status[victim] = E.STATUS_PREEMPTED
+                free += best_b
+                rv = gk[victim, AK_SLOT]  # its slot keeps a row throughout: out of its heap, into a treap
+                afirst[rv] = _adm_take(rv, victim, adm, gk)
+                n_d, n_w = _join_waiting(rv, victim, best_b, h, stack, gk, nd, bt, path, conv, big_at, live, wlist,
+                                         wpos, n_w, slow, ct, dirty, in_dirty, n_d)
+                n_d = _mark(rv, DIRTY_WAIT, dirty, in_dirty, n_d)
+                if blockable and blk:
+                    n_d, n_w = _join_waiting(m_res + s_rho[rv] // bw, victim, best_b, h, stack, gk, nd, bt, path,
+                                             conv, big_at, live, wlist, wpos, n_w, slow, ct, dirty, in_dirty, n_d)
+                n_v = _victims_drop(vic, v_pos, n_v, victim)
+                # free blocks grew by the victim's blocks
+                n_d = _mark_may_run(free, n_v, vic, wlist, n_w, slow, dirty, in_dirty, n_d, live, m_res, tally,
+                                    blockable)
+            # The chosen request was its residue's (or block's) cached answer: the next one comes after it.
+            n_d, n_w = _leave_waiting(s_old, chosen, h, stack, gk, nd, bt, path, conv, small_at, live, wlist, wpos,
+                                      n_w, ct, dirty, in_dirty, n_d)
+            if blockable and blk:  # (a block's parts stay in B+trees)
+                n_d, n_w = _leave_waiting(m_res + s_rho[s_old] // bw, chosen, h, stack, gk, nd, bt, path, conv, 0,
+                                          live, wlist, wpos, n_w, ct, dirty, in_dirty, n_d)
+            free -= need
+            req.admitted[chosen] = True
+            if preemptible[chosen]:
+                w = priority[chosen] * k - req.enqueue_steps[chosen] - req.chosen_count[chosen]
+                n_v = _victims_add(vic, v_pos, n_v, chosen, w, need)
+                vver += 1
+                # a new victim: more may run
+                n_d = _mark_may_run(free, n_v, vic, wlist, n_w, slow, dirty, in_dirty, n_d, live, m_res, tally,
+                                    blockable)
+        req.status[chosen] = E.STATUS_RUNNING
+        req.chosen_count[chosen] += 1
+
+        action = advance_nb(chosen, clock, req, max_new_tokens)
+        if action == E.ACTION_FINISH:
+            free += nd[chosen, ND_BLOCKS]
+            req.admitted[chosen] = False
+            req.status[chosen] = E.STATUS_FINISHED
+            req.finish_step[chosen] = clock
+            unfinished -= 1
+            req.wait_final[chosen] = steps + 1 - req.enqueue_steps[chosen] - req.chosen_count[chosen]
+            if preemptible[chosen]:
+                n_v = _victims_drop(vic, v_pos, n_v, chosen)
+            # free blocks grew
+            n_d = _mark_may_run(free, n_v, vic, wlist, n_w, slow, dirty, in_dirty, n_d, live, m_res, tally,
+                                blockable)
+            champ = E.NO_ROW
+        else:
+            # It is the champion now (or still): its a is one more, so its residue moves on, but its
+            # effective priority stays (one more step run, one more chosen); in decode phase, one
+            # token longer (total_len: the only part of its key it keeps in gk while it is champion).
+            if in_slot:
+                champ = chosen
+                c_pc = 2 * E.PHASE_DECODE + gk[chosen, AK_CACHE]
+            gk[chosen, AK_TOTAL_LEN] = prompt_len[chosen] + req.generated[chosen]
+            if preemptible[chosen]:  # a victim: its w is one lower
+                _victims_chosen(vic, v_pos, chosen)
+                if in_slot:  # (the champion's own moves are in its slots' certificates)
+                    vver += 1
+        if in_slot and not grouped and wpos[s_old] < 0 and afirst[s_old] < 0:
+            n_free = _slot_release(s_old, s_rho, hkey, hval, mask, free_slots, n_free)
+            ct[s_old, CT_VER] = -1
+
+        if victim != E.NO_ROW:
+            req.preemptions[victim] += 1
+        record_step_nb(events, steps, clock, chosen, action, req, max_new_tokens, deadline_step, has_deadline,
+                       steps + 1 - req.enqueue_steps[chosen] - req.chosen_count[chosen], free, victim)
+        clock += 1
+        steps += 1
+        rmod += 1
+        if rmod == k:
+            rmod = 0
+            sdiv += 1
+        # Residue steps % K: every effective priority in it rises by one (the chosen request's,
+        # now in another residue, stays), so more of it may run.  An empty residue holds no slot.
+        rs = _slot_lookup(rmod, hkey, hval, mask)
+        if grouped:
+            if rmod == 0:  # a new cycle: every row has risen (gb is empty) and now none has
+                ga, gb = gb, ga
+                sh[ga] = sdiv  # (gb's shift, sdiv - 1, is what it was as ga)
+                n_d = _mark(ga, DIRTY_LEAF | DIRTY_KEY, dirty, in_dirty, n_d)
+            if rs >= 0:  # (the first row of the residue's list)
+                n_d, n_w = _rise_grouped(rs, ga, gb, req.admitted, h, adm, afirst, gk, nd, stack, bt, path, conv,
+                                         big_at, small_at, wlist, wpos, n_w, slow, ct, dirty, in_dirty, n_d, rnext)
+        elif rs >= 0:
+            sh[rs] += 1
+            # more of its waiting rows may run, and its leaf compares differently now
+            n_d = _mark(rs, DIRTY_RISE | DIRTY_KEY, dirty, in_dirty, n_d)
+        if blockable and blk:
+            n_d, lo, hi = _block_turn(rmod, steps, k, bw, m_res, hkey, hval, mask, h, live, sh, ct, dirty, in_dirty,
+                                      n_d)
+            if lo >= 0:
+                sp_lo = lo
+                sp_hi = hi
+        if blockable and rmod == 0:
+            r_sum += m_res - n_free
+            if steps - last_dec >= (k if block_rule == BLOCKS_ALTERNATE else dwell):
+                want = _want_blocks(block_rule, blk, tally[0], r_sum)
+                tally[0] = 0
+                r_sum = 0
+                last_dec = steps
+                if want and not blk:
+                    n_d, n_w = _blocks_on(n, sdiv, bw, n_blocks, m_res, hkey, hval, mask, s_rho, req,
+                                          required_blocks, capacity, h, gk, nd, stack, bt, path, free, n_v, vic,
+                                          steps, k, live, sh, slow, ct, wlist, wpos, n_w, dirty, in_dirty, n_d)
+                    sp_lo = 0
+                    sp_hi = bw - 1
+                elif blk and not want:
+                    n_d, n_w = _blocks_off(n_blocks, m_res, hkey, hval, mask, s_rho, h, bt, path, stack, live,
+                                           wlist, wpos, n_w, ct, dirty, in_dirty, n_d)
+                    sp_lo = 0
+                    sp_hi = BIG
+                blk = want
+
+    return steps, clock, free, stop
 
 
 def _make_replay_aging(stamp, big_at, small_at, grouped_div, block_min, block_rule):
@@ -1825,8 +1814,6 @@ def _make_replay_aging(stamp, big_at, small_at, grouped_div, block_min, block_ru
     big_at), in grouped mode when the interval is at least the requests / `grouped_div` (never for 0),
     else with blocks of residues from an interval of `block_min` (at least 2) on, as `block_rule`
     (BLOCKS_*) says (BIG_AT, SMALL_AT, GROUPED_DIV, BLOCK_MIN and BLOCKS_COUNTED but in the tests)."""
-    loop_blocks = _replay_loop_plain if block_rule == BLOCKS_NEVER else _replay_loop_blocks  # (compiled once)
-
     @njit(cache=True)
     def replay_aging_nb(request_id, arrival_step, prompt_len, max_new_tokens, priority, cache_hit,
                         required_blocks, deadline_step, has_deadline, preemptible, order,
@@ -1917,10 +1904,7 @@ def _make_replay_aging(stamp, big_at, small_at, grouped_div, block_min, block_ru
                  gk, stack, hkey, hval, mask, free_slots, n_free, s_rho, h, adm, afirst, sh, wlist, wpos, tb, t_leaves,
                  dirty, in_dirty, vic, v_pos, bt, path, conv, big_at, small_at, slow, ct, grouped, rnext, rprev,
                  blocked, block_rule, bw, n_blocks, m_res, live, np.zeros(1, np.int64))
-        if blocked:
-            steps, clock, free, stop = loop_blocks(*state)
-        else:
-            steps, clock, free, stop = _replay_loop_plain(*state)
+        steps, clock, free, stop = _replay_loop(*state)
         write_state_nb(req_out, summary, steps, clock, free, stop, req)
 
     return replay_aging_nb

@@ -30,8 +30,8 @@ import sysconfig
 import tempfile
 from pathlib import Path
 
-# a cold compile of the fast replay kernel (every policy; aging's replay loop twice, with and without
-# block mode): 205 s on a quiet two-core machine on 2026-12-03 (144 s before block mode), more on a busy one
+# a cold compile of the fast replay kernel (every policy, aging's block mode included): 156 s on a quiet
+# two-core machine on 2026-12-03 (207 s while aging's loop compiled twice), more on a busy one
 COMPILE_SECONDS = "2-5 min"
 
 
