@@ -16,9 +16,9 @@ preallocated buffer), best of ``--repeats``.  A cell whose first ``--probe`` ste
 slowest cell and the number of cells at or under the 0.5 s target.
 
 The target is set at aging's default interval, 4; ``--aging-interval K`` runs the table at another
-(below K = n / 8, aging's cost grows with the number of non-empty residues, up to min(K, requests
-waiting); from there on, with the requests waiting / K moves a step of grouped mode: see
-`kernels/aging_nb.py`).
+(below K = n / 4, aging's cost grows with the number of non-empty residues, up to min(K, requests
+waiting), or with about sqrt(K) blocks of them; from there on, with the requests waiting / K moves
+a step of grouped mode: see `kernels/aging_nb.py`).
 
 Usage (a few minutes on 2 busy cores)::
 

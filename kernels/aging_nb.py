@@ -92,9 +92,12 @@ through the table) move from gb to ga, keeping their base (`_rise_grouped`); whe
 is empty and the slots swap roles (ga keeps its shift as the new gb).  So a finish or a new victim
 marks at most two slots, and a step walks at most eight parts, as under fixed_priority; the price
 is one move per row per K steps: about (rows waiting) / K B+tree or treap moves a step, which is
-why short intervals keep a slot per residue (on the Azure trace the two cross between n / 19 and
-n / 8 at load 1.5, near n / 8 at load 1.0; n / 8 is the boundary).  Every aging interval runs here (`fast_nb` replays an interval
-above the trace's total work steps as fixed_priority).
+why shorter intervals keep a slot per residue (on the Azure trace a slot per residue alone and
+grouped mode cross between n / 19 and n / 8 at load 1.5, near n / 8 at load 1.0; with block mode
+below it, the crossing moves to about n / 4: at n / 7.7 to n / 4 block mode took 0.45-0.97 of
+grouped mode's time in every cell tried, at n / 3.9 0.5-1.2, at n / 1.9 1.7; n / 4 is the boundary).
+Every aging interval runs here (`fast_nb` replays an interval above the trace's total work steps as
+fixed_priority).
 
 **Block mode** (below grouped mode, from an interval of BLOCK_MIN on, when the counts below say):
 the residues are cut into blocks of bw = max(2, isqrt(K)) consecutive ones (the last may be
@@ -163,7 +166,7 @@ BIG_AT = 64
 SMALL_AT = 32
 BIG = 2**62
 # Grouped mode (see the module docstring) from an interval of 1 / GROUPED_DIV of the requests on.
-GROUPED_DIV = 8
+GROUPED_DIV = 4
 # Below that, blocks of residues (see the module docstring) may be used from an interval of BLOCK_MIN
 # on, when the rule says (BLOCKS_*: never, by the cost counts of `_want_blocks`, always, every other
 # cycle: the last two for the tests).
