@@ -187,11 +187,27 @@ def test_local_sweep_equals_one_batch_and_resumes_after_an_interrupt(sweep, tmp_
     rows = C.run_local(traces, scenarios, chunk_size=5, checkpoint_path=ck)
     assert sum(calls) == len(scenarios) - 10  # only what was missing ran
     assert nan_equal(rows, want) and not ck.exists()
-    # a checkpoint of another sweep is not reused
-    C.Checkpoint(ck, "another sweep", len(scenarios), {}).close()
+    # a checkpoint of another sweep is not reused, and a run that stops before its first chunk
+    # finished leaves it as it was (a checkpoint file is opened with the first finished chunk)
+    other = C.Checkpoint(ck, "another sweep", len(scenarios), {})
+    other.add([0], [dict(want[0], finished=-1)])
+    other.close()
+    before = ck.read_bytes()
     calls.clear()
+    interrupt[0] = 1
+    with pytest.raises(KeyboardInterrupt):
+        C.run_local(traces, scenarios, chunk_size=5, checkpoint_path=ck)
+    assert ck.read_bytes() == before
+    calls.clear()
+    interrupt[0] = 0
     assert nan_equal(C.run_local(traces, scenarios, chunk_size=50, checkpoint_path=ck), want)
-    assert sum(calls) == len(scenarios)
+    assert sum(calls) == len(scenarios) and not ck.exists()
+    # nor does such a run leave a file where there was none
+    interrupt[0] = 1
+    calls.clear()
+    with pytest.raises(KeyboardInterrupt):
+        C.run_local(traces, scenarios, chunk_size=5, checkpoint_path=ck)
+    assert not ck.exists()
 
 
 def test_checkpoint_keeps_censored_and_missing_values(tmp_path):

@@ -76,17 +76,20 @@ def read_checkpoint(path, key: str, n_scenarios: int) -> dict[int, dict]:
 class Checkpoint:
     """Append-only JSON lines: a header, then one line per finished chunk, flushed and synced.
 
+    The file is opened with the first chunk: a run that fails or is stopped before any chunk
+    finished leaves no file behind (and a checkpoint of another sweep in its place untouched).
     Rows keep NaN and inf (JSON's ``NaN`` / ``Infinity``, which Python's json reads back)."""
 
     def __init__(self, path, key: str, n_scenarios: int, resumed: dict[int, dict]):
         self.path = Path(path)
-        if resumed:
-            self.fh = open(self.path, "a", encoding="utf-8")
-        else:
-            self.fh = open(self.path, "w", encoding="utf-8")
-            self._write({"format": CHECKPOINT_FORMAT, "sweep": key, "scenarios": n_scenarios})
+        self.header = None if resumed else {"format": CHECKPOINT_FORMAT, "sweep": key, "scenarios": n_scenarios}
+        self.fh = None
 
     def _write(self, record: dict) -> None:
+        if self.fh is None:
+            self.fh = open(self.path, "a" if self.header is None else "w", encoding="utf-8")
+            if self.header is not None:
+                self.fh.write(json.dumps(self.header) + "\n")
         self.fh.write(json.dumps(record) + "\n")
         self.fh.flush()
         with contextlib.suppress(OSError):
@@ -96,7 +99,8 @@ class Checkpoint:
         self._write({"indices": [int(i) for i in indices], "rows": rows})
 
     def close(self) -> None:
-        self.fh.close()
+        if self.fh is not None:
+            self.fh.close()
 
 
 def finish(checkpoint_path) -> None:

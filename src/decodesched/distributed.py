@@ -156,7 +156,7 @@ def _compute(traces, chunks, address, done, checkpoint, progress, threads, retri
                         first, rows = fut.result()
                     except Exception as exc:  # a chunk failed past its retries, or the cluster went away
                         saved = f"; the {len(done)} finished scenarios are saved in {checkpoint.path}, rerun the " \
-                                f"same sweep to resume" if checkpoint is not None else ""
+                                f"same sweep to resume" if checkpoint is not None and done else ""
                         raise UserError(f"a chunk of the sweep failed on the cluster: {type(exc).__name__}: "
                                         f"{str(exc).splitlines()[0] if str(exc) else ''}{saved}") from exc
                     for i, row in enumerate(rows):

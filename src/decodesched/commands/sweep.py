@@ -155,8 +155,12 @@ def run(args) -> int:
         from ..checkpoint import read_checkpoint, sweep_key
 
         saved = len(read_checkpoint(checkpoint, sweep_key(traces, scenarios), len(scenarios)))
-        print(f"decodesched sweep: interrupted; {saved} of {len(scenarios)} scenarios are saved in {checkpoint}, "
-              "rerun the same command to resume", file=sys.stderr)
+        if saved:
+            print(f"decodesched sweep: interrupted; {saved} of {len(scenarios)} scenarios are saved in {checkpoint}, "
+                  "rerun the same command to resume", file=sys.stderr)
+        else:
+            print("decodesched sweep: interrupted before any scenario finished; nothing was saved",
+                  file=sys.stderr)
         return 130
     elapsed = time.perf_counter() - start
     try:
