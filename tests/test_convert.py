@@ -215,6 +215,9 @@ def test_mooncake_hits_carry_into_the_trace():
     ({"load": 1.0, "priority_weights": (1.0, -1.0, 1.0)}, "non-negative"),
     ({"load": 1.0, "deadline_fraction": 1.5}, "between 0 and 1"),
     ({"load": 1.0, "slo_factor": 0}, "slo-factor"),
+    ({"load": 1e-300}, "beyond 2.*53; give a larger load"),  # arrivals past the step range, not an int64 wrap
+    ({"steps_per_second": 1e300}, "beyond 2.*53; give a smaller time scale"),
+    ({"load": 1.0, "slo_factor": 1e300}, "slo-factor .* beyond 2.*53"),
 ])
 def test_bad_options_are_user_errors(kwargs, words):
     with pytest.raises(UserError, match=words):
@@ -292,6 +295,7 @@ BAD_CONVERTS = [
     (["{azure}", "--load", "-2"], "positive"),
     (["{azure}", "--load", "x"], "invalid float"),
     (["{azure}", "--load", "1", "--block-size", "0"], "block-size"),
+    (["{azure}", "--load", "1e-300"], "beyond 2**53"),
 ]
 
 

@@ -59,7 +59,7 @@ import numpy as np
 
 from ._io import input_file
 from .errors import OutputError, UserError
-from .trace import Trace, TraceError, load_trace, parse_decimal, show
+from .trace import MAX_STEP, Trace, TraceError, load_trace, parse_decimal, show
 
 FORMATS = ("azure", "mooncake")
 DEFAULT_PRIORITY_CLASSES = (0, 1, 2)
@@ -358,7 +358,13 @@ def to_trace(
     protected = {int(classes.max())} if protected_classes is None else {int(c) for c in protected_classes}
 
     n = len(raw)
-    arrival_step = np.floor(raw.arrival_seconds * steps_per_second).astype(np.int64)
+    arrival_f = np.floor(raw.arrival_seconds * steps_per_second)
+    last = float(arrival_f.max()) if n else 0.0
+    if not last <= MAX_STEP:
+        scale = f"--load {load}" if load is not None else f"--steps-per-second {steps_per_second}"
+        raise UserError(f"{scale} puts the last arrival at step {last:.3g}, beyond 2**53; "
+                        f"give a {'larger load' if load is not None else 'smaller time scale'}")
+    arrival_step = arrival_f.astype(np.int64)
     prompt_len = np.maximum(raw.prompt_tokens.astype(np.int64), 1)
     max_new = np.maximum(raw.output_tokens.astype(np.int64), 1)
     required_blocks = -(-(prompt_len + max_new) // int(block_size))  # ceil division in integers
@@ -366,7 +372,11 @@ def to_trace(
     rng = np.random.default_rng(seed)
     priority = classes[rng.choice(classes.size, size=n, p=weights)]
     has_deadline = rng.random(n) < deadline_fraction
-    budget = np.ceil(slo_factor * (1 + max_new).astype(np.float64)).astype(np.int64)
+    budget_f = np.ceil(slo_factor * (1 + max_new).astype(np.float64))
+    if n and not float(budget_f.max()) <= MAX_STEP:
+        raise UserError(f"--slo-factor {slo_factor} puts deadlines beyond 2**53 steps after arrival; "
+                        "give a smaller factor")
+    budget = budget_f.astype(np.int64)
     deadline_step = np.where(has_deadline, arrival_step + budget, 0).astype(np.int64)
     preemptible = ~np.isin(priority, np.asarray(sorted(protected), dtype=np.int64))
     cache_hit = np.zeros(n, np.bool_) if raw.cache_hit is None else raw.cache_hit.astype(np.bool_)
