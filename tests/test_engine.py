@@ -114,6 +114,13 @@ def test_bad_configuration_is_refused(kwargs, match):
         simulate([row(1)], **kwargs)
 
 
+def test_a_step_limit_beyond_int64_is_no_limit():
+    rows = [row(1, new=3), row(2, arrival=1, new=2)]
+    for engine in ENGINES:
+        r = simulate(rows, "aging", 4, max_steps=2**70, engine=engine)
+        assert r.n_events == simulate(rows, "aging", 4, engine=engine).n_events == 7
+
+
 def test_csv_files_follow_the_schemas(tmp_path):
     r = simulate([row(5, new=2, required_blocks=2), row(-3, arrival=1, new=1, priority=4, required_blocks=2,
                                                         deadline_step=4)], "fixed_priority", 2)

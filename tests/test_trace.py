@@ -82,6 +82,11 @@ def test_arrays_and_row_dicts():
     cols["prompt_len"][1] = -4
     with pytest.raises(TraceError, match="row 2, column prompt_len"):
         load_trace(cols)
+    # a column that is not a 1-D sequence is named, not reported as a length mismatch or a TypeError
+    for bad, words in ((None, "got None"), (5, "got 5"), ("01", "got '01'"),
+                       (np.array([[3, 1]]), r"got an array of shape \(1, 2\)")):
+        with pytest.raises(TraceError, match=f"column preemptible: expected a 1-D column of values, {words}"):
+            load_trace(dict(cols, preemptible=bad))
 
 
 def test_extreme_ids_are_fine_but_overflowing_values_are_refused():
@@ -158,7 +163,8 @@ def test_typed_columns_read_as_their_values_one_by_one(tmp_path, seed):
 @pytest.mark.parametrize("column, value, match", [
     ("priority", np.array([2**63, 1], np.uint64), "row 1, column priority: 9223372036854775808 does not fit in int64"),
     ("prompt_len", np.array([True, True]), "row 1, column prompt_len: expected an integer"),
-    ("prompt_len", np.array([[1, 2], [3, 4]]), "row 1, column prompt_len: expected an integer"),
+    ("prompt_len", np.array([[1, 2], [3, 4]]), r"column prompt_len: expected a 1-D column of values, got an array of "
+                                               r"shape \(2, 2\)"),
     ("cache_hit", np.array([1, 2]), "row 2, column cache_hit: expected true/false"),
     ("deadline_step", np.ma.MaskedArray([1.5, 0.0], mask=[False, True]), "row 1, column deadline_step"),
     ("required_blocks", np.array([1, 0], np.int8), "row 2, column required_blocks: must be positive"),

@@ -66,7 +66,7 @@ def check_config(policy, free_kv_blocks, aging_interval, max_steps) -> tuple[int
             raise UserError(f"max_steps must be an integer or None, got {max_steps!r}")
         if max_steps < 0:
             raise UserError(f"max_steps must be >= 0, got {max_steps}")
-        limit = int(max_steps)
+        limit = min(int(max_steps), MAX_TOTAL)  # (no replay runs more steps: beyond, it is no limit)
     return code, int(free_kv_blocks), int(aging_interval), limit
 
 

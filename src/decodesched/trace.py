@@ -375,6 +375,11 @@ def _parse_bool(x, where: str, col: str) -> bool:
 def _from_columns(cols: dict, where: str, steps_per_second: float | None, label: str, row_offset: int = 0) -> Trace:
     names = [str(c) for c in cols]
     _check_header(names, where)
+    for c in TRACE_COLUMNS:
+        v = cols[c]
+        if isinstance(v, (str, bytes)) or not hasattr(v, "__len__") or getattr(v, "ndim", 1) != 1:
+            what = f"an array of shape {v.shape}" if hasattr(v, "shape") else show(v)
+            raise TraceError(f"{where}, column {c}: expected a 1-D column of values, got {what}")
     lengths = {len(cols[c]) for c in TRACE_COLUMNS}
     if len(lengths) != 1:
         raise TraceError(f"{where}: columns have different lengths ({sorted(lengths)})")
