@@ -58,6 +58,21 @@ def prefetch_nb(typingctx, arr, i):
     return types.void(arr, i), codegen
 
 
+@intrinsic
+def unlikely_nb(typingctx, cond):
+    """`cond`, with the hint that it is rarely true (``llvm.expect``): LLVM then lays the code it
+    guards out of the way of the hot path and places its register spills there.  No effect on results."""
+    if not isinstance(cond, types.Boolean):
+        return None
+
+    def codegen(context, builder, signature, args):
+        i1 = ir.IntType(1)
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(i1, [i1, i1]), "llvm.expect.i1")
+        return builder.call(fn, [args[0], i1(0)])
+
+    return types.boolean(cond), codegen
+
+
 MADV_HUGEPAGE = 14  # Linux's madvise advice for transparent huge pages
 HUGE_PAGE_BYTES = 2**21
 

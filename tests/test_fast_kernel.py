@@ -40,6 +40,9 @@ from decodesched.kernels.aging_nb import (
     _adm_take,
     _compressed_priorities,
     _front_add,
+    _list_add,
+    _list_live,
+    _list_remove,
     _make_replay_aging,
     _new_admitted,
     _want_blocks,
@@ -52,6 +55,7 @@ from decodesched.kernels.ordered_nb import (
     heap_remove_nb,
     heap_sift_down_nb,
     prefetch_nb,
+    unlikely_nb,
     ND_BASE,
     ND_MAXBASE,
     rank_tree_first_fit_nb,
@@ -386,6 +390,33 @@ def test_aging_block_mode_on_the_azure_trace_at_heavy_load_equals_slots_per_resi
     assert want[1][:, E.RQ_PREEMPTIONS].sum() > 1000
 
 
+@settings(max_examples=200, **SETTINGS)
+@given(ops=st.lists(st.tuples(st.sampled_from(["add", "remove", "live"]), st.integers(0, 11), st.booleans()),
+                    max_size=80))
+def test_waiting_slot_list_keeps_the_live_slots_first(ops):
+    """`_list_add`, `_list_remove` and `_list_live` against a set and a dict: the list holds exactly the
+    slots added and not removed, each at its place in lpos, and its first lst[-1] are the live ones
+    (the ones `_mark_may_run` marks without passing over the others)."""
+    m = 12
+    lst = np.zeros(m + 1, np.int64)
+    lpos = np.full(m, -1, np.int64)
+    live = {}
+    cnt = 0
+    for op, s, on in ops:
+        if op == "add" and s not in live:
+            cnt = _list_add(lst, lpos, cnt, s, on)
+            live[s] = on
+        elif op == "remove" and s in live:
+            cnt = _list_remove(lst, lpos, cnt, s)
+            del live[s]
+        elif op == "live" and s in live and live[s] != on:
+            _list_live(lst, lpos, s, on)
+            live[s] = on
+        assert cnt == len(live) and sorted(lst[:cnt].tolist()) == sorted(live)
+        assert all(lpos[x] == i for i, x in enumerate(lst[:cnt])) and (lpos >= 0).sum() == cnt
+        assert sorted(lst[:lst[-1]].tolist()) == sorted(x for x, v in live.items() if v)
+
+
 @pytest.mark.parametrize("on", [False, True])
 def test_block_mode_rule_switches_with_a_margin(on):
     """Block mode comes on above BLOCKS_ON_NUM / BLOCKS_ON_DEN residues' slots made dirty per slot
@@ -657,6 +688,29 @@ def test_prefetch_is_only_a_hint():
 
     with pytest.raises(TypingError):
         touch_matrix(np.zeros((2, 2)))
+
+
+def test_unlikely_is_only_a_hint():
+    """`unlikely_nb` gives back its condition (in a branch and as a value) and refuses a non-boolean."""
+    from numba import njit
+    from numba.core.errors import TypingError
+
+    @njit
+    def count_odd(xs):
+        c = 0
+        for x in xs:
+            if unlikely_nb(x % 2 == 1):
+                c += 1
+        return c, unlikely_nb(c > 2)
+
+    assert count_odd(np.arange(7)) == (3, True) and count_odd(np.arange(4)) == (2, False)
+
+    @njit
+    def not_a_condition(x):
+        return unlikely_nb(x)
+
+    with pytest.raises(TypingError):
+        not_a_condition(3)
 
 
 def test_heap_against_sorted_list():
