@@ -1364,7 +1364,7 @@ def _join_waiting(sl, r, b, h, stack, gk, nd, bt, path, conv, big_at, live, wlis
                   in_dirty, n_d):
     """Row r (b blocks) joins the waiting part of slot sl for its phase and cache rank; returns (n_d, n_w).
     Only a live slot (see `live`) is marked: the others' answers are read when they go live."""
-    if wpos[sl] < 0:
+    if unlikely_nb(wpos[sl] < 0):  # (a slot with no waiting rows: rare under a backlog)
         n_w = _list_add(wlist, wpos, n_w, sl, live[sl])
     if _wait_insert(PARTS * sl + gk[r, AK_PHASE_CACHE], r, h, stack, gk, nd, b, bt, path, conv, big_at):
         slow[sl] = min(slow[sl], b)
@@ -1383,7 +1383,7 @@ def _leave_waiting(sl, r, h, stack, gk, nd, bt, path, conv, small_at, live, wlis
     another answer, before or after r (rows before an answer only ever leave)."""
     q = PARTS * sl + gk[r, AK_PHASE_CACHE]
     _wait_remove(q, r, h, stack, gk, nd, bt, path, conv, small_at)
-    if _empty(sl, h):
+    if unlikely_nb(_empty(sl, h)):
         n_w = _list_remove(wlist, wpos, n_w, sl)
     if live[sl] or h.cand[q] == r:
         _part_taken(q, r, gk, h)
