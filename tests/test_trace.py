@@ -89,6 +89,13 @@ def test_arrays_and_row_dicts():
             load_trace(dict(cols, preemptible=bad))
 
 
+def test_rows_that_are_not_mappings_are_named():
+    row = {c: v for c, v in zip(TRACE_COLUMNS, (3, 2, 4, 2, 0, False, 1, None, True))}
+    for bad in (1, None, [3, 2], "row"):
+        with pytest.raises(TraceError, match=r"<rows>: row 2: expected a mapping of column values, got "):
+            load_trace([row, bad])
+
+
 def test_extreme_ids_are_fine_but_overflowing_values_are_refused():
     base = dict(arrival_step=0, prompt_len=1, max_new_tokens=1, priority=0, cache_hit=False,
                 required_blocks=1, deadline_step=None, preemptible=True)

@@ -201,11 +201,14 @@ def load_trace(source: Any, *, steps_per_second: float | None = None, name: str 
     if isinstance(source, list):
         if not source:
             raise TraceError("<rows>: the trace is empty (no requests)")
+        for i, r in enumerate(source):
+            if not isinstance(r, Mapping):
+                raise TraceError(f"<rows>: row {i + 1}: expected a mapping of column values, got {show(r)}")
         keys = list(source[0].keys())
-        cols = {k: [r.get(k) for r in source] for k in keys}
         for i, r in enumerate(source):
             if set(r.keys()) != set(keys):
                 raise TraceError(f"<rows>: row {i + 1}: columns differ from row 1")
+        cols = {k: [r.get(k) for r in source] for k in keys}
         return _from_columns(cols, "<rows>", steps_per_second, name or "trace")
     if hasattr(source, "to_dict") and hasattr(source, "columns"):  # a pandas DataFrame
         cols = {str(c): source[c].tolist() for c in source.columns}
