@@ -210,6 +210,13 @@ def test_local_sweep_equals_one_batch_and_resumes_after_an_interrupt(sweep, tmp_
     assert not ck.exists()
 
 
+def test_checkpoint_at_a_folder_is_refused_before_any_work(tmp_path):
+    """The file is opened with the first chunk, but a path that cannot be one fails at once."""
+    (tmp_path / "m.csv.partial.jsonl").mkdir()
+    with pytest.raises(IsADirectoryError):
+        C.Checkpoint(tmp_path / "m.csv.partial.jsonl", "k", 1, {})
+
+
 def test_checkpoint_keeps_censored_and_missing_values(tmp_path):
     ck = tmp_path / "c.jsonl"
     rows = [{"trace": "t", "ttft_p99": math.inf, "starvation": math.nan, "finished": 3}]

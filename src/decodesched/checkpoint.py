@@ -16,6 +16,7 @@ in a helper thread, see `batch.simulate_batch`) and keeps every finished chunk.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
@@ -82,6 +83,8 @@ class Checkpoint:
 
     def __init__(self, path, key: str, n_scenarios: int, resumed: dict[int, dict]):
         self.path = Path(path)
+        if self.path.is_dir():  # refused before any work, as opening it would be
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(self.path))
         self.header = None if resumed else {"format": CHECKPOINT_FORMAT, "sweep": key, "scenarios": n_scenarios}
         self.fh = None
 
