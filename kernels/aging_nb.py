@@ -103,16 +103,23 @@ fixed_priority).
 the residues are cut into blocks of bw = max(2, isqrt(K)) consecutive ones (the last may be
 shorter), and every waiting row is held twice: in its residue's slot as above, and in a part of its
 block's slot (slot m_res + rho // bw after the residues' m_res; always a B+tree, since a row's
-treap node can sit in one treap only).  A block none of whose residues rose this cycle, or all of
-them, has one shift, so its slot's parts are in the static order of that shift and answer for all
-its rows; only the block holding steps mod K (from its first residue's rise to its last one's) is
-*split*, and there its residues' slots answer instead (a slot's waiting rows answer while it is
-`live`).  A finish or a new victim then marks at most the blocks and the split block's residues,
-about 2 sqrt(K) slots, not every residue whose front may run, and reads no other slot for that (the
-list of slots with waiting rows keeps the live ones first: `_list_add`); the price is that each residue's slot
-goes live and back once a cycle (`_block_turn`): its cached answers and fronts, kept while it was
-not live by the rows joining and leaving, are read again, two re-reads per residue with waiting
-rows per K steps, against one per marked residue per finish without blocks.  Which is cheaper
+treap node can sit in one treap only).  A block's slot is valued at the shift of its residues that
+have not risen this cycle (all of them, from the end of its last residue's rise to its first one's
+next rise), and its parts, in the static order of that shift, answer for those rows; a residue
+that rises goes `live` (`_set_live`: its slot's waiting rows answer for it) until its block's last
+residue rises, when the block's shift rises by one and its residues' slots stop being live
+(`_block_end`).  So the block holding steps mod K also still holds its risen residues' rows, one
+below their effective priority.  That copy never decides a step: it runs at most when the row runs
+in its live residue's slot, whose cached answer (which only comes too early) is at or before the
+row at a higher priority; the tournament tree's top is at or before the copy, and the top taken
+from a block's leaf is told by its residue's leaf (`tb`), so only a block's own cached answer is
+re-walked as such.  A finish or a new victim then marks at most the blocks and the risen residues
+of one block, about 2 sqrt(K) slots, not every residue whose front may run, and reads no other
+slot for that (the list of slots with waiting rows keeps the live ones first: `_list_add`); the
+price is that each residue's slot goes live at its rise (its cached answers and fronts, kept while
+it was not live by the rows joining and leaving, read again then, as a rise reads them anyway) and
+back at its block's end (its leaf set again): a leaf set again per residue with waiting rows per K
+steps, against a re-read per marked residue per finish without blocks.  Which is cheaper
 depends on the load as much as on K, so the kernel counts, over at least max(K, n) steps (a switch
 rebuilds or frees the blocks' parts: O(n)), the residues' slots that finishes and new victims mark
 (or would mark, in block mode, where the slots that are not live are counted from a window of them
@@ -1376,16 +1383,17 @@ def _join_waiting(sl, r, b, h, stack, gk, nd, bt, path, conv, big_at, live, wlis
 
 # Not cached on its own: it calls kernels of another file (see `stamp`); its callers' cache holds it.
 @njit(_nrt=False, inline="always")
-def _leave_waiting(sl, r, h, stack, gk, nd, bt, path, conv, small_at, live, wlist, wpos, n_w, ct, dirty, in_dirty,
-                   n_d):
-    """Waiting row r, chosen, leaves its part of slot sl; returns (n_d, n_w).  In a live slot it was the
-    part's cached answer: the next one comes after it.  A slot that is not live may have cached
-    another answer, before or after r (rows before an answer only ever leave)."""
+def _leave_waiting(sl, r, answered, h, stack, gk, nd, bt, path, conv, small_at, live, wlist, wpos, n_w, ct, dirty,
+                   in_dirty, n_d):
+    """Waiting row r, chosen, leaves its part of slot sl; returns (n_d, n_w).  When `answered` (its
+    residue's live slot) it was the part's cached answer: the next one comes after it.  Another slot
+    (a residue's slot that is not live, a block's) may have cached another answer, before or after r
+    in its order (rows before an answer only ever leave)."""
     q = PARTS * sl + gk[r, AK_PHASE_CACHE]
     _wait_remove(q, r, h, stack, gk, nd, bt, path, conv, small_at)
     if unlikely_nb(_empty(sl, h)):
         n_w = _list_remove(wlist, wpos, n_w, sl)
-    if live[sl] or h.cand[q] == r:
+    if answered or h.cand[q] == r:
         _part_taken(q, r, gk, h)
     ct[sl, CT_VER] = -1
     if live[sl]:
@@ -1408,38 +1416,25 @@ def _set_live(sl, on, h, live, ct, wlist, wpos, dirty, in_dirty, n_d):
 
 
 @njit(cache=True, _nrt=False, inline="always")
-def _at_block_edge(rmod, bw, k):
-    """Whether residue rmod starts or ends a block (see `_block_turn`)."""
-    r = rmod % bw
-    return r == 0 or r == bw - 1 or rmod == k - 1
+def _at_block_end(rmod, bw, k):
+    """Whether residue rmod is the last of its block (see `_block_end`)."""
+    return rmod % bw == bw - 1 or rmod == k - 1
 
 
 @njit(cache=True, _nrt=False)
-def _block_turn(rmod, steps, k, bw, m_res, hkey, hval, mask, h, live, sh, ct, wlist, wpos, dirty, in_dirty, n_d):
-    """Block mode, at the end of a step, residue rmod rose: when rmod starts a block, the block splits
-    (its residues' slots go live, the block's slot does not); when it ends one, the block is whole
-    again, with one shift (the other way round).  Returns (n_d, sp_lo, sp_hi): the residues of the
-    split block, or an empty range, unchanged (sp_lo = -1) when rmod does neither."""
-    b = rmod // bw
-    lo = b * bw
-    hi = min(lo + bw, k) - 1
-    bs = m_res + b
-    if rmod == lo and lo < hi:
-        on = True
-    elif rmod == hi:
-        on = False
-        sh[bs] = (steps - lo) // k
-        n_d = _mark(bs, DIRTY_KEY, dirty, in_dirty, n_d)
-    else:
-        return n_d, np.int64(-1), np.int64(-1)
-    n_d = _set_live(bs, not on, h, live, ct, wlist, wpos, dirty, in_dirty, n_d)
-    for rho in range(lo, hi + 1):
+def _block_end(rmod, k, bw, m_res, hkey, hval, mask, h, live, sh, ct, wlist, wpos, dirty, in_dirty, n_d):
+    """Block mode, at the end of a step, residue rmod, the last of its block, rose: every residue of the
+    block has risen, so the block's slot has one shift again (one more) and its residues' slots, live
+    since their rise, stop being live.  Returns n_d."""
+    lo = rmod - rmod % bw
+    bs = m_res + rmod // bw
+    sh[bs] += 1
+    n_d = _mark(bs, DIRTY_RISE | DIRTY_KEY, dirty, in_dirty, n_d)
+    for rho in range(lo, rmod):
         s = _slot_lookup(rho, hkey, hval, mask)
         if s >= 0:
-            n_d = _set_live(s, on, h, live, ct, wlist, wpos, dirty, in_dirty, n_d)
-    if on:
-        return n_d, lo, hi
-    return n_d, np.int64(1), np.int64(0)
+            n_d = _set_live(s, False, h, live, ct, wlist, wpos, dirty, in_dirty, n_d)
+    return n_d
 
 
 @njit(cache=True, _nrt=False)
@@ -1458,14 +1453,14 @@ def _reset_parts(sl, h):
 @njit(_nrt=False)
 def _blocks_on(n, sdiv, bw, n_blocks, m_res, hkey, hval, mask, s_rho, req, required_blocks, capacity, h, gk, nd,
                stack, bt, path, free, n_v, vic, steps, k, live, sh, slow, ct, wlist, wpos, n_w, dirty, in_dirty, n_d):
-    """Into block mode at the start of a cycle (steps % K == 0: block 0 split, no other residue risen):
-    every waiting row joins its block's part, each walked afresh; the residues' slots but block 0's
-    stop being live.  Returns (n_d, n_w)."""
+    """Into block mode at the start of a cycle (steps % K == 0: residue 0 risen, no other): every
+    waiting row joins its block's part, each walked afresh at the shift of the residues not risen;
+    the residues' slots but residue 0's stop being live.  Returns (n_d, n_w)."""
     for b in range(n_blocks):
         bs = m_res + b
         _reset_parts(bs, h)
         sh[bs] = sdiv - 1
-        live[bs] = b > 0
+        live[bs] = True
         ct[bs, CT_VER] = -1
     for r in range(n):
         waiting = req.enqueued[r] and not req.admitted[r] and req.status[r] != E.STATUS_FINISHED
@@ -1486,7 +1481,7 @@ def _blocks_on(n, sdiv, bw, n_blocks, m_res, hkey, hval, mask, s_rho, req, requi
             n_w = _list_add(wlist, wpos, n_w, bs, live[bs])
             n_d = _mark(bs, DIRTY_LEAF | DIRTY_KEY, dirty, in_dirty, n_d)
     for s in range(m_res):
-        if s_rho[s] >= bw and _slot_lookup(s_rho[s], hkey, hval, mask) == s:
+        if s_rho[s] >= 1 and _slot_lookup(s_rho[s], hkey, hval, mask) == s:
             n_d = _set_live(s, False, h, live, ct, wlist, wpos, dirty, in_dirty, n_d)
     return n_d, n_w
 
@@ -1521,10 +1516,11 @@ def _want_blocks(rule, on, tally, r_sum):
     """Whether the next cycles run in block mode, by `rule` (BLOCKS_*), from the cycles since the last
     decision: tally, the residues' slots that finishes and new victims made dirty (or would have, in
     block mode: see `_mark_may_run`), against r_sum, the residues' slots held at each cycle's start.
-    A block mode cycle turns every residue's slot with waiting rows live and back (two re-reads a
-    slot), a cycle of slots per residue re-reads every slot made dirty: blocks from half as many
-    again of the latter (3 a slot; with 4, the Azure trace at K = 256, load 1.5 took 1.10-1.18x as
-    long, paired), until they are fewer than the former (2 a slot).  Counts between the two keep the
+    A block mode cycle turned every residue's slot with waiting rows live and back (two re-reads a
+    slot; since `_block_end`, a re-read at its rise, done then anyway, and a leaf set again), a cycle
+    of slots per residue re-reads every slot made dirty: blocks from half as many again of the latter
+    (3 a slot; with 4, the Azure trace at K = 256, load 1.5 took 1.10-1.18x as long, paired), until
+    they are fewer than the former (2 a slot).  Counts between the two keep the
     mode, so that a load near one threshold does not rebuild the blocks at every decision."""
     if rule == BLOCKS_ALWAYS:
         return True
@@ -1572,8 +1568,9 @@ def _replay_loop(request_id, arrival_step, prompt_len, max_new_tokens, priority,
     # Grouped mode: slot ga holds the rows whose residue rose this cycle, gb the others.
     ga = 0
     gb = 1
-    # Block mode (blk): the residues whose slots' waiting rows are live (see `live`): those of the
-    # split block in block mode, all otherwise; the counts for `_want_blocks` since its last decision.
+    # Block mode (blk): the residues whose slots' waiting rows are live (see `live`): in block mode
+    # those of steps % K's block up to it (none at a block's end), all otherwise; the counts for
+    # `_want_blocks` since its last decision.
     blk = False
     sp_lo = np.int64(0)
     sp_hi = np.int64(BIG)
@@ -1582,7 +1579,7 @@ def _replay_loop(request_id, arrival_step, prompt_len, max_new_tokens, priority,
     dwell = max(k, np.int64(n))  # steps between decisions (switching costs O(n))
     if blockable and block_rule == BLOCKS_ALWAYS:
         blk = True
-        sp_hi = bw - 1
+        sp_hi = 0
         n_d, n_w = _blocks_on(n, sdiv, bw, n_blocks, m_res, hkey, hval, mask, s_rho, req, required_blocks, capacity,
                               h, gk, nd, stack, bt, path, free, n_v, vic, steps, k, live, sh, slow, ct, wlist, wpos,
                               n_w, dirty, in_dirty, n_d)
@@ -1679,7 +1676,7 @@ def _replay_loop(request_id, arrival_step, prompt_len, max_new_tokens, priority,
             _prefetch_request(chosen, req, max_new_tokens, preemptible, cache_hit, priority, prompt_len, request_id,
                               has_deadline, deadline_step)
             sl = gk[chosen, AK_SLOT]
-            if blockable and not live[sl]:
+            if blockable and (not live[sl] or tb[t_leaves + sl, TB_ROW] != chosen):
                 sl = m_res + s_rho[sl] // bw  # its block's slot
             shift = sh[sl]
             # (its blocks read from its node, which shares a 128-byte block with the key the tree compared)
@@ -1780,12 +1777,13 @@ def _replay_loop(request_id, arrival_step, prompt_len, max_new_tokens, priority,
                 # free blocks grew by the victim's blocks
                 n_d = _mark_may_run(free, n_v, vic, wlist, n_w, slow, dirty, in_dirty, n_d, live, m_res, tally,
                                     blockable)
-            # The chosen request was its residue's (or block's) cached answer: the next one comes after it.
-            n_d, n_w = _leave_waiting(s_old, chosen, h, stack, gk, nd, bt, path, conv, small_at, live, wlist, wpos,
-                                      n_w, ct, dirty, in_dirty, n_d)
+            # The chosen request was its residue's cached answer when that slot is live, else its block's:
+            # the next one comes after it (a block's copy of a risen residue's row need not be its answer).
+            n_d, n_w = _leave_waiting(s_old, chosen, live[s_old], h, stack, gk, nd, bt, path, conv, small_at, live,
+                                      wlist, wpos, n_w, ct, dirty, in_dirty, n_d)
             if blockable and blk:  # (a block's parts stay in B+trees)
-                n_d, n_w = _leave_waiting(m_res + s_rho[s_old] // bw, chosen, h, stack, gk, nd, bt, path, conv, 0,
-                                          live, wlist, wpos, n_w, ct, dirty, in_dirty, n_d)
+                n_d, n_w = _leave_waiting(m_res + s_rho[s_old] // bw, chosen, False, h, stack, gk, nd, bt, path, conv,
+                                          0, live, wlist, wpos, n_w, ct, dirty, in_dirty, n_d)
             free -= need
             req.admitted[chosen] = True
             if preemptible[chosen]:
@@ -1856,12 +1854,15 @@ def _replay_loop(request_id, arrival_step, prompt_len, max_new_tokens, priority,
         # (The turns and the decisions below are rare steps: marked so (`unlikely_nb`), LLVM keeps their
         # code and register spills off the common step, which a swap never executed there, in
         # `_set_live`, otherwise made 20% slower at K = 4,800, load 1.0, 2,000 blocks.)
-        if blockable and blk and unlikely_nb(_at_block_edge(rmod, bw, k)):
-            n_d, lo, hi = _block_turn(rmod, steps, k, bw, m_res, hkey, hval, mask, h, live, sh, ct, wlist, wpos,
-                                      dirty, in_dirty, n_d)
-            if lo >= 0:
-                sp_lo = lo
-                sp_hi = hi
+        if blockable and blk:
+            sp_hi = rmod
+            if unlikely_nb(_at_block_end(rmod, bw, k)):
+                n_d = _block_end(rmod, k, bw, m_res, hkey, hval, mask, h, live, sh, ct, wlist, wpos, dirty, in_dirty,
+                                 n_d)
+                sp_lo = rmod + 1 if rmod + 1 < k else 0
+                sp_hi = -1
+            elif rs >= 0 and unlikely_nb(not live[rs]):
+                n_d = _set_live(rs, True, h, live, ct, wlist, wpos, dirty, in_dirty, n_d)
         if blockable and unlikely_nb(rmod == 0):
             r_sum += m_res - n_free
             if steps - last_dec >= (k if block_rule == BLOCKS_ALTERNATE else dwell):
@@ -1874,7 +1875,7 @@ def _replay_loop(request_id, arrival_step, prompt_len, max_new_tokens, priority,
                                           required_blocks, capacity, h, gk, nd, stack, bt, path, free, n_v, vic,
                                           steps, k, live, sh, slow, ct, wlist, wpos, n_w, dirty, in_dirty, n_d)
                     sp_lo = 0
-                    sp_hi = bw - 1
+                    sp_hi = 0
                 elif blk and not want:
                     n_d, n_w = _blocks_off(n_blocks, m_res, hkey, hval, mask, s_rho, h, bt, path, stack, live,
                                            wlist, wpos, n_w, ct, dirty, in_dirty, n_d)
@@ -1937,9 +1938,8 @@ def _make_replay_aging(stamp, big_at, small_at, grouped_div, block_min, block_ru
         sh = np.zeros(m, np.int64)  # sh[slot] = (steps - rho) // K: its residue's shift, kept per step
         if grouped:
             sh[1] = -1  # slot 1 holds the rows whose residue has not risen yet (none at step 0)
-        # Whether a slot's waiting rows answer for their residues (see `_block_turn`): in block mode, a
-        # block's slot while the block is whole (none of its residues risen this cycle, or all), and
-        # a residue's slot while its block is split; every slot otherwise.  Block 0 starts split.
+        # Whether a slot's waiting rows answer for their residues: in block mode, every block's slot, and
+        # a residue's slot from its rise to its block's end (see `_block_end`); every slot otherwise.
         live = np.ones(m, np.bool_)
         live[m_free:] = False
         # The slots with waiting rows, as a compact list, live ones first (see `_list_add`).
