@@ -322,8 +322,9 @@ def test_aging_block_part_emptied_just_before_its_split_answers_a_later_row():
     """Shrunk from the Azure trace at K = 4,500 (load 1.0, 2,000 blocks), where block mode chose a
     lower effective priority than the scan kernel: row 11, the only row of block 2's prefill part, is
     chosen at the step before block 2 splits, so its part keeps the taken key while the block is not
-    live (as a split block's slot was, before `_block_end`), and nothing walks it again; row 16, arriving after the block is whole again with a key after
-    row 11's, must still land before that part's (absent) answer.  Blocks of 3 residues at K = 10."""
+    live (as a split block's slot was, before `_block_end`), and nothing walks it again; row 16,
+    arriving after the block is whole again with a key after row 11's, must still land before that
+    part's (absent) answer.  Blocks of 3 residues at K = 10."""
     n = 17
     priority = [0] * n
     for i in (3, 11, 16):
