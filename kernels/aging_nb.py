@@ -205,7 +205,8 @@ AK_NEG_BASE = 3
 AK_TOTAL_LEN = 4
 AK_ID = 5
 AK_PACKED = 6  # cache rank and -base in one int64, for the admitted heaps (see `_set_aging_key`)
-AK_NCOLS = 7
+AK_TREE = 7  # phase, cache rank and -base in one int64, for the tournament tree (see `_set_aging_key`)
+AK_NCOLS = 8
 CACHE_BIT = 2**62
 
 # Columns of a part's taken-answer key (see `_part_taken`).
@@ -303,40 +304,41 @@ VC_PMAX = 3
 VC_NCOLS = 4
 
 
-# Columns of the tournament tree ``tb`` (see `_tree_set`).
+# The fields of a node i of the tournament tree ``tb`` (see `_tree_set`), at ``TB_NCOLS * i``: a 1-D
+# array, so that a node's place is a shift (a 2-D one's row stride is a multiplication), and a node's
+# two children share 32 bytes.
 TB_ROW = 0
-TB_PHASE_CACHE = 1
-TB_NEG_EFF = 2
-TB_NCOLS = 3
+TB_KEY = 1
+TB_NCOLS = 2
+# A tree key's phase and cache rank, above 62 bits of -effective priority (see `_set_aging_key`).
+TREE_BIT = 2**62
+TREE_LOW = TREE_BIT - 1
 
 
 @njit(cache=True, _nrt=False, inline="always")
-def _real_less(pa, na, ra, pb, nb, rb, gk):
-    """Row ra before row rb by the real key at the current step, of any residues: phase and cache
-    rank (pa, pb), -effective priority (na, nb), then total_len and request_id from gk."""
-    if pa != pb:
-        return pa < pb
-    if na != nb:
-        return na < nb
+def _real_less(ka, ra, kb, rb, gk):
+    """Row ra before row rb by the real key at the current step, of any residues: their tree keys
+    (phase, cache rank and -effective priority: ka, kb), then total_len and request_id from gk."""
+    if ka != kb:
+        return ka < kb
     if gk[ra, AK_TOTAL_LEN] != gk[rb, AK_TOTAL_LEN]:
         return gk[ra, AK_TOTAL_LEN] < gk[rb, AK_TOTAL_LEN]
     return gk[ra, AK_ID] < gk[rb, AK_ID]
 
 
 @njit(cache=True, _nrt=False, inline="always")
-def _champ_first(c, c_pc, c_ne, t, tb, gk):
-    """Whether the champion c (phase and cache rank c_pc, -effective priority c_ne) comes before the
-    top t of the tournament tree (-1: there is none)."""
-    return t < 0 or _real_less(c_pc, c_ne, c, tb[1, TB_PHASE_CACHE], tb[1, TB_NEG_EFF], t, gk)
+def _champ_first(c, c_key, t, tb, gk):
+    """Whether the champion c (tree key c_key) comes before the top t of the tournament tree (-1:
+    there is none)."""
+    return t < 0 or _real_less(c_key, c, tb[TB_NCOLS + TB_KEY], t, gk)
 
 
 @njit(cache=True, _nrt=False, inline="always")
 def _slot_less(gk, a, b):
-    """Row a before row b, both of one slot (column 0 equal): `key_less_nb` unrolled."""
-    if gk[a, AK_PHASE_CACHE] != gk[b, AK_PHASE_CACHE]:  # phase, then cache rank (AK_CACHE repeats it)
-        return gk[a, AK_PHASE_CACHE] < gk[b, AK_PHASE_CACHE]
-    if gk[a, AK_NEG_BASE] != gk[b, AK_NEG_BASE]:
-        return gk[a, AK_NEG_BASE] < gk[b, AK_NEG_BASE]
+    """Row a before row b, both of one slot (column 0 equal): `key_less_nb` unrolled, with phase,
+    cache rank and -base packed (AK_TREE)."""
+    if gk[a, AK_TREE] != gk[b, AK_TREE]:
+        return gk[a, AK_TREE] < gk[b, AK_TREE]
     if gk[a, AK_TOTAL_LEN] != gk[b, AK_TOTAL_LEN]:
         return gk[a, AK_TOTAL_LEN] < gk[b, AK_TOTAL_LEN]
     return gk[a, AK_ID] < gk[b, AK_ID]
@@ -754,12 +756,16 @@ def _wait_insert(q, r, h, stack, gk, nd, blocks, bt, path, conv, big_at):
 
 
 @njit(cache=True, _nrt=False)
-def _set_aging_key(r, cycles, slot, gk, nd, phase, cache_hit, priority, top, total_len, request_id):
+def _set_aging_key(r, cycles, slot, gk, nd, phase, cache_hit, priority, top, koff, total_len, request_id):
     """Row r's key when ``a = enqueue step + times chosen = cycles * K + rho`` (its residue rho's
     structures live in `slot`, held in column 0): base = priority - cycles.
     Column AK_PACKED orders (cache rank, -base) as one int64: ``top - base`` lies in [0, 2**62) for
     every base (at most the top compressed priority, `top`, and at least ``-work // k - 1``; see
-    `_compressed_priorities`).  It is never reached by `key_less_nb`: the request ids before it differ."""
+    `_compressed_priorities`).  Column AK_TREE orders (phase and cache rank, -base) as one int64, the
+    first in [-2, 2) times TREE_BIT, the second plus `koff`; minus a shift it is the tournament tree's
+    key, whose low part ``koff - effective priority`` lies in [0, TREE_BIT) for every effective
+    priority (in [-work // k - 1, top + work // k]) and `koff` = top + work // k + 1 (see
+    `_compressed_priorities`).  Neither is reached by `key_less_nb`: the request ids before them differ."""
     base = priority - cycles
     rank = 0 if cache_hit else 1
     gk[r, AK_SLOT] = slot
@@ -767,6 +773,7 @@ def _set_aging_key(r, cycles, slot, gk, nd, phase, cache_hit, priority, top, tot
     gk[r, AK_CACHE] = rank
     gk[r, AK_NEG_BASE] = -base
     gk[r, AK_PACKED] = rank * CACHE_BIT + (top - base)
+    gk[r, AK_TREE] = (2 * phase + rank - 2) * TREE_BIT + (koff - base)
     gk[r, AK_TOTAL_LEN] = total_len
     gk[r, AK_ID] = request_id
     nd[r, ND_BASE] = base
@@ -775,8 +782,8 @@ def _set_aging_key(r, cycles, slot, gk, nd, phase, cache_hit, priority, top, tot
 
 @njit(cache=True)
 def _compressed_priorities(priority, max_new_tokens, aging_interval):
-    """(K, priorities) that give every request the same effective priority order and ties as the
-    trace's at every step, with ``priority * K`` far inside int64.  No wait exceeds the trace's work
+    """(K, priorities, W) that give every request the same effective priority order and ties as the
+    trace's at every step, with ``priority * K`` far inside int64; W is the trace's work.  No wait exceeds the trace's work
     (one step per prefill and per token), W: an interval above W is W + 1 (no one's priority ever
     rises), and a gap between consecutive distinct priorities above ``W // K`` (which waiting can
     never bridge) is cut to ``W // K + 1``.  Priorities start at 0."""
@@ -788,7 +795,7 @@ def _compressed_priorities(priority, max_new_tokens, aging_interval):
     gap = work // k + 1
     out = np.empty(n, np.int64)
     if n == 0:
-        return k, out
+        return k, out, work
     idx = np.argsort(priority, kind="mergesort")
     c = np.int64(0)
     prev = priority[idx[0]]
@@ -799,9 +806,9 @@ def _compressed_priorities(priority, max_new_tokens, aging_interval):
             c += gap if d <= 0 or d > gap else d
             prev = p
         out[idx[j]] = c
-    if c > (2**62 - 2 * work) // k:
+    if c > (2**62 - 2 * work - 4) // k:  # (also keeps the tree keys' low part below 2**62: `_set_aging_key`)
         raise ValueError("trace too large for the aging kernel: priority range x interval exceeds int64")
-    return k, out
+    return k, out, work
 
 
 # Residues are mapped to slots (only non-empty residues hold one: at most min(K, n) at a time) by an
@@ -920,37 +927,34 @@ def _res_remove(rho, r, hkey, hval, mask, rnext, rprev):
 def _tree_set(tb, size, s, row, gk, sh):
     """Slot s's leaf of the tournament tree (the first of its cached rows, -1 for none) and its path.
     A node holds its row with the first two parts of the row's real key at the current step (phase
-    and cache rank, -effective priority ``= -base - sh[slot]``), so that rows of any residues compare
-    without their slots' shifts; total_len and request_id break ties.  A node's key parts are the
-    same as its leaf's, and a slot whose shift rose sets its leaf again (DIRTY_KEY).  The path stops at
+    and cache rank, -effective priority ``= -base - sh[slot]``) as one int64 (``gk[row, AK_TREE] -
+    sh[slot]``, see `_set_aging_key`), so that rows of any residues compare without their slots'
+    shifts; total_len and request_id break ties.  A node's key is the same as its leaf's, and a slot whose shift rose sets its leaf again (DIRTY_KEY).  The path stops at
     the first node that keeps its row and key: the nodes above it depend on nothing else that changed
     (with K = 1,000 at heavy load a finish re-sets hundreds of leaves, most of them far from the top)."""
     i = s + size
-    tb[i, TB_ROW] = row
+    tb[TB_NCOLS * i + TB_ROW] = row
     if row >= 0:
-        tb[i, TB_PHASE_CACHE] = gk[row, AK_PHASE_CACHE]
-        tb[i, TB_NEG_EFF] = gk[row, AK_NEG_BASE] - sh[s]
+        tb[TB_NCOLS * i + TB_KEY] = gk[row, AK_TREE] - sh[s]
     i >>= 1
     while i >= 1:
-        a = 2 * i
-        b = a + 1
-        ra = tb[a, TB_ROW]
-        rb = tb[b, TB_ROW]
+        a = TB_NCOLS * 2 * i
+        b = a + TB_NCOLS
+        ra = tb[a + TB_ROW]
+        rb = tb[b + TB_ROW]
         if ra < 0:
             w = b
         elif rb < 0:
             w = a
-        elif _real_less(tb[a, TB_PHASE_CACHE], tb[a, TB_NEG_EFF], ra, tb[b, TB_PHASE_CACHE], tb[b, TB_NEG_EFF], rb,
-                        gk):
+        elif _real_less(tb[a + TB_KEY], ra, tb[b + TB_KEY], rb, gk):
             w = a
         else:
             w = b
-        if (tb[i, TB_ROW] == tb[w, TB_ROW] and tb[i, TB_PHASE_CACHE] == tb[w, TB_PHASE_CACHE]
-                and tb[i, TB_NEG_EFF] == tb[w, TB_NEG_EFF]):
+        j = TB_NCOLS * i
+        if tb[j + TB_ROW] == tb[w + TB_ROW] and tb[j + TB_KEY] == tb[w + TB_KEY]:
             return  # this node keeps its value: so do the ones above it
-        tb[i, TB_ROW] = tb[w, TB_ROW]
-        tb[i, TB_PHASE_CACHE] = tb[w, TB_PHASE_CACHE]
-        tb[i, TB_NEG_EFF] = tb[w, TB_NEG_EFF]
+        tb[j + TB_ROW] = tb[w + TB_ROW]
+        tb[j + TB_KEY] = tb[w + TB_KEY]
         i >>= 1
 
 
@@ -1535,8 +1539,8 @@ def _want_blocks(rule, on, tally, r_sum):
 # Without NRT, so that the helpers inlined into the loop carry no reference counting.
 @njit(_nrt=False)
 def _replay_loop(request_id, arrival_step, prompt_len, max_new_tokens, priority, cache_hit, required_blocks,
-                 deadline_step, has_deadline, preemptible, order, free_kv_blocks, max_steps, events, k, top, req,
-                 nd, gk, stack, hkey, hval, mask, free_slots, n_free, s_rho, h, adm, afirst, sh, wlist, wpos, tb,
+                 deadline_step, has_deadline, preemptible, order, free_kv_blocks, max_steps, events, k, top, koff,
+                 req, nd, gk, stack, hkey, hval, mask, free_slots, n_free, s_rho, h, adm, afirst, sh, wlist, wpos, tb,
                  t_leaves, dirty, in_dirty, vic, v_pos, bt, path, conv, big_at, small_at, slow, ct, grouped, rnext,
                  rprev, blockable, block_rule, bw, n_blocks, m_res, live, tally):
     """The replay loop of `replay_aging_nb` over its state (`req`: the per-request state, `h`: the
@@ -1559,10 +1563,11 @@ def _replay_loop(request_id, arrival_step, prompt_len, max_new_tokens, priority,
     limit = max_steps if max_steps >= 0 else BIG
     next_arrival = arrival_step[order[0]] if n > 0 else BIG  # of row order[pos]
     # The champion: the last step's request while it stays admitted, in no slot (see `_champ_first`),
-    # with its phase and cache rank and its -effective priority, which stays while it runs every step.
+    # with its tree key (see `_tree_set`: phase, cache rank and -effective priority), whose priority part,
+    # c_low, stays while it runs every step.
     champ = E.NO_ROW
-    c_pc = np.int64(0)
-    c_ne = np.int64(0)
+    c_key = np.int64(0)
+    c_low = np.int64(0)
     # Bumped when a victim joins or one other than the champion moves (see `_cert_holds`).
     vver = np.int64(0)
     # Grouped mode: slot ga holds the rows whose residue rose this cycle, gb the others.
@@ -1604,7 +1609,7 @@ def _replay_loop(request_id, arrival_step, prompt_len, max_new_tokens, priority,
             else:
                 sl, n_free = _slot_acquire(rmod, steps, k, hkey, hval, mask, free_slots, n_free, s_rho, sh,
                                            h, adm, afirst, slow, live, sp_lo, sp_hi)
-            _set_aging_key(r, sdiv, sl, gk, nd, E.PHASE_PREFILL, cache_hit[r], priority[r], top, prompt_len[r],
+            _set_aging_key(r, sdiv, sl, gk, nd, E.PHASE_PREFILL, cache_hit[r], priority[r], top, koff, prompt_len[r],
                            request_id[r])
             n_d, n_w = _join_waiting(sl, r, required_blocks[r], h, stack, gk, nd, bt, path, conv, big_at, live,
                                      wlist, wpos, n_w, slow, ct, dirty, in_dirty, n_d)
@@ -1647,7 +1652,7 @@ def _replay_loop(request_id, arrival_step, prompt_len, max_new_tokens, priority,
                 _slot_low(sl, h, slow)
                 # A new waiting answer may be the step's request a few steps on: start its misses now,
                 # while the tree compares its key, rather than when it is chosen.
-                if c != E.NO_ROW and c != tb[t_leaves + sl, TB_ROW]:
+                if c != E.NO_ROW and c != tb[TB_NCOLS * (t_leaves + sl) + TB_ROW]:
                     _prefetch_request(c, req, max_new_tokens, preemptible, cache_hit, priority, prompt_len,
                                       request_id, has_deadline, deadline_step)
             else:  # only its admitted rows changed, or no part's answer can change: the cached answers stand
@@ -1658,15 +1663,15 @@ def _replay_loop(request_id, arrival_step, prompt_len, max_new_tokens, priority,
             f = afirst[sl]
             if c == E.NO_ROW or (f != E.NO_ROW and _slot_less(gk, f, c)):
                 c = f
-            if c != tb[t_leaves + sl, TB_ROW] or flags & DIRTY_KEY:
+            if c != tb[TB_NCOLS * (t_leaves + sl) + TB_ROW] or flags & DIRTY_KEY:
                 _tree_set(tb, t_leaves, sl, c, gk, sh)
         n_d = 0
         # The top of the tree, once it runs, is the step's request (see `tb`), unless the champion
         # comes first: the top is at or before every other row that runs (a cached answer that stopped
         # running only comes too early), so then the champion is.
         while True:
-            chosen = tb[1, TB_ROW]
-            if champ != E.NO_ROW and _champ_first(champ, c_pc, c_ne, chosen, tb, gk):
+            chosen = tb[TB_NCOLS + TB_ROW]
+            if champ != E.NO_ROW and _champ_first(champ, c_key, chosen, tb, gk):
                 chosen = champ
                 break
             if chosen == E.NO_ROW:
@@ -1676,7 +1681,7 @@ def _replay_loop(request_id, arrival_step, prompt_len, max_new_tokens, priority,
             _prefetch_request(chosen, req, max_new_tokens, preemptible, cache_hit, priority, prompt_len, request_id,
                               has_deadline, deadline_step)
             sl = gk[chosen, AK_SLOT]
-            if blockable and (not live[sl] or tb[t_leaves + sl, TB_ROW] != chosen):
+            if blockable and (not live[sl] or tb[TB_NCOLS * (t_leaves + sl) + TB_ROW] != chosen):
                 sl = m_res + s_rho[sl] // bw  # its block's slot
             shift = sh[sl]
             # (its blocks read from its node, which shares a 128-byte block with the key the tree compared)
@@ -1719,7 +1724,7 @@ def _replay_loop(request_id, arrival_step, prompt_len, max_new_tokens, priority,
             else:
                 sl, n_free = _slot_acquire(rho, steps, k, hkey, hval, mask, free_slots, n_free, s_rho, sh, h, adm,
                                            afirst, slow, live, sp_lo, sp_hi)
-            _set_aging_key(champ, a // k, sl, gk, nd, E.PHASE_DECODE, cache_hit[champ], priority[champ], top,
+            _set_aging_key(champ, a // k, sl, gk, nd, E.PHASE_DECODE, cache_hit[champ], priority[champ], top, koff,
                            prompt_len[champ] + req.generated[champ], request_id[champ])
             afirst[sl] = _adm_put(sl, champ, adm, gk)
             n_d = _mark(sl, DIRTY_LEAF | DIRTY_KEY, dirty, in_dirty, n_d)
@@ -1730,7 +1735,7 @@ def _replay_loop(request_id, arrival_step, prompt_len, max_new_tokens, priority,
         in_slot = chosen != champ  # (the champion is in none)
         s_old = gk[chosen, AK_SLOT]
         if in_slot:
-            c_ne = tb[1, TB_NEG_EFF]  # kept while it is the champion
+            c_low = tb[TB_NCOLS + TB_KEY] & TREE_LOW  # koff - its effective priority, kept while it is champion
             if grouped:
                 _res_remove((req.enqueue_steps[chosen] + req.chosen_count[chosen]) % k, chosen, hkey, hval, mask,
                             rnext, rprev)
@@ -1816,7 +1821,7 @@ def _replay_loop(request_id, arrival_step, prompt_len, max_new_tokens, priority,
             # token longer (total_len: the only part of its key it keeps in gk while it is champion).
             if in_slot:
                 champ = chosen
-                c_pc = 2 * E.PHASE_DECODE + gk[chosen, AK_CACHE]
+                c_key = (2 * E.PHASE_DECODE + gk[chosen, AK_CACHE] - 2) * TREE_BIT + c_low
             gk[chosen, AK_TOTAL_LEN] = prompt_len[chosen] + req.generated[chosen]
             if preemptible[chosen]:  # a victim: its w is one lower
                 _victims_chosen(vic, v_pos, chosen)
@@ -1900,10 +1905,11 @@ def _make_replay_aging(stamp, big_at, small_at, grouped_div, block_min, block_ru
         if stamp < 0:  # never: the stamp only keys the Numba cache (see `source_stamp`)
             return
         n = request_id.shape[0]
-        k, cprio = _compressed_priorities(priority, max_new_tokens, np.int64(aging_interval))
+        k, cprio, work = _compressed_priorities(priority, max_new_tokens, np.int64(aging_interval))
         req = new_requests_nb(n)
 
         top = cprio.max() if n > 0 else np.int64(0)
+        koff = top + work // k + 1  # (see `_set_aging_key`)
         nd, gk = treap_nodes_nb(required_blocks, AK_NCOLS)
         stack = np.empty(n + 64, np.int64)
         # Per-slot structures: a slot is held by a non-empty residue (a live row sits in its residue's
@@ -1954,7 +1960,7 @@ def _make_replay_aging(stamp, big_at, small_at, grouped_div, block_min, block_ru
         t_leaves = 1
         while t_leaves < m:
             t_leaves *= 2
-        tb = np.full((2 * t_leaves, TB_NCOLS), -1, np.int64)
+        tb = np.full(TB_NCOLS * 2 * t_leaves, -1, np.int64)
         # A dirty slot's path is recomputed when its leaf changes, or when its leaf's key or shift
         # changed (DIRTY_KEY); otherwise (free blocks or victims changed) the comparisons stand.
         dirty = np.empty(m, np.int64)
@@ -1978,7 +1984,7 @@ def _make_replay_aging(stamp, big_at, small_at, grouped_div, block_min, block_ru
         conv = np.empty(big_at + small_at + 1, np.int64)
 
         state = (request_id, arrival_step, prompt_len, max_new_tokens, cprio, cache_hit, required_blocks,
-                 deadline_step, has_deadline, preemptible, order, free_kv_blocks, max_steps, events, k, top, req, nd,
+                 deadline_step, has_deadline, preemptible, order, free_kv_blocks, max_steps, events, k, top, koff, req, nd,
                  gk, stack, hkey, hval, mask, free_slots, n_free, s_rho, h, adm, afirst, sh, wlist, wpos, tb, t_leaves,
                  dirty, in_dirty, vic, v_pos, bt, path, conv, big_at, small_at, slow, ct, grouped, rnext, rprev,
                  blocked, block_rule, bw, n_blocks, m_res, live, np.zeros(2, np.int64))

@@ -470,8 +470,9 @@ def test_compressed_priorities_keep_every_effective_priority_comparison(prio, to
     priority = np.array(prio, np.int64)
     max_new = np.array(tokens[:len(prio)], np.int64)
     work = int((1 + max_new).sum())
-    k, comp = _compressed_priorities(priority, max_new, np.int64(interval))
-    assert 1 <= k <= interval and int(comp.max()) * int(k) < 2**62
+    k, comp, w = _compressed_priorities(priority, max_new, np.int64(interval))
+    assert 1 <= k <= interval and int(comp.max()) * int(k) < 2**62 and w == work
+    assert int(comp.max()) + 2 * (work // int(k)) + 2 < 2**62  # the tree keys' low part (`_set_aging_key`)
     waits = data.draw(st.lists(st.integers(0, work), min_size=len(prio), max_size=len(prio)))
     for a in range(len(prio)):
         for b in range(len(prio)):
