@@ -313,6 +313,7 @@ TB_NCOLS = 2
 # A tree key's phase and cache rank, above 62 bits of -effective priority (see `_set_aging_key`).
 TREE_BIT = 2**62
 TREE_LOW = TREE_BIT - 1
+TB_NONE = 2**63 - 1  # the key of an empty node
 
 
 @njit(cache=True, _nrt=False, inline="always")
@@ -783,7 +784,7 @@ def _set_aging_key(r, cycles, slot, gk, nd, phase, cache_hit, priority, top, kof
 @njit(cache=True)
 def _compressed_priorities(priority, max_new_tokens, aging_interval):
     """(K, priorities, W) that give every request the same effective priority order and ties as the
-    trace's at every step, with ``priority * K`` far inside int64; W is the trace's work.  No wait exceeds the trace's work
+    trace's at every step, with ``priority * K`` far inside int64.  No wait exceeds the trace's work
     (one step per prefill and per token), W: an interval above W is W + 1 (no one's priority ever
     rises), and a gap between consecutive distinct priorities above ``W // K`` (which waiting can
     never bridge) is cut to ``W // K + 1``.  Priorities start at 0."""
@@ -929,27 +930,25 @@ def _tree_set(tb, size, s, row, gk, sh):
     A node holds its row with the first two parts of the row's real key at the current step (phase
     and cache rank, -effective priority ``= -base - sh[slot]``) as one int64 (``gk[row, AK_TREE] -
     sh[slot]``, see `_set_aging_key`), so that rows of any residues compare without their slots'
-    shifts; total_len and request_id break ties.  A node's key is the same as its leaf's, and a slot whose shift rose sets its leaf again (DIRTY_KEY).  The path stops at
-    the first node that keeps its row and key: the nodes above it depend on nothing else that changed
-    (with K = 1,000 at heavy load a finish re-sets hundreds of leaves, most of them far from the top)."""
+    shifts; total_len and request_id break ties.  A node's key is the same as its leaf's, and a slot
+    whose shift rose sets its leaf again (DIRTY_KEY).  The path stops at the first node that keeps its
+    row and key: the nodes above it depend on nothing else that changed (with K = 1,000 at heavy load
+    a finish re-sets hundreds of leaves, most of them far from the top)."""
     i = s + size
     tb[TB_NCOLS * i + TB_ROW] = row
-    if row >= 0:
-        tb[TB_NCOLS * i + TB_KEY] = gk[row, AK_TREE] - sh[s]
+    tb[TB_NCOLS * i + TB_KEY] = gk[row, AK_TREE] - sh[s] if row >= 0 else TB_NONE
     i >>= 1
     while i >= 1:
         a = TB_NCOLS * 2 * i
         b = a + TB_NCOLS
-        ra = tb[a + TB_ROW]
-        rb = tb[b + TB_ROW]
-        if ra < 0:
-            w = b
-        elif rb < 0:
-            w = a
-        elif _real_less(tb[a + TB_KEY], ra, tb[b + TB_KEY], rb, gk):
-            w = a
-        else:
-            w = b
+        # The winner as arithmetic, not a branch (which child wins is as good as random); an empty
+        # node's key, TB_NONE, loses to every row's, and two empty ones may give either.
+        ka = tb[a + TB_KEY]
+        kb = tb[b + TB_KEY]
+        less = ka < kb
+        if ka == kb and ka != TB_NONE:
+            less = _real_less(ka, tb[a + TB_ROW], kb, tb[b + TB_ROW], gk)
+        w = b - TB_NCOLS * np.int64(less)
         j = TB_NCOLS * i
         if tb[j + TB_ROW] == tb[w + TB_ROW] and tb[j + TB_KEY] == tb[w + TB_KEY]:
             return  # this node keeps its value: so do the ones above it
@@ -1961,6 +1960,7 @@ def _make_replay_aging(stamp, big_at, small_at, grouped_div, block_min, block_ru
         while t_leaves < m:
             t_leaves *= 2
         tb = np.full(TB_NCOLS * 2 * t_leaves, -1, np.int64)
+        tb[TB_KEY::TB_NCOLS] = TB_NONE
         # A dirty slot's path is recomputed when its leaf changes, or when its leaf's key or shift
         # changed (DIRTY_KEY); otherwise (free blocks or victims changed) the comparisons stand.
         dirty = np.empty(m, np.int64)
@@ -1984,10 +1984,10 @@ def _make_replay_aging(stamp, big_at, small_at, grouped_div, block_min, block_ru
         conv = np.empty(big_at + small_at + 1, np.int64)
 
         state = (request_id, arrival_step, prompt_len, max_new_tokens, cprio, cache_hit, required_blocks,
-                 deadline_step, has_deadline, preemptible, order, free_kv_blocks, max_steps, events, k, top, koff, req, nd,
-                 gk, stack, hkey, hval, mask, free_slots, n_free, s_rho, h, adm, afirst, sh, wlist, wpos, tb, t_leaves,
-                 dirty, in_dirty, vic, v_pos, bt, path, conv, big_at, small_at, slow, ct, grouped, rnext, rprev,
-                 blocked, block_rule, bw, n_blocks, m_res, live, np.zeros(2, np.int64))
+                 deadline_step, has_deadline, preemptible, order, free_kv_blocks, max_steps, events, k, top, koff, req,
+                 nd, gk, stack, hkey, hval, mask, free_slots, n_free, s_rho, h, adm, afirst, sh, wlist, wpos, tb,
+                 t_leaves, dirty, in_dirty, vic, v_pos, bt, path, conv, big_at, small_at, slow, ct, grouped, rnext,
+                 rprev, blocked, block_rule, bw, n_blocks, m_res, live, np.zeros(2, np.int64))
         steps, clock, free, stop = _replay_loop(*state)
         write_state_nb(req_out, summary, steps, clock, free, stop, req)
 
