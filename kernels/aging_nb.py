@@ -52,14 +52,16 @@ slots with waiting rows are kept as a compact list.  So memory is O(min(K, n)) w
 the end of step S only the residue ``S mod K`` (one table lookup) has its shift raised.
 
 The request a step runs is the top of a tournament tree over the slots (leaf: the first of the
-slot's cached waiting answer and its first admitted row, by the real key; a node keeps its row's
-phase, cache rank and effective priority beside it).  Only slots that changed are re-evaluated
-(queued as dirty, with what changed: `_mark`): the residue whose shift rose, those whose membership
-changed, and every waiting one when free blocks grow or a victim joins; a slot whose admitted rows
-alone changed keeps its cached waiting answers.  Elsewhere runnability only shrinks
-(free blocks shrink, victims' priorities rise), so a cached answer can only come too early; the top
-is checked and, if it no longer runs, its part re-walked, until the top runs.  A dirty slot whose
-leaf is the same row, with the same key and shift, keeps its path in the tree.
+slot's cached waiting answer and its first admitted row, by the real key; a node keeps its row
+beside one packed key, phase, cache rank and effective priority in one int64 (``AK_TREE``), so
+nodes compare in one comparison, and an empty node is keyed ``TB_NONE``).  Only slots that
+changed are re-evaluated (queued as dirty, with what changed: `_mark`): the residue whose shift
+rose, those whose membership changed, and every waiting one when free blocks grow or a victim
+joins; a slot whose admitted rows alone changed keeps its cached waiting answers.  Elsewhere
+runnability only shrinks (free blocks shrink, victims' priorities rise), so a cached answer can
+only come too early; the top is checked and, if it no longer runs, its part re-walked, until the
+top runs.  A dirty slot whose leaf is the same row, with the same key and shift, keeps its path in
+the tree.
 
 The last step's request, while it stays admitted, is the *champion*: it sits in no slot, and the
 step compares it with the top of the tree (`_champ_first`).  A request runs several steps running
