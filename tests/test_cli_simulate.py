@@ -56,7 +56,8 @@ def run_cli(*args):
     (["--kv-blocks", "-1"], "free_kv_blocks must be >= 0"),
     (["--kv-blocks", "4", "--aging-interval", "0"], "aging_interval must be > 0"),
     (["--kv-blocks", "4", "--max-steps", "-3"], "max_steps must be >= 0"),
-    (["--kv-blocks", "four"], "expected a whole number"),
+    (["--kv-blocks", "four"], "expected a whole number, got 'four'"),
+    (["--kv-blocks", "1" + "0" * 22], "expected a whole number of at most 19 digits"),
 ])
 def test_bad_options_exit_2_with_one_line(trace_csv, tmp_path, extra, match):
     out = tmp_path / "ev.csv"

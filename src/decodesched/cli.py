@@ -46,12 +46,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def int_arg(text: str) -> int:
     """An integer option value, spelled as in trace files: ASCII digits with an optional '-'."""
-    from .trace import parse_decimal
+    from .trace import MAX_INT_DIGITS, parse_decimal
 
     try:
         return parse_decimal(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {shorten(repr(text), 60)}") from None
+    except ValueError as exc:
+        why = f" of at most {MAX_INT_DIGITS} digits" if str(exc) == "too many digits" else ""
+        raise argparse.ArgumentTypeError(f"expected a whole number{why}, got {shorten(repr(text), 60)}") from None
 
 
 MAX_MESSAGE = 300  # characters of an error line; longer values are shortened in the middle
