@@ -12,6 +12,7 @@ import pytest
 from decodesched import convert as cv
 from decodesched.batch import grid, simulate_batch, write_metrics_csv
 from decodesched.cli import main
+from decodesched.errors import UserError
 from decodesched.report import build_report, offered_load, read_sweep, trace_info
 from decodesched.trace import load_trace
 
@@ -176,6 +177,25 @@ def test_read_sweep_parses_numbers_and_empty_cells(tmp_path):
     p.write_text("trace,policy,kv_blocks,aging_interval,ttft_p99\nt,fcfs,10,4,\nt,aging,10,4,2.5\n")
     rows = read_sweep(p)
     assert rows[0]["kv_blocks"] == 10 and math.isnan(rows[0]["ttft_p99"]) and rows[1]["ttft_p99"] == 2.5
+
+
+@pytest.mark.parametrize("body, message", [
+    ("t,fcfs,10\n", "line 2: 3 cells, the header has 4"),
+    ("t,fcfs,10,4,9\n", "line 2: 5 cells, the header has 4"),
+    ("t,,10,4\n", "line 2, column policy: empty"),
+    ("t,fcfs,,4\n", "line 2, column kv_blocks: not a whole number of blocks: ''"),
+    ("t,fcfs,-3,4\n", "line 2, column kv_blocks: not a whole number of blocks: '-3'"),
+    ("t,fcfs,10,x\n", "line 2, column aging_interval: not a number: 'x'"),
+    (b"t,fcfs,1\xe9,4\n", "not a UTF-8 text file"),
+])
+def test_read_sweep_refuses_malformed_rows_in_one_line(tmp_path, body, message):
+    """Found by feeding the report mutated sweep CSVs: a short row reached the plots as policy None."""
+    p = tmp_path / "m.csv"
+    head = "trace,policy,kv_blocks,aging_interval\n"
+    p.write_bytes(head.encode() + body) if isinstance(body, bytes) else p.write_text(head + body)
+    with pytest.raises(UserError) as info:
+        read_sweep(p)
+    assert message in str(info.value) and "\n" not in str(info.value)
 
 
 def test_sweep_view_points_are_the_rows_of_the_cut(sweep_dir):

@@ -44,10 +44,11 @@ from pathlib import Path
 
 import numpy as np
 
-from ._io import input_file
+from ._io import _describe, input_file
 from .errors import UserError
 from .metrics import offered_load
 from .palette import POLICY_ORDER, policy_colors, policy_marker, policy_style, sorted_policies
+from .trace import show
 
 LATENCY_LABELS = {"queue_wait": "queue wait", "ttft": "TTFT", "e2e": "end-to-end latency", "tpot": "TPOT"}
 LOAD_LABEL = "offered load (work steps per step)"
@@ -116,22 +117,31 @@ def read_sweep(path) -> list[dict]:
     try:
         with open(path, newline="", encoding="utf-8") as fh:
             reader = csv.DictReader(fh)
-            rows = list(reader)
+            rows = [(reader.line_num, row) for row in reader]
             header = reader.fieldnames or []
     except FileNotFoundError:
         raise UserError(f"{path}: no such file") from None
-    except (OSError, UnicodeDecodeError, csv.Error) as exc:
-        raise UserError(f"{path}: cannot read: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{path}: not a UTF-8 text file ({exc.reason})") from None
+    except OSError as exc:
+        raise UserError(f"{path}: cannot read it ({_describe(exc)})") from None
+    except csv.Error as exc:
+        raise UserError(f"{path}: not a CSV file ({exc})") from None
     missing = [c for c in ("trace", "policy", "kv_blocks", "aging_interval") if c not in header]
     if missing:
         raise UserError(f"{path}: not a sweep metrics CSV (no column {', '.join(missing)})")
     if not rows:
         raise UserError(f"{path}: the sweep has no rows")
     out = []
-    for lineno, row in enumerate(rows, start=2):
+    for lineno, row in rows:
+        if None in row or None in row.values():  # more or fewer cells than the header
+            cells = len(header) + len(row.get(None, ())) - sum(v is None for v in row.values())
+            raise UserError(f"{path}: line {lineno}: {cells} cells, the header has {len(header)}")
         parsed = {"replicate": 0}
         for k, v in row.items():
             if k in ("trace", "policy"):
+                if not v:
+                    raise UserError(f"{path}: line {lineno}, column {k}: empty")
                 parsed[k] = v
                 continue
             if v is None or v == "":
@@ -143,7 +153,10 @@ def read_sweep(path) -> list[dict]:
                 try:
                     parsed[k] = float(v)
                 except ValueError:
-                    raise UserError(f"{path}: line {lineno}, column {k}: not a number: {v!r}") from None
+                    raise UserError(f"{path}: line {lineno}, column {k}: not a number: {show(v)}") from None
+        if not (isinstance(parsed["kv_blocks"], int) and parsed["kv_blocks"] >= 0):
+            raise UserError(f"{path}: line {lineno}, column kv_blocks: not a whole number of blocks: "
+                            f"{show(row['kv_blocks'])}")
         out.append(parsed)
     return out
 
