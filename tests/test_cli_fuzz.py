@@ -73,10 +73,17 @@ def garble(text: str, how: str, data) -> bytes:
         cells = lines[-1].split(",")
         cells[data.draw(st.integers(0, len(cells) - 1))] = word
         return ("\n".join(lines[:-1] + [",".join(cells)]) + "\n").encode()
+    if how in ("short_row", "long_row"):  # a cell missing or one too many (a quoted comma, a lost one)
+        lines = text.splitlines()
+        cells = lines[-1].split(",")
+        at = data.draw(st.integers(0, len(cells) - 1))
+        cells[at:at + 1] = [] if how == "short_row" else [cells[at], "1"]
+        return ("\n".join(lines[:-1] + [",".join(cells)]) + "\n").encode()
     raise AssertionError(how)
 
 
-GARBLES = ["asis", "asis", "bom", "crlf", "nul", "binary", "gzip", "truncated", "huge_field", "spellings"]
+GARBLES = ["asis", "asis", "bom", "crlf", "nul", "binary", "gzip", "truncated", "huge_field", "spellings",
+           "short_row", "long_row"]
 WEIRD_INTS = ["0", "-1", "+20", "1_000", "\u0663", "99999999999999999999999", "nan", "x", "", "4" * 400]
 WEIRD_FLOATS = ["0", "-1", "nan", "inf", "1e309", "x", "", "1e-300"]
 
