@@ -106,12 +106,26 @@ def test_extreme_ids_and_values_stay_exact():
     (dict(free_kv_blocks=-1), "free_kv_blocks"),
     (dict(free_kv_blocks=2.5), "integer"),
     (dict(aging_interval=0), "aging_interval"),
+    (dict(aging_interval=2**63), r"aging_interval must be <= 2\*\*63 - 1, got 9223372036854775808$"),
+    (dict(policy="fixed_priority", aging_interval=10**30), r"aging_interval must be <= 2\*\*63 - 1"),
+    (dict(aging_interval=np.uint64(2**63)), r"aging_interval must be <= 2\*\*63 - 1"),
+    (dict(aging_interval="4" * 5000), r"must be an integer, got '4444.*\(5002 chars\)$"),
     (dict(max_steps=-2), "max_steps"),
     (dict(engine="gpu"), "unknown engine"),
 ])
 def test_bad_configuration_is_refused(kwargs, match):
     with pytest.raises(UserError, match=match):
         simulate([row(1)], **kwargs)
+
+
+def test_an_aging_interval_no_wait_reaches_is_fixed_priority():
+    """Found by a fuzz of `simulate`'s arguments: an interval past int64 reached the kernel (as a new
+    uint64 specialization, or an overflow); up to 2**63 - 1 it runs, and no request waits that long."""
+    rows = [row(1, new=3, priority=0), row(2, arrival=1, new=2, priority=1, required_blocks=3)]
+    for engine in ENGINES:
+        got = simulate(rows, "aging", 3, aging_interval=2**63 - 1, engine=engine)
+        want = simulate(rows, "fixed_priority", 3, engine=engine)
+        assert got.timeline() == want.timeline() and got.aging_interval == 2**63 - 1
 
 
 def test_a_step_limit_beyond_int64_is_no_limit():

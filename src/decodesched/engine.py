@@ -17,7 +17,7 @@ from .errors import UserError
 from .policy import Policy, policy_name
 from .kernels import enums as E
 from .kernels.fields import KERNEL_TRACE_ARGS
-from .trace import MAX_TOTAL, Trace, load_trace
+from .trace import INT64_MAX, MAX_TOTAL, Trace, load_trace, show
 
 POLICIES = E.POLICY_NAMES
 ENGINES = ("fast", "scan")
@@ -52,20 +52,22 @@ def check_config(policy, free_kv_blocks, aging_interval, max_steps) -> tuple[int
     code = policy_code(policy)
     for name, value in (("free_kv_blocks", free_kv_blocks), ("aging_interval", aging_interval)):
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-            raise UserError(f"{name} must be an integer, got {value!r}")
+            raise UserError(f"{name} must be an integer, got {show(value)}")
     if free_kv_blocks < 0:
-        raise UserError(f"free_kv_blocks must be >= 0, got {free_kv_blocks}")
+        raise UserError(f"free_kv_blocks must be >= 0, got {show(int(free_kv_blocks))}")
     if free_kv_blocks > MAX_TOTAL:
-        raise UserError(f"free_kv_blocks must be <= 2**61, got {free_kv_blocks}")
+        raise UserError(f"free_kv_blocks must be <= 2**61, got {show(int(free_kv_blocks))}")
     if aging_interval <= 0:
-        raise UserError(f"aging_interval must be > 0, got {aging_interval}")
+        raise UserError(f"aging_interval must be > 0, got {show(int(aging_interval))}")
+    if aging_interval > INT64_MAX:  # (a kernel takes int64; from 2**61 on no request waits that long)
+        raise UserError(f"aging_interval must be <= 2**63 - 1, got {show(int(aging_interval))}")
     if max_steps is None:
         limit = -1
     else:
         if isinstance(max_steps, bool) or not isinstance(max_steps, (int, np.integer)):
-            raise UserError(f"max_steps must be an integer or None, got {max_steps!r}")
+            raise UserError(f"max_steps must be an integer or None, got {show(max_steps)}")
         if max_steps < 0:
-            raise UserError(f"max_steps must be >= 0, got {max_steps}")
+            raise UserError(f"max_steps must be >= 0, got {show(int(max_steps))}")
         limit = min(int(max_steps), MAX_TOTAL)  # (no replay runs more steps: beyond, it is no limit)
     return code, int(free_kv_blocks), int(aging_interval), limit
 

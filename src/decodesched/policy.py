@@ -251,8 +251,11 @@ def builtin(name: str, aging_interval: int = 4) -> Policy:
     """
     if name not in POLICY_NAMES:
         raise UserError(f"unknown built-in policy {name!r}; choose one of {', '.join(POLICY_NAMES)}")
-    if isinstance(aging_interval, bool) or not isinstance(aging_interval, int) or aging_interval <= 0:
-        raise UserError(f"aging_interval must be a positive integer, got {aging_interval!r}")
+    from .trace import show
+
+    if (isinstance(aging_interval, bool) or not isinstance(aging_interval, int)
+            or not 0 < aging_interval <= 2**63 - 1):
+        raise UserError(f"aging_interval must be an integer from 1 to 2**63 - 1, got {show(aging_interval)}")
     from numba import njit
 
     from .kernels.scan_nb import builtin_effective_priority_nb, builtin_key_nb
