@@ -68,7 +68,8 @@ def garble(text: str, how: str, data) -> bytes:
         return raw + (json.dumps({"timestamp": 1, "input_length": 1, "output_length": 1})
                       .replace('"output_length": 1', '"output_length": ' + "7" * 5000) + "\n").encode()
     if how == "spellings":
-        word = data.draw(st.sampled_from(["yes", "no", "t", "+20", "1_000", "\u0663", " 4 ", "0x10", "1e3", "-0"]))
+        word = data.draw(st.sampled_from(["yes", "no", "t", "+20", "1_000", "\u0663", " 4 ", "0x10", "1e3", "-0",
+                                          "9999999999999999999", "-9223372036854775809"]))  # 19 digits, past int64
         lines = text.splitlines()
         cells = lines[-1].split(",")
         cells[data.draw(st.integers(0, len(cells) - 1))] = word

@@ -175,6 +175,12 @@ def test_typed_columns_read_as_their_values_one_by_one(tmp_path, seed):
     ("cache_hit", np.array([1, 2]), "row 2, column cache_hit: expected true/false"),
     ("deadline_step", np.ma.MaskedArray([1.5, 0.0], mask=[False, True]), "row 1, column deadline_step"),
     ("required_blocks", np.array([1, 0], np.int8), "row 2, column required_blocks: must be positive"),
+    # found by a fuzz of load_trace: a deadline past int64 ended in an OverflowError
+    ("deadline_step", np.array([2**64 - 1, 5], np.uint64), "row 1, column deadline_step: 18446744073709551615 does "
+                                                            "not fit in int64"),
+    ("deadline_step", [None, 10**30], "row 2, column deadline_step: 1000000000000000000000000000000 does not fit"),
+    ("priority", [1, -(10**4000)], r"row 2, column priority: -1000.*\(4002 chars\) does not fit in int64"),
+    ("priority", [1, 10**5000], r"row 2, column priority: an integer of 16610 bits does not fit in int64"),
 ])
 def test_typed_columns_are_checked_like_values(column, value, match):
     arrays, _ = _typed_columns(_rows(2, 0))

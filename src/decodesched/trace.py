@@ -54,7 +54,10 @@ def parse_decimal(text: str) -> int:
 
 def show(value, limit: int = 40) -> str:
     """`repr(value)`, shortened to about `limit` characters for error messages."""
-    text = repr(value)
+    try:
+        text = repr(value)
+    except ValueError:  # an int beyond Python's digit limit for str()
+        return f"an integer of {int(value).bit_length()} bits"
     return text if len(text) <= limit else text[: limit - 12] + "\u2026" + text[-10:] + f" ({len(text)} chars)"
 
 
@@ -348,21 +351,26 @@ def _is_missing(x) -> bool:
 
 
 def _parse_int(x, where: str, col: str) -> int:
+    """One cell of an integer column as an int within int64; TraceError naming the cell otherwise."""
     if isinstance(x, (bool, np.bool_)):
         raise TraceError(f"{where}, column {col}: expected an integer, got {x!r}")
     if isinstance(x, (int, np.integer)):
-        return int(x)
-    if isinstance(x, (float, np.floating)):
-        if math.isfinite(x) and float(x).is_integer():
-            return int(x)
-        raise TraceError(f"{where}, column {col}: expected an integer, got {show(x)}")
-    if isinstance(x, str):
+        v = int(x)
+    elif isinstance(x, (float, np.floating)):
+        if not (math.isfinite(x) and float(x).is_integer()):
+            raise TraceError(f"{where}, column {col}: expected an integer, got {show(x)}")
+        v = int(x)
+    elif isinstance(x, str):
         try:
-            return parse_decimal(x)
+            v = parse_decimal(x)
         except ValueError as exc:
             what = "does not fit in int64" if str(exc) == "too many digits" else "expected an integer"
             raise TraceError(f"{where}, column {col}: {what}, got {show(x)}") from None
-    raise TraceError(f"{where}, column {col}: expected an integer, got {show(x)}")
+    else:
+        raise TraceError(f"{where}, column {col}: expected an integer, got {show(x)}")
+    if not INT64_MIN <= v <= INT64_MAX:
+        raise TraceError(f"{where}, column {col}: {show(v)} does not fit in int64")
+    return v
 
 
 def _parse_bool(x, where: str, col: str) -> bool:
@@ -405,10 +413,7 @@ def _from_columns(cols: dict, where: str, steps_per_second: float | None, label:
         for i in range(n):
             if _is_missing(src[i]):
                 raise TraceError(f"{loc(i)}, column {c}: missing value")
-            v = _parse_int(src[i], loc(i), c)
-            if not INT64_MIN <= v <= INT64_MAX:
-                raise TraceError(f"{loc(i)}, column {c}: {v} does not fit in int64")
-            dst[i] = v
+            dst[i] = _parse_int(src[i], loc(i), c)
     for c in BOOL_COLUMNS:
         src, dst = cols[c], bools[c]
         if type(src) is np.ndarray and src.ndim == 1 and src.dtype == np.bool_:
