@@ -153,6 +153,32 @@ def test_cli_sweep_replicates_and_the_twenty_row_grid(tmp_path, capsys):
     assert "--replicates" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("options, message", [
+    ({"priority_classes": 0}, "--priority-classes must be a list of numbers, got 0"),
+    ({"priority_classes": [0, "a"]}, "--priority-classes must be whole numbers within +-2**53, got 'a'"),
+    ({"priority_classes": [0, 2**70]}, "--priority-classes must be whole numbers within +-2**53"),
+    ({"priority_weights": {"a": 1}}, "--priority-weights must be a list of numbers"),
+    ({"priority_weights": [1, None, 1]}, "--priority-weights must be numbers, got None"),
+    ({"deadline_fraction": [0.5]}, "--deadline-fraction must be between 0 and 1, got [0.5]"),
+    ({"slo_factor": "20"}, "--slo-factor must be a positive number, got '20'"),
+    ({"slo_factor": 10**400}, "--slo-factor must be a positive number"),
+    ({"protected_classes": [True]}, "--protected-classes must be whole numbers within +-2**53, got True"),
+    ({"seed": "x"}, "the seed must be a whole number >= 0, got 'x'"),
+])
+def test_a_garbled_sidecar_is_refused_in_one_line_by_sweep_replicates(tmp_path, capsys, options, message):
+    """Found by a fuzz of `.meta.json` values: options of the wrong type reached NumPy as tracebacks."""
+    raw, _ = converted(0)
+    path = tmp_path / "azure.csv"
+    meta = {"seed": options.pop("seed", 0), "options": options}
+    cv.write_trace(cv.to_trace(raw.head(40), load=1.0, seed=0), path, meta)
+    out = tmp_path / "m.csv"
+    assert main(["sweep", str(path), "--policy", "fcfs", "--kv-blocks", "60", "--replicates", "2",
+                 "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "replicate rules" in err and err.count("\n") == 1
+    assert not out.exists()
+
+
 @pytest.fixture(scope="module")
 def sweep():
     _, trace = converted(1)

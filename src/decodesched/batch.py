@@ -42,7 +42,7 @@ from .engine import ENGINES, SimulationResult, check_config, event_capacity, tra
 from .errors import UserError
 from .kernels import enums as E
 from .policy import Policy, policy_name
-from .trace import Trace, load_trace
+from .trace import Trace, load_trace, show
 
 BACKENDS = ("cpu", "cuda")
 # The scenario columns of a metrics row, then its trace's load and time scale, then `metrics.FLAT_COLUMNS`
@@ -133,12 +133,19 @@ def replicate_traces(traces, replicates: int, rules: Sequence[dict | None] | Non
     for trace, rule in zip(traces, rules):
         rule = dict(rule or {})
         options = {k: rule[k] for k in SEEDED_OPTIONS if k in rule}
-        seed = int(rule.get("seed") or 0)
+        seed = rule.get("seed") or 0
+        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+            raise UserError(f"trace {trace.name}: its replicate rules (a converted trace's .meta.json "
+                            f"options): the seed must be a whole number >= 0, got {show(seed)}")
         out.append(trace)
         # whole steps as seconds at 1 step per second: to_trace's floor gives the same arrival steps
         raw = RawTrace(trace.arrival_step.astype(np.float64), trace.prompt_len, trace.max_new_tokens, trace.cache_hit)
         for r in range(1, replicates):
-            drawn = to_trace(raw, steps_per_second=1.0, seed=seed + r, **options)
+            try:
+                drawn = to_trace(raw, steps_per_second=1.0, seed=int(seed) + r, **options)
+            except UserError as exc:  # (rules read from a sidecar name the CLI's options)
+                raise UserError(f"trace {trace.name}: its replicate rules (a converted trace's .meta.json "
+                                f"options): {exc}") from None
             deadline = drawn.deadline_step.astype(object)
             deadline[~drawn.has_deadline] = None
             cols = dict(trace.columns())

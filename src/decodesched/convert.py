@@ -300,6 +300,41 @@ def steps_per_second_for_load(raw: RawTrace, load: float) -> float:
     return work_steps_of(raw) / (load * span)
 
 
+def _is_real(x) -> bool:
+    return isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, (bool, np.bool_))
+
+
+def _items(values, what: str) -> list:
+    if isinstance(values, (str, bytes, dict)) or not hasattr(values, "__iter__"):
+        raise UserError(f"{what} must be a list of numbers, got {show(values)}")
+    return list(values)
+
+
+def _is_whole(v) -> bool:
+    """Whether `v` is an integer (or a float that is one) within +-2**53, a priority's range."""
+    if isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_)):
+        return abs(int(v)) <= MAX_STEP
+    return isinstance(v, (float, np.floating)) and math.isfinite(v) and float(v).is_integer() and abs(v) <= MAX_STEP
+
+
+def _whole_numbers(values, what: str) -> list[int]:
+    """`values` as a list of ints within +-2**53; UserError naming `what` otherwise."""
+    out = _items(values, what)
+    bad = [v for v in out if not _is_whole(v)]
+    if bad:
+        raise UserError(f"{what} must be whole numbers within +-2**53, got {show(bad[0])}")
+    return [int(v) for v in out]
+
+
+def _real_numbers(values, what: str) -> list[float]:
+    """`values` as a list of floats (any that is no number, or too large for one, is refused)."""
+    out = _items(values, what)
+    bad = [v for v in out if not (_is_real(v) and abs(v) < 2.0**1023)]
+    if bad:
+        raise UserError(f"{what} must be numbers, got {show(bad[0])}")
+    return [float(v) for v in out]
+
+
 def to_trace(
     raw: RawTrace,
     *,
@@ -336,8 +371,8 @@ def to_trace(
     elif not (isinstance(steps_per_second, (int, float)) and math.isfinite(steps_per_second) and steps_per_second > 0):
         raise UserError(f"--steps-per-second must be a positive number, got {steps_per_second!r}")
     if isinstance(block_size, bool) or not isinstance(block_size, (int, np.integer)) or block_size < 1:
-        raise UserError(f"--block-size must be a positive whole number, got {block_size!r}")
-    classes = np.asarray(list(priority_classes), dtype=np.int64)
+        raise UserError(f"--block-size must be a positive whole number, got {show(block_size)}")
+    classes = np.asarray(_whole_numbers(priority_classes, "--priority-classes"), dtype=np.int64)
     if classes.size == 0:
         raise UserError("--priority-classes needs at least one class")
     if np.unique(classes).size != classes.size:
@@ -345,17 +380,18 @@ def to_trace(
     if priority_weights is None:
         weights = np.full(classes.size, 1.0 / classes.size)
     else:
-        weights = np.asarray(list(priority_weights), dtype=np.float64)
+        weights = np.asarray(_real_numbers(priority_weights, "--priority-weights"), dtype=np.float64)
         if weights.size != classes.size:
             raise UserError(f"--priority-weights needs one weight per class ({classes.size}), got {weights.size}")
         if not np.all(np.isfinite(weights)) or np.any(weights < 0) or weights.sum() <= 0:
             raise UserError(f"--priority-weights must be non-negative with a positive sum, got {weights.tolist()}")
         weights = weights / weights.sum()
-    if not (math.isfinite(deadline_fraction) and 0.0 <= deadline_fraction <= 1.0):
-        raise UserError(f"--deadline-fraction must be between 0 and 1, got {deadline_fraction!r}")
-    if not (math.isfinite(slo_factor) and slo_factor > 0):
-        raise UserError(f"--slo-factor must be a positive number, got {slo_factor!r}")
-    protected = {int(classes.max())} if protected_classes is None else {int(c) for c in protected_classes}
+    if not (_is_real(deadline_fraction) and 0.0 <= deadline_fraction <= 1.0):
+        raise UserError(f"--deadline-fraction must be between 0 and 1, got {show(deadline_fraction)}")
+    if not (_is_real(slo_factor) and 0 < slo_factor < 2.0**1023):
+        raise UserError(f"--slo-factor must be a positive number, got {show(slo_factor)}")
+    protected = ({int(classes.max())} if protected_classes is None
+                 else set(_whole_numbers(protected_classes, "--protected-classes")))
 
     n = len(raw)
     arrival_f = np.floor(raw.arrival_seconds * steps_per_second)
