@@ -246,7 +246,7 @@ def _read_parquet(path: Path) -> tuple[dict[str, Any], float | None]:
     try:
         table = pq.read_table(path)
     except Exception as exc:
-        raise TraceError(f"{path}: not a readable Parquet file ({exc})") from exc
+        raise TraceError(f"{path}: not a readable Parquet file ({' '.join(str(exc).split())})") from exc
     stored = (table.schema.metadata or {}).get(b"decodesched.steps_per_second")
     sps = None
     if stored is not None:
