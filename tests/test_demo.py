@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -90,6 +91,15 @@ def test_demo_out_must_be_a_folder(tmp_path, capsys):
     assert f.read_text() == "keep me"
     assert cli(["demo", "--requests", "10", "--out", str(f / "sub")]) == 2
     assert "not a folder" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux /proc")
+def test_demo_refuses_an_unwritable_out_before_the_work(capsys):
+    """/proc refuses new folders even to root, for whom os.access says every folder is writable:
+    the check tries to make a folder there, before any replay."""
+    assert cli(["demo", "--requests", "10", "--out", "/proc/decodesched-demo"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.splitlines() == [err] and "cannot write in /proc" in err and "converting" not in err
 
 
 def test_cdf_plot_and_summary_in_steps_without_a_time_scale():

@@ -838,7 +838,10 @@ def build_report(out_dir, *, results=None, trace=None, policies=None, kv_blocks=
         if rows is None:
             raise UserError("--trace needs --kv-blocks (the capacity to replay it with)")
         scenario_kv = _lower_median(sorted({r["kv_blocks"] for r in rows}))
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=parent))
+    try:
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=parent))
+    except OSError as exc:
+        raise UserError(f"{out_dir}: cannot write in {parent} ({_describe(exc)})") from None
     try:
         plots, notes = [], []
         if rows is not None:

@@ -13,12 +13,14 @@ import io
 import math
 import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
 from .. import convert as cv
+from .._io import _describe
 from ..cli import int_arg
 from ..errors import UserError
 
@@ -85,8 +87,10 @@ def check_args(args) -> Path:
         anc = anc.parent
     if not anc.is_dir():
         raise UserError(f"{out}: cannot create the folder ({anc} is not a folder)")
-    if not os.access(anc, os.W_OK):  # a read-only file system or folder: say so before the work, not after
-        raise UserError(f"{out}: cannot write in {anc} (read-only or no permission)")
+    try:  # a read-only file system or folder: say so before the work, not after (os.access lies to root)
+        os.rmdir(tempfile.mkdtemp(prefix=".decodesched-probe-", dir=anc))
+    except OSError as exc:
+        raise UserError(f"{out}: cannot write in {anc} ({_describe(exc)})") from None
     return out
 
 
