@@ -41,7 +41,12 @@ def collect_submissions(folder) -> list[Submission]:
     folder = Path(folder)
     if not folder.is_dir():
         raise UserError(f"{folder}: not a folder of submissions")
+    from .course import CONFIG
+
     root = folder / "submitted" if (folder / "submitted").is_dir() else folder
+    if root == folder and (folder / CONFIG).is_file():  # its source/ and release/ are no students
+        raise UserError(f"{folder}: a course folder without a submitted/ folder; give the folder that holds the "
+                        "submissions")
     subs: dict[str, Submission] = {}
     flat = sorted(p for p in root.iterdir() if p.is_file() and p.suffix == ".ipynb")
     dirs = sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))

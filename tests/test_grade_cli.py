@@ -13,8 +13,10 @@ def test_cli_bad_input_exits_2_without_output(tmp_path, capsys):
     assert cli.main(["grade", str(tmp_path)]) == 2
     (tmp_path / "a.ipynb").write_text("{}")
     assert cli.main(["grade", str(tmp_path), "--out", str(out), "--course", str(tmp_path / "nocourse")]) == 2
+    assert cli.main(["grade", str(tmp_path / "a.ipynb"), "--out", str(out)]) == 2
     err = capsys.readouterr().err
-    assert err.count("decodesched grade: error:") == 3 and "Traceback" not in err
+    assert err.count("decodesched grade: error:") == 4 and "Traceback" not in err
+    assert "missing: no such folder" in err and "a.ipynb: not a folder of submissions" in err
     assert not out.exists()
 
 

@@ -41,6 +41,22 @@ def test_collect_flat_and_nbgrader_layouts(tmp_path):
         assert [(s.student_id, s.problem is None) for s in subs] == [("carol", True), ("dave", False)]
 
 
+def test_a_course_folder_without_submitted_is_no_submissions_folder(tmp_path):
+    """`grade .` in a course folder took its source/ and release/ for two students (one graded 100, as
+    the instructor's solution) and wrote them into the gradebook."""
+    course = tmp_path / "course"
+    for sid in ("source", "release"):
+        (course / sid / spec.ASSIGNMENT).mkdir(parents=True)
+        _write(course / sid / spec.ASSIGNMENT / spec.NOTEBOOK, _nb())
+    (course / "nbgrader_config.py").write_text("c = get_config()\n")
+    with pytest.raises(UserError, match="a course folder without a submitted/ folder"):
+        notebook.collect_submissions(course)
+    nbdir = course / "submitted" / "erin" / spec.ASSIGNMENT
+    nbdir.mkdir(parents=True)
+    _write(nbdir / spec.NOTEBOOK, _nb())
+    assert [s.student_id for s in notebook.collect_submissions(course)] == ["erin"]
+
+
 def test_collect_rejects_empty_and_missing(tmp_path):
     with pytest.raises(UserError):
         notebook.collect_submissions(tmp_path / "nope")

@@ -73,7 +73,7 @@ def run(args) -> int:
         raise UserError("give SUBMISSIONS and --out DIR (or --selfcheck)")
     src = Path(args.submissions)
     if not src.is_dir():
-        raise UserError(f"{src}: no such folder")
+        raise UserError(f"{src}: {'not a folder of submissions' if src.exists() else 'no such folder'}")
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise UserError(f"{out}: exists and is not a folder")
