@@ -195,6 +195,8 @@ def test_priority_weights_deadlines_and_preemptibility_follow_the_options():
     assert cv.to_trace(raw, load=1.0, deadline_fraction=1.0).has_deadline.all()
     only_low = cv.to_trace(raw, load=1.0, protected_classes=(0,))
     assert np.array_equal(only_low.preemptible, only_low.priority != 0)
+    with pytest.raises(UserError, match="--protected-classes 7 is not one of --priority-classes 0,1,2"):
+        cv.to_trace(raw, load=1.0, protected_classes=(0, 7))  # a typo would protect nothing
 
 
 def test_mooncake_hits_carry_into_the_trace():

@@ -329,7 +329,7 @@ def _whole_numbers(values, what: str) -> list[int]:
 def _real_numbers(values, what: str) -> list[float]:
     """`values` as a list of floats (any that is no number, or too large for one, is refused)."""
     out = _items(values, what)
-    bad = [v for v in out if not (_is_real(v) and abs(v) < 2.0**1023)]
+    bad = [v for v in out if not _is_real(v) or (isinstance(v, (int, np.integer)) and abs(int(v)) >= 2**1023)]
     if bad:
         raise UserError(f"{what} must be numbers, got {show(bad[0])}")
     return [float(v) for v in out]
@@ -392,6 +392,10 @@ def to_trace(
         raise UserError(f"--slo-factor must be a positive number, got {show(slo_factor)}")
     protected = ({int(classes.max())} if protected_classes is None
                  else set(_whole_numbers(protected_classes, "--protected-classes")))
+    stray = sorted(protected - set(classes.tolist()))
+    if stray:  # (a class no request is drawn into protects nothing: most likely a typo)
+        raise UserError(f"--protected-classes {stray[0]} is not one of --priority-classes "
+                        f"{','.join(map(str, classes.tolist()))}")
 
     n = len(raw)
     arrival_f = np.floor(raw.arrival_seconds * steps_per_second)
