@@ -100,6 +100,9 @@ def test_parquet_round_trips(result, tmp_path):
 def test_errors(result, tmp_path, monkeypatch):
     with pytest.raises(UserError, match="unknown table"):
         frames.to_frame(result, "nope")
+    for wrong in ("trace.csv", 3, None, [1, 2]):  # was a pandas ValueError or a TypeError from inside
+        with pytest.raises(UserError, match="expected"):
+            frames.to_frame(wrong)
     with pytest.raises(FileNotFoundError):
         frames.to_parquet(result, tmp_path / "no_dir" / "x.parquet")
     assert not (tmp_path / "no_dir").exists()

@@ -164,6 +164,37 @@ def test_outputs_that_are_inputs_sidecars_or_each_other_are_refused(tmp_path, tr
     check_outputs([tmp_path / "a.csv", tmp_path / "b.csv", None], [trace_csv])
 
 
+def test_a_result_never_overwrites_the_file_its_trace_was_read_from(tmp_path, trace_csv):
+    """Found by pointing the Python API's writers at their inputs: `result.write_requests(trace_path)`
+    replaced the trace with the requests table.  A trace read from a file remembers it (`Trace.source`,
+    kept by `subset`), and a result's writers refuse it and its sidecar as the CLI does."""
+    from decodesched import simulate as run
+
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    result = run(str(trace_csv), "aging", 4)
+    assert result.trace.source == trace_csv and result.trace.subset([0]).source == trace_csv
+    alias = tmp_path / "alias.csv"
+    alias.symlink_to(trace_csv)
+    for path in (trace_csv, str(trace_csv) + ".meta.json", alias, tmp_path / "." / "trace.csv"):
+        for write in (result.write_events, result.write_requests):
+            with pytest.raises(UserError, match="refusing to overwrite it"):
+                write(path)
+    alias.unlink()
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+    result.write_requests(tmp_path / "requests.csv")  # any other name is written
+    assert (tmp_path / "requests.csv").read_text().startswith("request_id,")
+
+
+@pytest.mark.parametrize("name, message", [("", "an empty file name"), ("x" * 300 + ".csv", "file name too long"),
+                                           ("trace.csv/x.csv", "not a folder")])
+def test_bad_output_names_are_one_line_errors_in_the_api_too(tmp_path, trace_csv, name, message):
+    from decodesched import simulate as run
+
+    result = run(str(trace_csv), "aging", 4)
+    with pytest.raises(OutputError, match=message):
+        result.write_events(name if not name or name.startswith("x") else str(tmp_path / name))
+
+
 @pytest.mark.parametrize("name", ["ev.json", "ev.csv.gz", "ev", "ev.txt"])
 @pytest.mark.parametrize("option", ["--events", "--requests"])
 def test_a_table_name_of_another_format_is_refused_before_the_replay(tmp_path, trace_csv, capsys, name, option):

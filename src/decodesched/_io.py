@@ -76,9 +76,15 @@ def output_target(path) -> Path:
 
     Raises `OutputError` for a directory, device, FIFO or socket, a missing folder, or a symlink loop.
     """
+    if isinstance(path, str) and not path.strip():
+        raise OutputError(f"{path!r}: an empty file name")
     path = Path(path)
     target = path
-    if path.is_symlink():
+    try:
+        link = path.is_symlink()
+    except OSError as exc:  # a name too long, a component that is a file
+        raise OutputError(f"{path}: {_describe(exc)}") from None
+    if link:
         try:
             target = path.resolve(strict=False)
         except (OSError, RuntimeError):
@@ -134,8 +140,8 @@ def check_outputs(outputs, inputs=()) -> None:
                 raise UserError("two outputs are both '-' (standard output); give one of them a file name")
             stdout_used = True
             continue
-        out = Path(out)
         output_target(out)
+        out = Path(out)
         for p, what in protected:
             if _same_file(out, p):
                 raise UserError(f"{out}: is {what}; refusing to overwrite it")

@@ -221,13 +221,20 @@ class SimulationResult:
 
     def write_events(self, path: str | os.PathLike) -> None:
         """Write the events table (docs/files.md) atomically: CSV for a ``.csv`` path or ``-``, Parquet
-        for ``.parquet`` / ``.pq``; another name is a `UserError`."""
+        for ``.parquet`` / ``.pq``; another name, or the file the trace was read from (or its
+        ``.meta.json``), is a `UserError`."""
+        from ._io import check_outputs
         from .tables_io import write_events
 
+        check_outputs([path], inputs=[self.trace.source])
         write_events(path, self._need_events(), self.trace)
 
     def write_requests(self, path: str | os.PathLike) -> None:
-        """Write the requests table (docs/files.md) atomically, CSV or Parquet as `write_events`."""
+        """Write the requests table (docs/files.md) atomically, CSV or Parquet as `write_events`; the
+        trace's own file (and its sidecar) is refused as a `write_events` path is."""
+        from ._io import check_outputs
+
+        check_outputs([path], inputs=[self.trace.source])
         _metrics.write_request_table(path, self.requests)
 
     def to_pandas(self, table: str = "requests"):

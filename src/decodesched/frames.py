@@ -28,7 +28,7 @@ pandas and pyarrow are not needed by the simulator itself; install them with
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 
@@ -106,7 +106,12 @@ def metrics_frame(rows) -> "Any":
 
     if hasattr(rows, "rows") and callable(rows.rows):
         rows = rows.rows()
+    if isinstance(rows, (str, bytes, Mapping)) or not hasattr(rows, "__iter__"):
+        raise UserError(f"expected a Trace, a SimulationResult, a batch result or a list of row dicts, "
+                        f"got {type(rows).__name__}")
     rows = list(rows)
+    if not all(isinstance(r, Mapping) for r in rows):
+        raise UserError("expected metrics rows as dicts (a batch result's rows())")
     return pd.DataFrame(rows, columns=row_columns(rows) if rows else None)
 
 

@@ -8,6 +8,7 @@ integers; the kernels must never overflow where it would not).
 from __future__ import annotations
 
 import csv
+import dataclasses
 import math
 import os
 import re
@@ -85,6 +86,7 @@ class Trace:
     preemptible: np.ndarray
     steps_per_second: float | None = None
     name: str = "trace"
+    source: Path | None = field(default=None, repr=False, compare=False)  # the file it was read from
     _order: np.ndarray | None = field(default=None, repr=False, compare=False)
 
     def __len__(self) -> int:
@@ -144,7 +146,7 @@ class Trace:
         """A new trace with the given rows, in the given order."""
         rows = np.asarray(rows, dtype=np.int64)
         kw = {name: getattr(self, name)[rows] for name in _ARRAY_FIELDS}
-        return Trace(**kw, steps_per_second=self.steps_per_second, name=self.name)
+        return Trace(**kw, steps_per_second=self.steps_per_second, name=self.name, source=self.source)
 
     def to_csv(self, path: str | os.PathLike) -> None:
         """Write the canonical trace CSV atomically (a temporary file renamed into place)."""
@@ -199,8 +201,10 @@ def load_trace(source: Any, *, steps_per_second: float | None = None, name: str 
             steps_per_second = _sidecar_time_scale(path)
         if path.suffix.lower() in (".parquet", ".pq"):
             cols, stored = _read_parquet(path)
-            return _from_columns(cols, str(path), steps_per_second or stored, label)
-        return _from_csv(path, steps_per_second, label)
+            trace = _from_columns(cols, str(path), steps_per_second or stored, label)
+        else:
+            trace = _from_csv(path, steps_per_second, label)
+        return dataclasses.replace(trace, source=path)
     if isinstance(source, list):
         if not source:
             raise TraceError("<rows>: the trace is empty (no requests)")
