@@ -152,14 +152,53 @@ def test_report_command(sweep_dir, tmp_path, capsys):
     (["--kv-blocks", "7"], "no capacity (kv_blocks) 7"),
     (["--aging-interval", "3"], "no aging interval 3"),
     (["--load", "9"], "no load 9"),
+    (["--loads", "azure_load1.0=nan"], "a load must be a positive number"),
+    (["--loads", "azure_load1.0=-2"], "a load must be a positive number"),
+    (["--loads", "azure_lod1.0=2"], "--loads names 'azure_lod1.0', which is not a trace of the sweep"),
+    (["--trace-dir", "/dev/null"], "--trace-dir /dev/null: not a folder"),
 ])
 def test_report_command_bad_input(sweep_dir, tmp_path, capsys, argv, message):
     out = tmp_path / "rep"
-    assert main(["report", str(sweep_dir / "metrics.csv"), "--out", str(out), *argv]) == 2
+    try:
+        code = main(["report", str(sweep_dir / "metrics.csv"), "--out", str(out), *argv])
+    except SystemExit as exc:  # argparse's own errors (the --loads values) exit from inside
+        code = exc.code
+    assert code == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
     assert not out.exists()
     assert list(tmp_path.iterdir()) == []  # no temporary folder left behind
+
+
+USER_POLICY = """
+import numba
+from decodesched import Policy
+
+@numba.njit
+def key(r, clock):
+    return (r.phase, r.max_new_tokens - r.generated_len)
+
+@numba.njit
+def priority(r, clock):
+    return r.priority
+
+sjf = Policy("sjf", key=key, effective_priority=priority)
+"""
+
+
+def test_report_replays_a_user_policy_given_as_module_attr(sweep_dir, tmp_path, capsys):
+    """--policy and --timeline-policy take what `simulate --policy` takes (they took built-in names only)."""
+    (tmp_path / "mine.py").write_text(USER_POLICY)
+    out = tmp_path / "rep"
+    spec = f"{tmp_path / 'mine.py'}:sjf"
+    assert main(["report", "--trace", str(sweep_dir / "azure_load1.0.csv"), "--kv-blocks", "60",
+                 "--policy", f"fcfs,{spec}", "--timeline-policy", spec, "--out", str(out)]) == 0
+    page = (out / "index.html").read_text()
+    assert "sjf" in page and "fcfs" in page
+    _png_ok(out / "gantt.png")
+    assert main(["report", "--trace", str(sweep_dir / "azure_load1.0.csv"), "--kv-blocks", "60",
+                 "--policy", f"{tmp_path / 'mine.py'}:nope", "--out", str(tmp_path / "r2")]) == 2
+    assert "has no attribute 'nope'" in capsys.readouterr().err and not (tmp_path / "r2").exists()
 
 
 def test_report_command_needs_input(tmp_path, capsys):

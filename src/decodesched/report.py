@@ -196,10 +196,16 @@ def trace_info(rows: list[dict], results_path=None, *, loads: dict | None = None
     from .trace import load_trace
 
     loads = dict(loads or {})
+    names = list(dict.fromkeys(r["trace"] for r in rows))
+    stray = [n for n in loads if n not in names]
+    if stray:
+        known = ", ".join(names)
+        raise UserError(f"--loads names {stray[0]!r}, which is not a trace of the sweep "
+                        f"({known if len(known) <= 120 else known[:119] + chr(0x2026)})")
     dirs = [Path(results_path).parent] if results_path else []
     dirs += [Path(".")] + [Path(d) for d in trace_dirs]
     info = {}
-    for name in dict.fromkeys(r["trace"] for r in rows):
+    for name in names:
         mine = [r for r in rows if r["trace"] == name]
         path = _find_trace_file(name, dirs)
         meta = read_meta(path) if path else None
@@ -594,8 +600,13 @@ def scenario_plots(trace, out: Path, *, policies, kv_blocks: int, aging_interval
     from .engine import simulate
     from .metrics import format_table
 
-    policies = list(dict.fromkeys(policies))
-    results = {p: simulate(trace, policy=p, free_kv_blocks=kv_blocks, aging_interval=aging_interval)
+    from .policy import policy_name
+
+    by_name = {}  # built-in names and user Policies, keyed by the name the figures show
+    for p in policies:
+        by_name.setdefault(policy_name(p), p)
+    policies = list(by_name)
+    results = {p: simulate(trace, policy=by_name[p], free_kv_blocks=kv_blocks, aging_interval=aging_interval)
                for p in policies}
     trace = results[policies[0]].trace
     scale, u = _unit(trace)
@@ -634,9 +645,9 @@ def scenario_plots(trace, out: Path, *, policies, kv_blocks: int, aging_interval
                                       "Per priority class: starvation (the longest wait of a request that ran), "
                                       "preemptions suffered, and deadline attainment, per policy.")))
 
-    tp = timeline_policy or policies[0]
+    tp = policy_name(timeline_policy) if timeline_policy is not None else policies[0]
     if tp not in results:
-        results[tp] = simulate(trace, policy=tp, free_kv_blocks=kv_blocks, aging_interval=aging_interval)
+        results[tp] = simulate(trace, policy=timeline_policy, free_kv_blocks=kv_blocks, aging_interval=aging_interval)
     r = results[tp]
     plots.append(_occupancy_plot(r, out, kv_blocks, scale, u))
     plots.append(_gantt_plot(r, out, gantt_requests, scale, u))

@@ -6,8 +6,12 @@ replayed here under each ``--policy`` for the per-request figures.  See `decodes
 
 from __future__ import annotations
 
+import math
+from pathlib import Path
+
 from ..engine import POLICIES
 from ..errors import UserError
+from ..policy import resolve_policy
 
 EPILOG = """\
 offered load of each sweep trace (first match wins): --loads NAME=L; an offered_load column in the
@@ -37,7 +41,8 @@ def add_parser(sub) -> None:
     p.add_argument("--out", required=True, metavar="DIR", help="folder for the PNGs and index.html")
     p.add_argument("--trace", metavar="TRACE", help="also replay this trace for the per-request figures")
     p.add_argument("--policy", type=_names, default=None, metavar="P[,P..]",
-                   help=f"policies to replay --trace with (default all: {', '.join(POLICIES)})")
+                   help=f"policies to replay --trace with: built-in names or module:attr / path/to/file.py:attr "
+                        f"naming a decodesched.Policy (default all: {', '.join(POLICIES)})")
     p.add_argument("--timeline-policy", default=None, metavar="P",
                    help="policy of the KV/queue and Gantt figures (default the first --policy)")
     p.add_argument("--kv-blocks", type=int, default=None, metavar="N",
@@ -77,6 +82,8 @@ def _loads(text: str) -> dict[str, float]:
             name = ""
         if not sep or not name:
             raise argparse.ArgumentTypeError(f"expected NAME=LOAD, got {item!r}")
+        if not (math.isfinite(out[name]) and out[name] > 0):
+            raise argparse.ArgumentTypeError(f"a load must be a positive number, got {item!r}")
     return out
 
 
@@ -85,9 +92,14 @@ def run(args) -> int:
 
     if args.results is None and args.trace is None:
         raise UserError("give a sweep metrics CSV (RESULTS), --trace TRACE, or both")
-    plots = build_report(args.out, results=args.results, trace=args.trace, policies=args.policy,
+    for d in args.trace_dir or ():
+        if not Path(d).is_dir():
+            raise UserError(f"--trace-dir {d}: not a folder")
+    policies = [resolve_policy(p) for p in args.policy] if args.policy else None  # names, or module:attr
+    timeline = resolve_policy(args.timeline_policy) if args.timeline_policy else None
+    plots = build_report(args.out, results=args.results, trace=args.trace, policies=policies,
                          kv_blocks=args.kv_blocks, aging_interval=args.aging_interval, loads=args.loads,
-                         trace_dirs=args.trace_dir, load=args.load, timeline_policy=args.timeline_policy,
+                         trace_dirs=args.trace_dir, load=args.load, timeline_policy=timeline,
                          gantt_requests=args.gantt_requests)
     for p in plots:
         print(f"{args.out}/{p.file}")
