@@ -15,6 +15,7 @@ from decodesched.cli import main
 from decodesched.errors import UserError
 from decodesched.report import build_report, offered_load, read_sweep, trace_info
 from decodesched.trace import load_trace
+from oracle import write_sjf_module
 
 POLICIES = ["fixed_priority", "aging", "deadline", "fcfs"]
 LOADS = (0.7, 1.0, 1.4)
@@ -170,27 +171,11 @@ def test_report_command_bad_input(sweep_dir, tmp_path, capsys, argv, message):
     assert list(tmp_path.iterdir()) == []  # no temporary folder left behind
 
 
-USER_POLICY = """
-import numba
-from decodesched import Policy
-
-@numba.njit
-def key(r, clock):
-    return (r.phase, r.max_new_tokens - r.generated_len)
-
-@numba.njit
-def priority(r, clock):
-    return r.priority
-
-sjf = Policy("sjf", key=key, effective_priority=priority)
-"""
-
-
 def test_report_replays_a_user_policy_given_as_module_attr(sweep_dir, tmp_path, capsys):
     """--policy and --timeline-policy take what `simulate --policy` takes (they took built-in names only)."""
-    (tmp_path / "mine.py").write_text(USER_POLICY)
+    write_sjf_module(tmp_path / "mine.py", "sjf")
     out = tmp_path / "rep"
-    spec = f"{tmp_path / 'mine.py'}:sjf"
+    spec = f"{tmp_path / 'mine.py'}:SJF"
     assert main(["report", "--trace", str(sweep_dir / "azure_load1.0.csv"), "--kv-blocks", "60",
                  "--policy", f"fcfs,{spec}", "--timeline-policy", spec, "--out", str(out)]) == 0
     page = (out / "index.html").read_text()
