@@ -303,5 +303,20 @@ def test_grid_asks_a_policy_object_whether_the_interval_matters():
         ("fcfs", 1)]
     assert [B.uses_aging_interval(p) for p in ("aging", "fcfs", "deadline", "fixed_priority", sjf, aged)] == [
         True, False, False, False, False, True]
-    assert C.sweep_key([], sc) != C.sweep_key([], B.grid(1, [Policy("other", key=shortest, effective_priority=business), "aging", aged, "fcfs"],
-                                                          [8], [1, 2, 4]))
+    other = Policy("other", key=shortest, effective_priority=business)
+    assert C.sweep_key([], sc) != C.sweep_key([], B.grid(1, [other, "aging", aged, "fcfs"], [8], [1, 2, 4]))
+
+
+def test_a_sweep_resumed_after_a_policy_was_edited_starts_afresh(tmp_path):
+    """The checkpoint's key named a user policy by its module and name only: a sweep interrupted,
+    its policy's function edited (same name), and run again kept the old function's rows."""
+    from decodesched.policy import resolve_policy
+    from oracle import write_sjf_module
+
+    first = resolve_policy(f"{write_sjf_module(tmp_path / 'a.py', 'sjf')}:SJF")
+    same = resolve_policy(f"{write_sjf_module(tmp_path / 'b.py', 'sjf')}:SJF")
+    edited_path = write_sjf_module(tmp_path / "c.py", "sjf")
+    edited_path.write_text(edited_path.read_text().replace("r.max_new_tokens - r.generated_len", "-r.prompt_len"))
+    edited = resolve_policy(f"{edited_path}:SJF")
+    key = [C.sweep_key([], [B.Scenario(0, p, 8)]) for p in (first, same, edited)]
+    assert key[0] == key[1] != key[2]  # the same code in another file is the same policy

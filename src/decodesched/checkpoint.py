@@ -32,17 +32,17 @@ DEFAULT_LOCAL_CHUNK = 16
 
 
 def sweep_key(traces, scenarios) -> str:
-    """A hash of the traces (every column, name and time scale) and the scenarios, in order."""
-    from .batch import policy_name
+    """A hash of the traces (every column, name and time scale) and the scenarios, in order (a user
+    policy by its `Policy.fingerprint`: its name and its functions' code)."""
+    from .trace import ARRAY_FIELDS
 
     h = hashlib.sha256()
     for t in traces:
         h.update(repr((t.name, t.steps_per_second, len(t))).encode())
-        for name in ("request_id", "arrival_step", "prompt_len", "max_new_tokens", "priority", "cache_hit",
-                     "required_blocks", "deadline_step", "has_deadline", "preemptible"):
+        for name in ARRAY_FIELDS:
             h.update(np.ascontiguousarray(getattr(t, name)).tobytes())
     for s in scenarios:
-        policy = s.policy if isinstance(s.policy, str) else (type(s.policy).__module__, policy_name(s.policy))
+        policy = s.policy if isinstance(s.policy, str) else s.policy.fingerprint()
         h.update(repr((int(s.trace), policy, int(s.free_kv_blocks), int(s.aging_interval), s.max_steps,
                        int(s.replicate))).encode())
     return h.hexdigest()

@@ -69,6 +69,13 @@ def __getattr__(name):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+def _code_bytes(code) -> bytes:
+    """What a function does, not where it is written: bytecode, names and constants (nested code too),
+    without its file name and line numbers."""
+    consts = b"".join(_code_bytes(c) if hasattr(c, "co_code") else repr(c).encode() for c in code.co_consts)
+    return code.co_code + repr((code.co_names, code.co_varnames, code.co_freevars)).encode() + consts
+
+
 class Policy:
     """A scheduling policy: ``Policy(name, key=..., effective_priority=...)``.
 
@@ -155,6 +162,22 @@ class Policy:
 
                 self._kernel = _CompileNotice(make_replay_kernel(kernel_key, kernel_eff), self.name)
             return self._kernel
+
+    def fingerprint(self) -> str:
+        """A hash of what decides this policy's results: a built-in's name and interval, or a user
+        policy's name and its two functions' code (bytecode, constants, names, closure values), so that
+        a sweep resumed after the functions were edited does not reuse rows of the old ones."""
+        h = hashlib.sha256(repr((self.name, self._code, self._interval)).encode())
+        if self._code is None:
+            for fn in (self.key, self.effective_priority):
+                py = getattr(fn, "py_func", fn)
+                h.update(_code_bytes(py.__code__))
+                for cell in py.__closure__ or ():
+                    try:
+                        h.update(repr(cell.cell_contents).encode())
+                    except ValueError:  # an empty cell
+                        pass
+        return h.hexdigest()
 
     def compile(self) -> None:
         """Compile this user policy's kernel now (one one-request replay), so that later timings are

@@ -145,7 +145,7 @@ class Trace:
     def subset(self, rows) -> "Trace":
         """A new trace with the given rows, in the given order."""
         rows = np.asarray(rows, dtype=np.int64)
-        kw = {name: getattr(self, name)[rows] for name in _ARRAY_FIELDS}
+        kw = {name: getattr(self, name)[rows] for name in ARRAY_FIELDS}
         return Trace(**kw, steps_per_second=self.steps_per_second, name=self.name, source=self.source)
 
     def to_csv(self, path: str | os.PathLike) -> None:
@@ -171,7 +171,7 @@ class Trace:
                 )
 
 
-_ARRAY_FIELDS = tuple(n for n, _, _ in TRACE_FIELDS if n != "order")  # the Trace fields that are arrays
+ARRAY_FIELDS = tuple(n for n, _, _ in TRACE_FIELDS if n != "order")  # the Trace fields that are arrays
 
 
 def load_trace(source: Any, *, steps_per_second: float | None = None, name: str | None = None) -> Trace:
