@@ -185,3 +185,57 @@ def test_reader_refuses_other_tables(tmp_path):
     p.write_text(",".join(TRACE_COLUMNS) + "\n")
     with pytest.raises(UserError, match="not an events or requests table"):
         tables_io.read_table(p)
+
+
+def _small_tables(tmp_path):
+    trace = {"request_id": [1, 2], "arrival_step": [0, 1], "prompt_len": [3, 2], "max_new_tokens": [2, 1],
+             "priority": [0, 1], "cache_hit": [False, True], "required_blocks": [1, 1], "deadline_step": [None, 9],
+             "preemptible": [True, False]}
+    result = decodesched.simulate(trace, "aging", 2)
+    result.write_events(tmp_path / "ev.csv")
+    result.write_requests(tmp_path / "rq.csv")
+    result.write_requests(tmp_path / "rq.parquet")
+    return tmp_path / "ev.csv", tmp_path / "rq.csv", tmp_path / "rq.parquet"
+
+
+@pytest.mark.parametrize("which, column, cell, message", [
+    (0, "step", "1e5", "column step: not a whole number: '1e5'"),
+    (0, "step", "9999999999999999999", "column step: not a whole number"),  # past int64
+    (0, "step", "", "column step: not a whole number: ''"),  # not nullable
+    (0, "deadline_missed", "maybe", "column deadline_missed: not a true/false: 'maybe'"),
+    (1, "deadline_step", "soon", "column deadline_step: not a whole number or empty: 'soon'"),
+    (1, "ttft", "fast", "column ttft: not a number or empty: 'fast'"),
+])
+def test_reader_names_the_cell_that_does_not_fit(tmp_path, which, column, cell, message):
+    """Found by mutating written tables: a bad cell was a NumPy ValueError (or read as false)."""
+    path = _small_tables(tmp_path)[which]
+    lines = path.read_text().splitlines()
+    col = lines[0].split(",").index(column)
+    cells = lines[2].split(",")
+    cells[col] = cell
+    lines[2] = ",".join(cells)
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(UserError, match="line 3, " + message):
+        tables_io.read_table(path)
+
+
+def test_reader_refuses_undecodable_and_mistyped_files(tmp_path):
+    import pyarrow.parquet as pq
+
+    ev, rq, rq_pq = _small_tables(tmp_path)
+    ev.write_bytes(ev.read_bytes()[:40] + b"\xff\xfe\n")
+    with pytest.raises(UserError, match="not a UTF-8 text file"):
+        tables_io.read_table(ev)
+    table = pq.read_table(rq_pq)
+    for name, typ, words in [("priority", pa.string(), "expected integers, none missing; got string"),
+                             ("cache_hit", pa.int64(), "expected booleans, none missing; got int64")]:
+        i = table.schema.get_field_index(name)
+        pq.write_table(table.set_column(i, name, table.column(name).cast(typ)), rq_pq)
+        with pytest.raises(UserError, match=f"column {name}: {words}"):
+            tables_io.read_table(rq_pq)
+    pq.write_table(table.set_column(table.schema.get_field_index("priority"), "priority",
+                                    table.column("priority").cast(pa.int32())), rq_pq)
+    assert tables_io.tables_equal(tables_io.read_table(rq_pq), tables_io.read_table(rq))  # int32 is an integer
+    rq_pq.write_bytes(b"PAR1 not really PAR1")
+    with pytest.raises(UserError, match="not a readable Parquet file"):
+        tables_io.read_table(rq_pq)

@@ -16,6 +16,7 @@ missing value, integral floats as integers and other floats in their shortest ex
 from __future__ import annotations
 
 import csv
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +25,7 @@ import numpy as np
 from ._io import atomic_writer, input_file
 from .errors import UserError
 from .kernels import enums as E
+from .trace import show
 
 CHUNK_ROWS = 1 << 15  # CSV rows per chunk: its byte matrix (about 3 MB) stays in the CPU caches
 PARQUET_CHUNK_ROWS = 1 << 17  # rows per Parquet row group: 1 MB columns, reused by malloc (1 << 20: 0.3 s of page faults)
@@ -341,23 +343,67 @@ def write_requests(path, req: dict) -> None:
 
 def read_table(path) -> dict[str, np.ndarray]:
     """An events or requests file (CSV or Parquet) as columns: int64, bool, float64 or str arrays;
-    nullable int and bool columns as `numpy.ma.MaskedArray`, missing floats as NaN."""
+    nullable int and bool columns as `numpy.ma.MaskedArray`, missing floats as NaN.  A file that is
+    not such a table, or a cell that does not fit its column, is a `UserError` naming it."""
     path = input_file(path, "table file")
     if is_parquet(path):
         return _read_parquet(path)
-    with open(path, newline="", encoding="utf-8") as fh:
-        reader = csv.reader(fh)
-        header = next(reader, None)
-        if header is None:
-            raise UserError(f"{path}: empty file")
-        schema = _schema_of(header, path)
-        raw = [[] for _ in header]
-        for rec in reader:
-            if len(rec) != len(header):
-                raise UserError(f"{path}: line {reader.line_num}: {len(rec)} fields, expected {len(header)}")
-            for store, x in zip(raw, rec):
-                store.append(x)
-    return {name: _parse_column(values, kind) for (name, kind), values in zip(schema, raw)}
+    try:
+        with open(path, newline="", encoding="utf-8") as fh:
+            reader = csv.reader(fh)
+            header = next(reader, None)
+            if header is None:
+                raise UserError(f"{path}: empty file")
+            schema = _schema_of(header, path)
+            raw = [[] for _ in header]
+            lines = []
+            for rec in reader:
+                if len(rec) != len(header):
+                    raise UserError(f"{path}: line {reader.line_num}: {len(rec)} fields, expected {len(header)}")
+                lines.append(reader.line_num)
+                for store, x in zip(raw, rec):
+                    store.append(x)
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{path}: not a UTF-8 text file ({exc.reason})") from None
+    except csv.Error as exc:
+        raise UserError(f"{path}: not a CSV file ({exc})") from None
+    out = {}
+    for (name, kind), values in zip(schema, raw):
+        try:
+            out[name] = _parse_column(values, kind)
+        except ValueError:
+            i = next((i for i, v in enumerate(values) if not _cell_ok(v, kind)), 0)
+            raise UserError(f"{path}: line {lines[i]}, column {name}: not a {_KIND_WORDS[kind.rstrip('?')]}"
+                            f"{' or empty' if kind.endswith('?') else ''}: {show(values[i])}") from None
+    return out
+
+
+_KIND_WORDS = {"int": "whole number", "bool": "true/false", "float": "number", "str": "text"}
+_PARQUET_TYPES = {  # what a Parquet column of each kind may be (uint64 could overflow int64)
+    "int": ("integers", lambda t: str(t) in ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32")),
+    "bool": ("booleans", lambda t: str(t) == "bool"),
+    "float": ("floating-point numbers", lambda t: str(t) in ("halffloat", "float", "double")),
+    "str": ("strings", lambda t: str(t) in ("string", "large_string")),
+}
+_INT_CELL = re.compile(r"-?[0-9]{1,19}")
+
+
+def _cell_ok(x: str, kind: str) -> bool:
+    """Whether one CSV cell fits a column of `kind` (as `format_csv_rows` writes them)."""
+    if x == "":
+        return kind.endswith("?") or kind == "str"
+    kind = kind.rstrip("?")
+    if kind == "int":
+        return bool(_INT_CELL.fullmatch(x)) and -(2**63) <= int(x) < 2**63
+    if kind == "bool":
+        return x in ("true", "false")
+    if kind == "float":
+        try:
+            float(x)
+        except ValueError:
+            return False
+        return x.strip() == x
+    return True
 
 
 def _schema_of(header: list[str], path) -> tuple:
@@ -368,20 +414,29 @@ def _schema_of(header: list[str], path) -> tuple:
 
 
 def _parse_column(values: list[str], kind: str):
+    """One CSV column as an array, converted whole (NumPy); ValueError when a cell does not fit
+    (then `_cell_ok`, cell by cell, finds which)."""
     a = np.array(values, dtype=str)
     missing = a == ""
     if kind == "str":
         return a.astype(object).astype(str)
+    if missing.any() and not kind.endswith("?"):
+        raise ValueError(kind)
     if kind.startswith("bool"):
         out = a == "true"
+        if not (out | missing | (a == "false")).all():
+            raise ValueError(kind)
         return np.ma.MaskedArray(out, mask=missing) if kind.endswith("?") else out
-    if kind.startswith("int"):
-        out = np.where(missing, "0", a).astype(np.int64) if a.size else np.zeros(0, np.int64)
-        return np.ma.MaskedArray(out, mask=missing) if kind.endswith("?") else out
-    out = np.full(a.shape, np.nan)
-    if (~missing).any():
-        out[~missing] = a[~missing].astype(np.float64)
-    return out
+    try:
+        if kind.startswith("int"):
+            out = np.where(missing, "0", a).astype(np.int64) if a.size else np.zeros(0, np.int64)
+            return np.ma.MaskedArray(out, mask=missing) if kind.endswith("?") else out
+        out = np.full(a.shape, np.nan)
+        if (~missing).any():
+            out[~missing] = a[~missing].astype(np.float64)
+        return out
+    except OverflowError:
+        raise ValueError(kind) from None
 
 
 def _read_parquet(path: Path) -> dict[str, np.ndarray]:
@@ -389,11 +444,20 @@ def _read_parquet(path: Path) -> dict[str, np.ndarray]:
         import pyarrow.parquet as pq
     except ImportError:
         raise UserError(f"{path}: reading Parquet needs pyarrow: pip install 'decodesched[data]'") from None
-    table = pq.read_table(path)
+    try:
+        table = pq.read_table(path)
+    except Exception as exc:  # pyarrow's errors have no common base beyond these
+        raise UserError(f"{path}: not a readable Parquet file ({' '.join(str(exc).split())})") from None
     schema = _schema_of(table.column_names, path)
     out = {}
     for name, kind in schema:
         col = table.column(name)
+        base = kind.rstrip("?")
+        required = not kind.endswith("?") and kind != "str"
+        word, fits = _PARQUET_TYPES[base]
+        if not fits(col.type) or (required and col.null_count):
+            raise UserError(f"{path}: column {name}: expected {word}{', none missing' if required else ''}; "
+                            f"got {col.type} with {col.null_count} missing")
         missing = np.asarray(col.is_null().to_numpy(zero_copy_only=False), dtype=bool)
         if kind == "str":
             out[name] = np.array(col.to_pylist(), dtype=str)
