@@ -256,6 +256,11 @@ def test_cli_convert_writes_a_loadable_trace_and_sidecar(tmp_path, azure_small, 
     for col in ("arrival_step", "priority", "deadline_step", "has_deadline", "preemptible", "required_blocks"):
         assert np.array_equal(getattr(t, col), getattr(expect, col)), col
     assert decodesched.load_trace(out).steps_per_second == pytest.approx(expect.steps_per_second)
+    big = 2**128 - 1  # NumPy's SeedSequence entropy: the CLI took 19 digits at most
+    assert main(["trace", "convert", str(azure_small), "--load", "2", "--seed", str(big), "--out", str(out)]) == 0
+    assert json.loads((tmp_path / "t.csv.meta.json").read_text())["seed"] == big
+    assert np.array_equal(decodesched.load_trace(out).priority,
+                          cv.to_trace(cv.read_azure(azure_small), load=2, seed=big).priority)
 
 
 def test_cli_convert_mooncake_and_requests_prefix(tmp_path, capsys):
@@ -298,6 +303,9 @@ BAD_CONVERTS = [
     (["{azure}", "--load", "x"], "invalid float"),
     (["{azure}", "--load", "1", "--block-size", "0"], "block-size"),
     (["{azure}", "--load", "1e-300"], "beyond 2**53"),
+    (["{azure}", "--load", "1", "--seed", str(2**128)], "--seed: expected a whole number from 0 to 2**128 - 1"),
+    (["{azure}", "--load", "1", "--seed", "-1"], "--seed: expected a whole number from 0 to 2**128 - 1"),
+    (["{azure}", "--load", "1", "--protected-classes", "7"], "--protected-classes 7 is not one of"),
 ]
 
 

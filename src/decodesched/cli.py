@@ -55,6 +55,14 @@ def int_arg(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a whole number{why}, got {shorten(repr(text), 60)}") from None
 
 
+def seed_arg(text: str) -> int:
+    """A seed option: a whole number from 0 to 2**128 - 1 (NumPy's `SeedSequence` entropy is 128 bits)."""
+    s = text.strip()
+    if not (s.isascii() and s.isdigit() and len(s.lstrip("0")) <= 39 and int(s) < 2**128):
+        raise argparse.ArgumentTypeError(f"expected a whole number from 0 to 2**128 - 1, got {shorten(repr(text), 60)}")
+    return int(s)
+
+
 MAX_MESSAGE = 300  # characters of an error line; longer values are shortened in the middle
 
 

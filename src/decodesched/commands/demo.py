@@ -21,7 +21,7 @@ import numpy as np
 
 from .. import convert as cv
 from .._io import _describe
-from ..cli import int_arg
+from ..cli import int_arg, seed_arg
 from ..errors import UserError
 
 # Full trace at load 0.8 with 2,000 KV blocks: policies differ clearly in tail TTFT, starvation and
@@ -59,7 +59,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--requests", type=int_arg, default=None, metavar="N",
                    help="use only the first N requests of the trace (default: all 19,366)")
     p.add_argument("--aging-interval", type=int_arg, default=4, metavar="K", help="steps per aging level (default 4)")
-    p.add_argument("--seed", type=int_arg, default=0, help="seed of the priority/deadline rules (default %(default)s)")
+    p.add_argument("--seed", type=seed_arg, default=0, help="seed of the priority/deadline rules (default %(default)s)")
     p.add_argument("--out", default="decodesched-demo", metavar="DIR",
                    help="folder for ttft_cdf.png and summary.csv (default ./%(default)s)")
     p.set_defaults(func=run)

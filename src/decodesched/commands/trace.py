@@ -10,7 +10,7 @@ import numpy as np
 
 from .. import convert as cv
 from .._io import check_outputs
-from ..cli import int_arg
+from ..cli import int_arg, seed_arg
 from ..errors import UserError
 from ..trace import load_trace, parse_decimal, show
 
@@ -58,7 +58,7 @@ def add_parser(subparsers) -> None:
     scale.add_argument("--steps-per-second", type=float, metavar="S", help="time scale: scheduler steps per second")
     c.add_argument("--block-size", type=int_arg, default=cv.DEFAULT_BLOCK_SIZE, metavar="N",
                    help="tokens per KV block (default %(default)s)")
-    c.add_argument("--seed", type=int_arg, default=0, help="seed of the priority/deadline draws (default %(default)s)")
+    c.add_argument("--seed", type=seed_arg, default=0, help="seed of the priority/deadline draws (default %(default)s)")
     c.add_argument("--priority-classes", type=_int_list, default=cv.DEFAULT_PRIORITY_CLASSES, metavar="A,B,..",
                    help="priority values to draw from (default %s)" % ",".join(map(str, cv.DEFAULT_PRIORITY_CLASSES)))
     c.add_argument("--priority-weights", type=_float_list, default=None, metavar="W,W,..",
