@@ -113,6 +113,18 @@ def test_errors(result, tmp_path, monkeypatch):
         result.to_pandas()
 
 
+def test_a_result_as_parquet_never_replaces_its_trace(tmp_path):
+    path = tmp_path / "t.parquet"
+    frames.to_parquet(decodesched.load_trace(TRACE), path)  # a trace written as Parquet ...
+    before = path.read_bytes()
+    run = decodesched.simulate(path, "aging", 4)  # ... replayed, and its result aimed at it
+    for table in ("requests", "events"):
+        with pytest.raises(UserError, match="refusing to overwrite it"):
+            frames.to_parquet(run, path, table)
+    assert path.read_bytes() == before
+    frames.to_parquet(decodesched.load_trace(path), path)  # a trace may rewrite its own file
+
+
 def test_nan_latency_stays_nan(result):
     df = frames.requests_frame(result)
     unservable = df["status"] == "unservable"

@@ -32,7 +32,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from ._io import atomic_writer
+from ._io import atomic_writer, check_outputs
 from .errors import UserError
 
 INSTALL_HINT = "pip install 'decodesched[data]'"
@@ -162,6 +162,8 @@ def to_parquet(obj, path: str | os.PathLike, table: str | None = None) -> None:
     """
     _, pq = _pyarrow()
     arrow = to_arrow(obj, table)
+    # a result's table never replaces the file its trace was read from (nor that file's sidecar)
+    check_outputs([path], inputs=[getattr(getattr(obj, "trace", None), "source", None)])
     with atomic_writer(path, "wb") as fh:
         pq.write_table(arrow, fh)
 
