@@ -263,6 +263,8 @@ def test_resolve_policy(tmp_path, monkeypatch):
     assert isinstance(from_file, Policy) and from_file.name == "short_prompt"
     monkeypatch.syspath_prepend(str(tmp_path))
     assert resolve_policy("my_policies:SHORT_PROMPT").name == "short_prompt"
+    (tmp_path / "exits.py").write_text("import sys\nsys.exit(3)\n")
+    (tmp_path / "broken.py").write_text("def (\n")
     for spec, message in [
         ("sjf", "unknown policy 'sjf'"),
         ("my_policies:NOT_A_POLICY", "is a int, not a decodesched.Policy"),
@@ -270,6 +272,8 @@ def test_resolve_policy(tmp_path, monkeypatch):
         ("no_such_module_xyz:P", "cannot import no_such_module_xyz"),
         (f"{tmp_path / 'absent.py'}:P", "no such file"),
         (":P", "unknown policy"),
+        (f"{tmp_path / 'exits.py'}:P", r"importing .*exits.py called sys.exit\(3\)"),  # was: the process exited 3
+        (f"{tmp_path / 'broken.py'}:P", r"importing .*broken.py failed: SyntaxError"),
     ]:
         with pytest.raises(UserError, match=message) as info:
             resolve_policy(spec)

@@ -364,6 +364,8 @@ def _import(where: str, spec: str):
         raise
     except ModuleNotFoundError as exc:
         raise UserError(f"policy {spec!r}: cannot import {where}: {_first_line(exc)}") from None
+    except SystemExit as exc:  # (a module that ends the program on import; Ctrl-C still stops us)
+        raise UserError(f"policy {spec!r}: importing {where} called sys.exit({exc.code!r})") from None
     except Exception as exc:
         raise UserError(f"policy {spec!r}: importing {where} failed: {type(exc).__name__}: {_first_line(exc)}") \
             from None
