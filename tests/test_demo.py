@@ -73,6 +73,7 @@ def test_demo_reports_unservable_requests_without_failing(tmp_path, capsys):
     (["--kv-blocks", "-5"], "--kv-blocks"),
     (["--requests", "1"], "--requests"),
     (["--aging-interval", "0"], "--aging-interval"),
+    (["--load", "1e-300"], "beyond 2**53"),  # (found by the CLI fuzz: a progress line came before it)
 ])
 def test_demo_bad_input_exits_2_with_one_line_and_writes_nothing(tmp_path, capsys, argv, words):
     out = tmp_path / "never"
@@ -99,7 +100,7 @@ def test_demo_refuses_an_unwritable_out_before_the_work(capsys):
     the check tries to make a folder there, before any replay."""
     assert cli(["demo", "--requests", "10", "--out", "/proc/decodesched-demo"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.splitlines() == [err] and "cannot write in /proc" in err and "converting" not in err
+    assert err.splitlines() == [err] and "cannot write in /proc" in err
 
 
 def test_cdf_plot_and_summary_in_steps_without_a_time_scale():

@@ -110,15 +110,15 @@ def run(args) -> int:
             simulate(TINY_TRACE, "aging", 2, 2, record_events=False)
         _say(f"demo: compiled in {time.perf_counter() - t0:.0f} s (cached for later runs)")
     src = cv.bundled_trace_path()
-    _say(f"demo: converting {src.name} at offered load {args.load:g} ...")
-    raw = cv.read_azure(src)
+    raw = cv.read_azure(src)  # (well under a second; a bad --load is one line with nothing before it)
     if args.requests is not None:
         raw = raw.head(args.requests)
     trace = cv.to_trace(raw, load=args.load, seed=args.seed, name="azure_llm_2023_conv")
     sps = trace.steps_per_second
     span_s = float(raw.arrival_seconds.max())
-    _say(f"demo: {len(trace)} requests over {span_s:.0f} s at {sps:.4g} steps/s "
-         f"({trace.work_steps} work steps); {args.kv_blocks} KV blocks, aging interval {args.aging_interval}")
+    _say(f"demo: {src.name} at offered load {args.load:g}: {len(trace)} requests over {span_s:.0f} s at "
+         f"{sps:.4g} steps/s ({trace.work_steps} work steps); {args.kv_blocks} KV blocks, aging interval "
+         f"{args.aging_interval}")
 
     results, seconds = {}, {}
     for k, policy in enumerate(DEMO_POLICIES, start=1):
