@@ -71,6 +71,19 @@ def input_file(path, what: str = "file") -> Path:
     return path
 
 
+def read_parquet_table(path, error=UserError):
+    """``pyarrow.parquet.read_table(path)``, every failure one line as `error` (a `UserError` class):
+    pyarrow missing (with the install hint), or a file it cannot read (its message on one line)."""
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise error(f"{path}: reading Parquet needs pyarrow: pip install 'decodesched[data]'") from None
+    try:
+        return pq.read_table(path)
+    except Exception as exc:  # pyarrow's errors have no common base class
+        raise error(f"{path}: not a readable Parquet file ({' '.join(str(exc).split())})") from None
+
+
 def output_target(path) -> Path:
     """The file that writing `path` really changes (a symlink's target); refuse a non-regular one.
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ._io import atomic_writer, input_file
+from ._io import atomic_writer, input_file, read_parquet_table
 from .errors import UserError
 from .kernels import enums as E
 from .trace import show
@@ -440,14 +440,7 @@ def _parse_column(values: list[str], kind: str):
 
 
 def _read_parquet(path: Path) -> dict[str, np.ndarray]:
-    try:
-        import pyarrow.parquet as pq
-    except ImportError:
-        raise UserError(f"{path}: reading Parquet needs pyarrow: pip install 'decodesched[data]'") from None
-    try:
-        table = pq.read_table(path)
-    except Exception as exc:  # pyarrow's errors have no common base beyond these
-        raise UserError(f"{path}: not a readable Parquet file ({' '.join(str(exc).split())})") from None
+    table = read_parquet_table(path)
     schema = _schema_of(table.column_names, path)
     out = {}
     for name, kind in schema:

@@ -18,7 +18,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from ._io import input_file
+from ._io import input_file, read_parquet_table
 from .errors import UserError
 from .kernels.fields import FILE_COLUMNS, TRACE_FIELDS
 
@@ -243,14 +243,7 @@ def _sidecar_time_scale(path: Path) -> float | None:
 
 def _read_parquet(path: Path) -> tuple[dict[str, Any], float | None]:
     """The columns, and the time scale `decodesched.frames.to_parquet` stores in the schema metadata."""
-    try:
-        import pyarrow.parquet as pq
-    except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise TraceError(f"{path}: reading Parquet needs pyarrow: pip install 'decodesched[data]'") from exc
-    try:
-        table = pq.read_table(path)
-    except Exception as exc:
-        raise TraceError(f"{path}: not a readable Parquet file ({' '.join(str(exc).split())})") from exc
+    table = read_parquet_table(path, TraceError)
     stored = (table.schema.metadata or {}).get(b"decodesched.steps_per_second")
     sps = None
     if stored is not None:
