@@ -317,11 +317,25 @@ def _csv_problem(exc: csv.Error) -> str:
     return f"unreadable CSV ({exc})"
 
 
+def _raw_kind(header: list[str]) -> str:
+    """What a header that is a raw trace's (`decodesched.convert`'s formats) is, else ''."""
+    first = header[0].lstrip() if header else ""
+    if first.upper() == "TIMESTAMP":
+        return "an Azure LLM trace"
+    if first.startswith("{"):
+        return "Mooncake JSON lines"
+    return ""
+
+
 def _check_header(header: list[str], where: str) -> None:
     missing = [c for c in TRACE_COLUMNS if c not in header]
     extra = [c for c in header if c not in TRACE_COLUMNS]
     dup = sorted({c for c in header if header.count(c) > 1})
     if missing:
+        raw = _raw_kind(header)
+        if raw:
+            raise TraceError(f"{where}: {raw}, not a canonical trace: convert it first "
+                             f"(decodesched trace convert SRC --out trace.csv)")
         raise TraceError(f"{where}: missing column(s) {', '.join(missing)}")
     if extra:
         raise TraceError(f"{where}: unexpected column(s) {', '.join(extra)} (allowed: {', '.join(TRACE_COLUMNS)})")
