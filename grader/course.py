@@ -73,7 +73,11 @@ def init_course(target) -> list[Path]:
     """
     from decodesched._io import atomic_writer
 
+    if not str(target).strip():
+        raise UserError("the course folder's name is empty")
     root = Path(target).expanduser()
+    if root.is_symlink() and not root.exists():
+        raise UserError(f"{root}: a symbolic link to a missing path; give a new or empty folder")
     if root.exists() and not root.is_dir():
         raise UserError(f"{root}: exists and is not a folder")
     if root.is_dir() and any(root.iterdir()):

@@ -31,6 +31,17 @@ def test_init_into_an_empty_existing_folder_but_never_over_files(tmp_path):
         course.init_course(tmp_path.parent / "afile")
 
 
+def test_init_refuses_an_empty_name_and_a_dangling_link(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "keep.txt").write_text("x")
+    with pytest.raises(UserError, match="name is empty"):
+        course.init_course("  ")
+    (tmp_path / "dangling").symlink_to(tmp_path / "missing")
+    with pytest.raises(UserError, match="symbolic link to a missing path"):
+        course.init_course("dangling")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dangling", "keep.txt"]
+
+
 def test_no_course_says_to_run_init(tmp_path):
     with pytest.raises(UserError, match="assignment init"):
         course.resolve_root(None, cwd=tmp_path)
