@@ -274,10 +274,10 @@ def builtin(name: str, aging_interval: int = 4) -> Policy:
     """
     if name not in POLICY_NAMES:
         raise UserError(f"unknown built-in policy {name!r}; choose one of {', '.join(POLICY_NAMES)}")
-    from .trace import show
+    from .trace import INT64_MAX, show
 
     if (isinstance(aging_interval, bool) or not isinstance(aging_interval, int)
-            or not 0 < aging_interval <= 2**63 - 1):
+            or not 0 < aging_interval <= INT64_MAX):
         raise UserError(f"aging_interval must be an integer from 1 to 2**63 - 1, got {show(aging_interval)}")
     from numba import njit
 

@@ -16,7 +16,6 @@ missing value, integral floats as integers and other floats in their shortest ex
 from __future__ import annotations
 
 import csv
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,7 +24,7 @@ import numpy as np
 from ._io import atomic_writer, input_file, read_parquet_table
 from .errors import UserError
 from .kernels import enums as E
-from .trace import show
+from .trace import INT64_MAX, INT64_MIN, parse_decimal, show
 
 CHUNK_ROWS = 1 << 15  # CSV rows per chunk: its byte matrix (about 3 MB) stays in the CPU caches
 PARQUET_CHUNK_ROWS = 1 << 17  # rows per Parquet row group: 1 MB columns, reused by malloc (1 << 20: 0.3 s of page faults)
@@ -385,7 +384,6 @@ _PARQUET_TYPES = {  # what a Parquet column of each kind may be (uint64 could ov
     "float": ("floating-point numbers", lambda t: str(t) in ("halffloat", "float", "double")),
     "str": ("strings", lambda t: str(t) in ("string", "large_string")),
 }
-_INT_CELL = re.compile(r"-?[0-9]{1,19}")
 
 
 def _cell_ok(x: str, kind: str) -> bool:
@@ -394,7 +392,10 @@ def _cell_ok(x: str, kind: str) -> bool:
         return kind.endswith("?") or kind == "str"
     kind = kind.rstrip("?")
     if kind == "int":
-        return bool(_INT_CELL.fullmatch(x)) and -(2**63) <= int(x) < 2**63
+        try:
+            return INT64_MIN <= parse_decimal(x) <= INT64_MAX
+        except ValueError:
+            return False
     if kind == "bool":
         return x in ("true", "false")
     if kind == "float":
