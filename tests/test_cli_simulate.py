@@ -76,6 +76,15 @@ def test_bad_trace_exits_2_naming_row_and_column(tmp_path):
     assert len(p.stderr.strip().splitlines()) == 1 and not out.exists()
 
 
+def test_control_characters_in_a_name_are_escaped_in_the_error(tmp_path):
+    # A terminal acts on ESC and CR: a hostile file name must not rewrite the line or the screen.
+    name = tmp_path / "t\x1b[2J\rx.csv"
+    p = run_cli("simulate", str(name), "--policy", "fcfs", "--kv-blocks", "4")
+    assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1
+    assert "\x1b" not in p.stderr and "\r" not in p.stderr
+    assert "t\\x1b[2J x.csv: no such file" in p.stderr  # (CR is whitespace: one space, as a newline)
+
+
 def test_unwritable_output_leaves_nothing(trace_csv, tmp_path):
     p = run_cli("simulate", str(trace_csv), "--policy", "fcfs", "--kv-blocks", "4",
                 "--events", str(tmp_path / "missing-dir" / "ev.csv"))
