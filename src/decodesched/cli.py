@@ -67,9 +67,9 @@ MAX_MESSAGE = 300  # characters of an error line; longer values are shortened in
 
 
 def shorten(text: str, limit: int = MAX_MESSAGE) -> str:
-    """`text` on one line, at most `limit` characters (the middle replaced by an ellipsis), with the
-    characters a terminal would act on (escape sequences, carriage returns, in a file name or a cell)
-    written as Python escapes."""
+    """`text` on one line, at most `limit` characters (the middle replaced by an ellipsis): runs of
+    whitespace (newlines and carriage returns too) become one space, and the other characters a
+    terminal would act on (ESC of an escape sequence, in a file name or a cell) Python escapes."""
     text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in " ".join(str(text).split()))
     if len(text) <= limit:
         return text
