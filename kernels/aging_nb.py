@@ -178,6 +178,9 @@ FRONT = 12
 BIG_AT = 64
 SMALL_AT = 32
 BIG = 2**62
+# From this many requests on, a part's next answer is likely out of cache when it comes up (their rows
+# and state, about 300 bytes each, outgrow the caches), so a new answer's successor is prefetched too.
+COLD_AT = 1 << 16
 # Grouped mode (see the module docstring) from an interval of 1 / GROUPED_DIV of the requests on.
 GROUPED_DIV = 4
 # Below that, blocks of residues (see the module docstring) may be used from an interval of BLOCK_MIN
@@ -241,6 +244,7 @@ Parts = namedtuple("Parts", (
     "size",   # its rows
     "big",    # whether they are in a B+tree (root: its root node, of `height` levels above the leaves)
     "height",
+    "nxt",    # B+tree parts: the row after its last answer in the answer's leaf (-1: none), a prefetch hint
 ))
 
 
@@ -260,6 +264,7 @@ def _new_parts(m):
         size=np.zeros(n, np.int64),
         big=np.zeros(n, np.bool_),
         height=np.zeros(n, np.int64),
+        nxt=np.full(n, -1, np.int64),
     )
 
 
@@ -547,7 +552,7 @@ def _first_runnable(s, root, free, shift, nd, gk, stack, n_v, vic, steps, k, fb,
 
 # Not cached on its own: it calls kernels of another file (see `stamp`); its callers' cache holds it.
 @njit(_nrt=False)
-def _bt_first_runnable(s, root, height, free, shift, bk, stack, n_v, vic, steps, k, fb, fx, fn, rk, after):
+def _bt_first_runnable(s, root, height, free, shift, bk, stack, n_v, vic, steps, k, fb, fx, fn, rk, nxt, after):
     """`_first_runnable` for a part held in a B+tree (root node `root`, `height` levels above the
     leaves): a pruned in-order walk over the nodes' entries, a child skipped (its aggregates added to
     the front) when ``min blocks > free + M(max base + shift)``.  With `after`, each node on the path
@@ -592,6 +597,7 @@ def _bt_first_runnable(s, root, height, free, shift, bk, stack, n_v, vic, steps,
                 fits = b <= room
             if fits:
                 if lvl == 0:
+                    nxt[s] = bk[x, bt_pay(j + 1) + PAY_ROW] if j + 1 < c else -1
                     return bk[x, q + PAY_ROW]
                 stack[2 * sp] = x
                 stack[2 * sp + 1] = j + 1
@@ -620,7 +626,7 @@ def _walk(q, h, free, shift, nd, gk, stack, n_v, vic, steps, k, bt, after):
     """Part q's first runnable row by a walk (`_first_runnable` or `_bt_first_runnable`)."""
     if h.big[q]:
         return _bt_first_runnable(q, h.root[q], h.height[q], free, shift, bt.bk, stack, n_v, vic, steps, k, h.fb,
-                                  h.fx, h.fn, h.rk, after)
+                                  h.fx, h.fn, h.rk, h.nxt, after)
     return _first_runnable(q, h.root[q], free, shift, nd, gk, stack, n_v, vic, steps, k, h.fb, h.fx, h.fn, h.rk,
                            after)
 
@@ -1543,10 +1549,11 @@ def _replay_loop(request_id, arrival_step, prompt_len, max_new_tokens, priority,
                  deadline_step, has_deadline, preemptible, order, free_kv_blocks, max_steps, events, k, top, koff,
                  req, nd, gk, stack, hkey, hval, mask, free_slots, n_free, s_rho, h, adm, afirst, sh, wlist, wpos, tb,
                  t_leaves, dirty, in_dirty, vic, v_pos, bt, path, conv, big_at, small_at, slow, ct, grouped, rnext,
-                 rprev, blockable, block_rule, bw, n_blocks, m_res, live, tally):
+                 rprev, blockable, block_rule, bw, n_blocks, m_res, live, cold, tally):
     """The replay loop of `replay_aging_nb` over its state (`req`: the per-request state, `h`: the
     waiting parts, `adm`: the admitted rows; in grouped mode, rnext / rprev: the residues' lists; with
-    `blockable`, block mode may go on); returns (steps, clock, free, stop)."""
+    `blockable`, block mode may go on; with `cold`, a new answer's successor is prefetched too, see
+    COLD_AT); returns (steps, clock, free, stop)."""
     cand = h.cand
     n = request_id.shape[0]
     n_w = 0
@@ -1656,6 +1663,12 @@ def _replay_loop(request_id, arrival_step, prompt_len, max_new_tokens, priority,
                 if c != E.NO_ROW and c != tb[TB_NCOLS * (t_leaves + sl) + TB_ROW]:
                     _prefetch_request(c, req, max_new_tokens, preemptible, cache_hit, priority, prompt_len,
                                       request_id, has_deadline, deadline_step)
+                    nx = h.nxt[q] if cold and q < PARTS * sl + PARTS else -1
+                    if nx >= 0:  # and the row after it in its leaf, likely the part's next answer
+                        prefetch_nb(nd[nx], 0)
+                        prefetch_nb(gk[nx], 0)
+                        _prefetch_request(nx, req, max_new_tokens, preemptible, cache_hit, priority, prompt_len,
+                                          request_id, has_deadline, deadline_step)
             else:  # only its admitted rows changed, or no part's answer can change: the cached answers stand
                 for q in range(PARTS * sl, PARTS * sl + PARTS):
                     c = cand[q]
@@ -1892,12 +1905,13 @@ def _replay_loop(request_id, arrival_step, prompt_len, max_new_tokens, priority,
     return steps, clock, free, stop
 
 
-def _make_replay_aging(stamp, big_at, small_at, grouped_div, block_min, block_rule):
+def _make_replay_aging(stamp, big_at, small_at, grouped_div, block_min, block_rule, cold_at=COLD_AT):
     """`replay_aging_nb`, closing over `stamp` so that an edit of a kernel it calls compiles it afresh,
     with parts in B+trees from `big_at` rows on and back in treaps below `small_at` (1 < small_at <
     big_at), in grouped mode when the interval is at least the requests / `grouped_div` (never for 0),
     else with blocks of residues from an interval of `block_min` (at least 2) on, as `block_rule`
-    (BLOCKS_*) says (BIG_AT, SMALL_AT, GROUPED_DIV, BLOCK_MIN and BLOCKS_COUNTED but in the tests)."""
+    (BLOCKS_*) says, prefetching ahead from `cold_at` requests on (BIG_AT, SMALL_AT, GROUPED_DIV,
+    BLOCK_MIN, BLOCKS_COUNTED and COLD_AT but in the tests)."""
     @njit(cache=True)
     def replay_aging_nb(request_id, arrival_step, prompt_len, max_new_tokens, priority, cache_hit,
                         required_blocks, deadline_step, has_deadline, preemptible, order,
@@ -1989,7 +2003,7 @@ def _make_replay_aging(stamp, big_at, small_at, grouped_div, block_min, block_ru
                  deadline_step, has_deadline, preemptible, order, free_kv_blocks, max_steps, events, k, top, koff, req,
                  nd, gk, stack, hkey, hval, mask, free_slots, n_free, s_rho, h, adm, afirst, sh, wlist, wpos, tb,
                  t_leaves, dirty, in_dirty, vic, v_pos, bt, path, conv, big_at, small_at, slow, ct, grouped, rnext,
-                 rprev, blocked, block_rule, bw, n_blocks, m_res, live, np.zeros(2, np.int64))
+                 rprev, blocked, block_rule, bw, n_blocks, m_res, live, n >= cold_at, np.zeros(2, np.int64))
         steps, clock, free, stop = _replay_loop(*state)
         write_state_nb(req_out, summary, steps, clock, free, stop, req)
 

@@ -28,6 +28,7 @@ from decodesched.kernels.aging_nb import (
     BLOCKS_OFF_NUM,
     BLOCKS_ON_DEN,
     BLOCKS_ON_NUM,
+    COLD_AT,
     FRONT,
     HM_CAP,
     HM_HOT,
@@ -294,12 +295,12 @@ def run_aging_kernel(trace, capacity, interval, max_steps=-1, kernel=replay_agin
 # real kernel takes small traces in block mode from an interval of BLOCK_MIN on and in grouped mode
 # from n / GROUPED_DIV on; the same in block mode from an interval of 2 on (blocks of 2 residues up
 # to an interval of 8, the last block of one residue at odd ones); and in grouped mode at every
-# interval.
-replay_aging_btree_nb = _make_replay_aging(SOURCE_STAMP, 3, 2, 0, 2, BLOCKS_NEVER)
+# interval.  All but the residues' kernel prefetch ahead as from COLD_AT rows on.
+replay_aging_btree_nb = _make_replay_aging(SOURCE_STAMP, 3, 2, 0, 2, BLOCKS_NEVER, 0)
 replay_aging_residues_nb = _make_replay_aging(SOURCE_STAMP, BIG_AT, SMALL_AT, 0, 2, BLOCKS_NEVER)
-replay_aging_blocks_nb = _make_replay_aging(SOURCE_STAMP, 3, 2, 0, 2, BLOCKS_ALWAYS)
-replay_aging_switching_nb = _make_replay_aging(SOURCE_STAMP, 3, 2, 0, 2, BLOCKS_ALTERNATE)
-replay_aging_grouped_nb = _make_replay_aging(SOURCE_STAMP, 3, 2, 2**62, 2, BLOCKS_NEVER)
+replay_aging_blocks_nb = _make_replay_aging(SOURCE_STAMP, 3, 2, 0, 2, BLOCKS_ALWAYS, 0)
+replay_aging_switching_nb = _make_replay_aging(SOURCE_STAMP, 3, 2, 0, 2, BLOCKS_ALTERNATE, 0)
+replay_aging_grouped_nb = _make_replay_aging(SOURCE_STAMP, 3, 2, 2**62, 2, BLOCKS_NEVER, 0)
 AGING_KERNELS = {"residues": replay_aging_btree_nb, "blocks": replay_aging_blocks_nb,
                  "switching": replay_aging_switching_nb, "grouped": replay_aging_grouped_nb, "real": replay_aging_nb}
 
@@ -541,9 +542,11 @@ def test_equals_scan_on_azure_prefix_at_load_1_5():
 
 
 def test_equals_scan_with_a_backlog_on_huge_pages():
-    # 60,000 rows: the node and key block (128 bytes a row) spans 2 MiB pages (`huge_full_nb`)
-    trace = backlog_trace(60_000, seed=5, arrival_span=300)
-    for policy in ("fixed_priority", "deadline", "fcfs"):
+    # 70,000 rows: the node and key block (128 bytes a row) spans 2 MiB pages (`huge_full_nb`), and
+    # aging prefetches a new answer's successor (from COLD_AT rows on)
+    trace = backlog_trace(70_000, seed=5, arrival_span=300)
+    assert len(trace) >= COLD_AT
+    for policy in ("fixed_priority", "deadline", "fcfs", "aging"):
         assert_same_as_scan(trace, policy, 24, max_steps=400)
 
 
