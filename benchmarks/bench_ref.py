@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench_scale import WINDOW, run, waiting_trace
+from bench_scale import WINDOW, run, user_time, waiting_trace
 from bench_shapes import SHAPES, shaped
 from decodesched.convert import bundled_trace_path, read_azure
 from decodesched.engine import policy_code, trace_arrays
@@ -122,10 +122,10 @@ def waiting(a, ref) -> None:
             run(kernel, trace, policy, 16, 10, record=False)
 
         def rate(i):
-            n1, t1, _ = run(kernels[i], trace, policy, 16, WINDOW // 10, record=False, clock=time.process_time)
+            n1, t1, _ = run(kernels[i], trace, policy, 16, WINDOW // 10, record=False, clock=user_time)
             summary = np.zeros(E.SM_NCOLS, np.int64)
             n2, t2, _ = run(kernels[i], trace, policy, 16, WINDOW + WINDOW // 10, record=False,
-                            clock=time.process_time, summary=summary)
+                            clock=user_time, summary=summary)
             return (n2 - n1) / max(t2 - t1, 1e-9), summary
 
         r_ref, r_new = _paired(rate, a.repeats)

@@ -4,9 +4,10 @@
    the fast kernel, the scan kernel and the pure-Python model (the model on its first `--model-steps`
    steps only), and the ratios between them.
 2. Events per second of the fast kernel with about 1k, 10k, 100k and 1M requests waiting (all arrive
-   at step 0, few fit): measured as (events of a long run - events of a short run) / (time difference),
-   so the setup of inserting the backlog is not counted; the ratio to the 1k rate is printed, of the
-   best rates and paired (each round runs every N back to back; the median of the rounds' ratios).
+   at step 0, few fit): measured as (events of a long run - events of a short run) / (difference of
+   their user CPU times, see `user_time`), so the setup of inserting the backlog is not counted; the
+   ratio to the 1k rate is printed, of the best rates and paired (each round runs every N back to back;
+   the median of the rounds' ratios).
    Below them, the preemptions per 1,000 events (the schedule's own work, which grows with N under
    aging) and a fit of nanoseconds per event = a + b * preemptions per event over N with its residuals:
    whether the same work costs more with a larger backlog.
@@ -21,6 +22,7 @@ Usage (takes a few minutes on 2 cores; ``--quick`` skips the 1M backlog)::
 from __future__ import annotations
 
 import argparse
+import resource
 import statistics
 import time
 
@@ -37,6 +39,16 @@ from decodesched.synthetic import backlog_trace
 
 POLICIES = decodesched.engine.POLICIES
 WINDOW = 10_000_000  # steps of section 2's marginal rate
+
+
+def user_time() -> float:
+    """This process's user CPU seconds: section 2's clock.  Its system time is left out: with 1 M
+    requests the set-up first touches hundreds of MB of fresh pages, and the kernel's work on them
+    (zeroing, compaction for the huge pages the kernels ask for) varies from run to run: the 1 M
+    backlog's 1 M-step run took 0.43 s of CPU time alone and 1.8-2.9 s after the smaller backlogs'
+    runs, which the difference of two runs does not cancel (a 1 M rate read up to 5x too high, or
+    negative).  The replay loop itself runs in user time."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_utime
 
 
 def run(kernel, trace, policy, capacity, max_steps=-1, record=True, interval=4, clock=time.perf_counter,
@@ -134,8 +146,10 @@ def waiting_trace(n: int, window: int, policy: str, seed: int = 0):
 
 def section_waiting(sizes, policies, window: int, rounds: int) -> None:
     print(f"\n== 2. fast kernel, events/s with N requests waiting: all arrive at step 0, 16 KV blocks, no event "
-          f"log,\n   more arriving at load 1.0; rate = {window:,} steps / (CPU time of a {window + window // 10:,}-step run - "
-          f"CPU time of a {window // 10:,}-step run, which cancels the setup; CPU time because the machine is shared),"
+          f"log,\n   more arriving at load 1.0; rate = {window:,} steps / (user CPU time of a "
+          f"{window + window // 10:,}-step run - user CPU time of a {window // 10:,}-step run, which cancels the "
+          f"setup; CPU time because the machine is shared, user time because the set-up's system time varies, "
+          f"see `user_time`),"
           f"\n   best of {rounds} rounds, a round running every N back to back; last/first of the best rates, and "
           f"'paired': the median\n   over rounds of each round's own last/first (the machine's speed drifts over "
           f"minutes, less within a round) ==")
@@ -151,9 +165,9 @@ def section_waiting(sizes, policies, window: int, rounds: int) -> None:
         run(replay_fast_nb, traces[0], policy, 16, 1000, record=False)  # compiled or loaded before any timing
         for _ in range(rounds):
             for i, trace in enumerate(traces):
-                n1, t1, p1 = run(replay_fast_nb, trace, policy, 16, window // 10, record=False, clock=time.process_time)
+                n1, t1, p1 = run(replay_fast_nb, trace, policy, 16, window // 10, record=False, clock=user_time)
                 n2, t2, p2 = run(replay_fast_nb, trace, policy, 16, window + window // 10, record=False,
-                                 clock=time.process_time)
+                                 clock=user_time)
                 times[i][0].append(t1)
                 times[i][1].append(t2)
                 events[i] = n2 - n1
