@@ -370,7 +370,8 @@ def test_aging_with_btree_parts_equals_scan_on_backlogs(interval):
         trace = backlog_trace(n, seed=seed, priorities=40, max_blocks=36, non_preemptible_fraction=0.15,
                               cache_fraction=0.5)
         want = run_kernel(replay_scan_nb, trace, "aging", capacity, interval)
-        for kernel in (replay_aging_btree_nb, replay_aging_blocks_nb, replay_aging_switching_nb, replay_aging_grouped_nb):
+        for kernel in (replay_aging_btree_nb, replay_aging_blocks_nb, replay_aging_switching_nb,
+                       replay_aging_grouped_nb):
             got = run_aging_kernel(trace, capacity, interval, kernel=kernel)
             for g, w in zip(got, want):
                 np.testing.assert_array_equal(g, w)
