@@ -5,7 +5,7 @@ Usage (started by `decodesched.grader.observe`, inside `grader.sandbox.run_isola
     python -I -S harness.py IN.json OUT.jsonl
 
 ``IN.json`` is ``{"solution_source": str, "scenarios": [{"id": str, "ops": [...]}, ...],
-"sys_path": [str, ...], "scenario_timeout_s": float}``.  The harness executes the solution cell
+"sys_path": [str, ...], "scenario_timeout_s": float, "memory_mb": int}``.  The harness executes the solution cell
 in a fresh module, then runs every scenario's operations on the student's `DecodeSchedulerSim`
 and writes one JSON line per scenario to ``OUT.jsonl`` as soon as it is done (so a crash or a
 timeout later still leaves the earlier observations)::
@@ -56,6 +56,11 @@ _iter = iter
 _set = set
 _RecursionError = RecursionError
 _os_write = os.write
+_os_open = os.open
+_os_read = os.read
+_os_close = os.close
+_O_RDONLY = os.O_RDONLY
+_PAGE = os.sysconf("SC_PAGE_SIZE")
 _monotonic = time.monotonic
 _process_time = time.process_time
 _setitimer = signal.setitimer
@@ -66,6 +71,25 @@ WALL_FACTOR = 2.0  # a check that makes no progress is stopped after this many t
 MIN_PROGRESS = 0.05  # "progress": the check got at least this share of a core since it started
 WALL_CAP = 40.0  # a starved check is stopped anyway after this many times its CPU budget of wall clock
 _ARMED = [0.0, 0.0, 0.0]  # budget, monotonic and process time when the check started
+# A check stopped for time whose resident memory grew by more than this many bytes since it started (a
+# quarter of the memory limit, set from the job) ran out of memory: where fresh memory is slow to come
+# by (a VM whose host takes back free pages: 150-250 MB/s, charged as the process's CPU time), a memory
+# bomb meets the time limit before the memory limit, and the same submission must get the same status.
+_MEMORY_GROWTH = [0]
+_RESIDENT_AT_ARM = [0]
+
+
+def _resident():
+    """This process's resident bytes (0 if unknown), read with captured primitives only."""
+    try:
+        fd = _os_open("/proc/self/statm", _O_RDONLY)
+        try:
+            data = _os_read(fd, 256)
+        finally:
+            _os_close(fd)
+        return _int(data.split()[1]) * _PAGE
+    except _BaseException:  # noqa: BLE001
+        return 0
 
 
 def _arm(seconds):
@@ -73,6 +97,7 @@ def _arm(seconds):
     quiet and on a busy machine. The wall clock only catches a check that sleeps: at WALL_FACTOR times
     the budget, a check that got CPU (it is starved by load, not sleeping) is given more time."""
     _ARMED[0], _ARMED[1], _ARMED[2] = seconds, _monotonic(), _process_time()
+    _RESIDENT_AT_ARM[0] = _resident() if _MEMORY_GROWTH[0] > 0 else 0
     _setitimer(_ITIMER_PROF, seconds)
     _setitimer(_ITIMER_REAL, seconds * WALL_FACTOR)
 
@@ -167,6 +192,11 @@ class ScenarioTimeout(BaseException):
     """Raised by the alarm when one scenario runs too long."""
 
 
+class ScenarioOutOfMemory(ScenarioTimeout):
+    """Raised by the alarm instead when the scenario's resident memory grew past `_MEMORY_GROWTH`: it
+    is reported as a MemoryError (caught wherever a timeout is, so `except Exception` cannot keep it)."""
+
+
 def _numpy_scalar(x):
     """Exact NumPy integer/bool scalars (C types the student cannot subclass into lies) -> int/bool."""
     np = sys.modules.get("numpy")
@@ -239,6 +269,8 @@ def normalise(x, depth=0):
 
 def _error(exc):
     """A short, safe description of an exception raised by student code."""
+    if _isinstance(exc, ScenarioOutOfMemory):
+        return {"raised": "MemoryError", "msg": "memory kept growing until the time limit"}
     if _isinstance(exc, ScenarioTimeout):
         return {"timeout": True}
     if _isinstance(exc, _ValueError):
@@ -357,8 +389,8 @@ def run_scenario(ns, ops, budget_s=None):
     for op in ops:
         try:
             obs.append(run_op(ns, box, op))
-        except ScenarioTimeout:
-            obs.append({"timeout": True})
+        except ScenarioTimeout as exc:
+            obs.append(_error(exc))
             break
         except _BaseException as exc:  # noqa: BLE001 - the student's code may raise anything
             obs.append(_error(exc))
@@ -453,6 +485,8 @@ def load_solution(source, namespace, budget_s, skip_lines=(), timed_out_lines=No
 def _alarm(signum, _frame):
     if signum == _SIGALRM and _progressing():
         return
+    if _MEMORY_GROWTH[0] > 0 and _resident() - _RESIDENT_AT_ARM[0] > _MEMORY_GROWTH[0]:
+        raise ScenarioOutOfMemory()
     raise ScenarioTimeout()
 
 
@@ -476,6 +510,8 @@ def main(argv):
     for p in job.get("sys_path", []):
         sys.path.append(p)
     budget = float(job.get("scenario_timeout_s", 5.0))
+    if _type(job.get("memory_mb")) is _int and job["memory_mb"] > 0:
+        _MEMORY_GROWTH[0] = job["memory_mb"] * 2**20 // 4
     signal.signal(signal.SIGALRM, _alarm)
     signal.signal(signal.SIGPROF, _alarm)
     devnull = open(os.devnull, "w")
@@ -512,8 +548,8 @@ def main(argv):
             _arm(budget)
             try:
                 obs = run_scenario(ns, scenario["ops"])
-            except ScenarioTimeout:
-                obs = [{"timeout": True}]
+            except ScenarioTimeout as exc:
+                obs = [_error(exc)]
             finally:
                 _disarm()
             restore_builtins()

@@ -83,7 +83,8 @@ def _prepare(source: str, scenarios: list[dict], limits: Limits, skip_lines, ser
         os.symlink(np_dir, os.path.join(lib, "numpy"))
         sys_path.append(lib)
     job = {"solution_source": source, "sys_path": sys_path, "scenario_timeout_s": limits.scenario_cpu_s,
-           "load_timeout_s": limits.scenario_cpu_s * 1.5, "skip_lines": sorted(skip_lines),
+           "load_timeout_s": limits.scenario_cpu_s * 1.5, "memory_mb": limits.memory_mb,
+           "skip_lines": sorted(skip_lines),
            "scenarios": [{"id": s["id"], "ops": s["ops"]} for s in scenarios]}
     if serve:
         os.mkfifo(os.path.join(tmp, "more.fifo"), 0o600)

@@ -266,6 +266,25 @@ def test_verdict_student_cannot_read_the_reference_model_from_disk():
     assert v.total == 0
 
 
+def test_verdict_memory_growing_into_the_time_limit_is_memory():
+    # A memory bomb on a machine where fresh memory comes slowly: each 8 MiB also costs CPU, so the
+    # statement meets its CPU limit (1.5 s) with about 150-300 MiB more resident, well under the
+    # 512 MiB limit but over a quarter of it: the status must be the one a fast machine gives.
+    bomb = ("import time as _t\n_hog = []\n"
+            "def _slow_bomb():\n    while True:\n        _hog.append(bytearray(8 * 2**20))\n"
+            "        _end = _t.process_time() + 0.04\n        while _t.process_time() < _end:\n            pass\n"
+            "_slow_bomb()\n")
+    tight = limits.Limits(cpu_s=30, memory_mb=512, scenario_cpu_s=1.0)
+    v = verdict.verdict_for_source(bomb + REFERENCE, limits=tight, shrink_failures=False)
+    assert v.status == "memory" and v.total == 100
+    assert any("line 9 raised MemoryError: memory kept growing until the time limit" in n for n in v.notes), v.notes
+    # the same CPU spent without the memory is a timeout
+    spin = bomb.replace("        _hog.append(bytearray(8 * 2**20))\n", "")
+    v = verdict.verdict_for_source(spin + REFERENCE, limits=tight, shrink_failures=False)
+    assert v.status == "timeout" and v.total == 100
+    assert any("line 8 timed out" in n for n in v.notes), v.notes
+
+
 def test_to_json_matches_json_for_plain_values():
     for value in [None, True, False, 0, -7, 2**70, "", "a\"b\\c\n\t\x01é中😀", [1, [None, {"k": "v"}]], {"a": [True, 3]}]:
         assert json.loads(harness.to_json(value)) == value
