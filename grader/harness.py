@@ -5,8 +5,8 @@ Usage (started by `decodesched.grader.observe`, inside `grader.sandbox.run_isola
     python -I -S harness.py IN.json OUT.jsonl
 
 ``IN.json`` is ``{"solution_source": str, "scenarios": [{"id": str, "ops": [...]}, ...],
-"sys_path": [str, ...], "scenario_timeout_s": float, "memory_mb": int}``.  The harness executes the solution cell
-in a fresh module, then runs every scenario's operations on the student's `DecodeSchedulerSim`
+"sys_path": [str, ...], "scenario_timeout_s": float, "memory_mb": int}``.  The harness executes the
+solution cell in a fresh module, then runs every scenario's operations on the student's `DecodeSchedulerSim`
 and writes one JSON line per scenario to ``OUT.jsonl`` as soon as it is done (so a crash or a
 timeout later still leaves the earlier observations)::
 
@@ -70,13 +70,12 @@ _ITIMER_PROF = signal.ITIMER_PROF
 WALL_FACTOR = 2.0  # a check that makes no progress is stopped after this many times its CPU budget
 MIN_PROGRESS = 0.05  # "progress": the check got at least this share of a core since it started
 WALL_CAP = 40.0  # a starved check is stopped anyway after this many times its CPU budget of wall clock
-_ARMED = [0.0, 0.0, 0.0]  # budget, monotonic and process time when the check started
+_ARMED = [0.0, 0.0, 0.0, 0]  # budget, monotonic and process time, resident bytes when the check started
 # A check stopped for time whose resident memory grew by more than this many bytes since it started (a
 # quarter of the memory limit, set from the job) ran out of memory: where fresh memory is slow to come
 # by (a VM whose host takes back free pages: 150-250 MB/s, charged as the process's CPU time), a memory
 # bomb meets the time limit before the memory limit, and the same submission must get the same status.
 _MEMORY_GROWTH = [0]
-_RESIDENT_AT_ARM = [0]
 
 
 def _resident():
@@ -97,7 +96,7 @@ def _arm(seconds):
     quiet and on a busy machine. The wall clock only catches a check that sleeps: at WALL_FACTOR times
     the budget, a check that got CPU (it is starved by load, not sleeping) is given more time."""
     _ARMED[0], _ARMED[1], _ARMED[2] = seconds, _monotonic(), _process_time()
-    _RESIDENT_AT_ARM[0] = _resident() if _MEMORY_GROWTH[0] > 0 else 0
+    _ARMED[3] = _resident() if _MEMORY_GROWTH[0] > 0 else 0
     _setitimer(_ITIMER_PROF, seconds)
     _setitimer(_ITIMER_REAL, seconds * WALL_FACTOR)
 
@@ -109,7 +108,7 @@ def _disarm():
 
 def _progressing():
     """At the wall-clock alarm: True (and re-armed) when the check is running but starved by load."""
-    budget, wall0, cpu0 = _ARMED
+    budget, wall0, cpu0 = _ARMED[0], _ARMED[1], _ARMED[2]
     wall = _monotonic() - wall0
     if budget <= 0 or wall >= budget * WALL_CAP or _process_time() - cpu0 < MIN_PROGRESS * wall:
         return False
@@ -485,7 +484,7 @@ def load_solution(source, namespace, budget_s, skip_lines=(), timed_out_lines=No
 def _alarm(signum, _frame):
     if signum == _SIGALRM and _progressing():
         return
-    if _MEMORY_GROWTH[0] > 0 and _resident() - _RESIDENT_AT_ARM[0] > _MEMORY_GROWTH[0]:
+    if _MEMORY_GROWTH[0] > 0 and _resident() - _ARMED[3] > _MEMORY_GROWTH[0]:
         raise ScenarioOutOfMemory()
     raise ScenarioTimeout()
 

@@ -295,7 +295,7 @@ def run_aging_kernel(trace, capacity, interval, max_steps=-1, kernel=replay_agin
 # real kernel takes small traces in block mode from an interval of BLOCK_MIN on and in grouped mode
 # from n / GROUPED_DIV on; the same in block mode from an interval of 2 on (blocks of 2 residues up
 # to an interval of 8, the last block of one residue at odd ones); and in grouped mode at every
-# interval.  All but the residues' kernel prefetch ahead as from COLD_AT rows on.
+# interval.  All but the residues' kernel prefetch ahead at every size (the real one from COLD_AT rows).
 replay_aging_btree_nb = _make_replay_aging(SOURCE_STAMP, 3, 2, 0, 2, BLOCKS_NEVER, 0)
 replay_aging_residues_nb = _make_replay_aging(SOURCE_STAMP, BIG_AT, SMALL_AT, 0, 2, BLOCKS_NEVER)
 replay_aging_blocks_nb = _make_replay_aging(SOURCE_STAMP, 3, 2, 0, 2, BLOCKS_ALWAYS, 0)
