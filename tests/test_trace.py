@@ -110,6 +110,15 @@ def test_extreme_ids_are_fine_but_overflowing_values_are_refused():
         load_trace([dict(base, request_id=1, prompt_len=2**41)])
     with pytest.raises(TraceError, match="priority"):
         load_trace([dict(base, request_id=1, priority=-(2**60))])
+    # int64's least value has no absolute value in int64: it must be refused too (it was accepted once)
+    for priority in (-(2**63), -(2**53) - 1, 2**53 + 1, 2**63 - 1):
+        with pytest.raises(TraceError, match=r"row 1, column priority: must be within \+-2\*\*53"):
+            load_trace([dict(base, request_id=1, priority=priority)])
+        with pytest.raises(TraceError, match=r"row 1, column priority: must be within \+-2\*\*53"):
+            load_trace({k: np.array([v], np.int64) for k, v in dict(base, request_id=1, priority=priority).items()
+                        if k != "deadline_step"} | {"deadline_step": [None]})
+    t = load_trace([dict(base, request_id=1, priority=-(2**53)), dict(base, request_id=2, priority=2**53)])
+    assert t.priority.tolist() == [-(2**53), 2**53]
 
 
 def test_missing_file_and_directory(tmp_path):

@@ -455,7 +455,7 @@ def _from_columns(cols: dict, where: str, steps_per_second: float | None, label:
     for c, a in (("prompt_len", prompt), ("max_new_tokens", new), ("required_blocks", blocks)):
         _first_bad(a <= 0, loc, c, "must be positive", a)
         _first_bad(a > MAX_LENGTH, loc, c, "must be <= 2**40", a)
-    _first_bad(np.abs(prio) > MAX_STEP, loc, "priority", "must be within +-2**53", prio)
+    _first_bad((prio > MAX_STEP) | (prio < -MAX_STEP), loc, "priority", "must be within +-2**53", prio)
     _first_bad(has_deadline & (deadline <= arrival), loc, "deadline_step",
                "must be after its arrival_step", deadline, extra=arrival)
     _first_bad(has_deadline & (deadline > MAX_STEP), loc, "deadline_step", "must be <= 2**53", deadline)
