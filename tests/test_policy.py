@@ -240,6 +240,61 @@ def test_a_key_that_does_not_compile_is_one_clear_line():
     assert "\n" not in str(info.value)
 
 
+def test_a_policy_that_raises_during_the_replay_is_one_clear_line(tmp_path, capsys):
+    """The sample request passes, then the key raises on a later step: simulate, a threaded batch and the
+    command all say which policy raised what, and where; the API keeps the original as __cause__."""
+    from decodesched.cli import main
+
+    (tmp_path / "raising.py").write_text(textwrap.dedent("""
+        import numba
+        from decodesched import Policy
+
+        @numba.njit
+        def key(r, clock):
+            if r.generated_len >= 2:
+                raise ValueError("no third token")
+            return (r.prompt_len,)
+
+        @numba.njit
+        def priority(r, clock):
+            return r.priority
+
+        RAISES = Policy("raises_late", key=key, effective_priority=priority)
+    """))
+    policy = resolve_policy(f"{tmp_path / 'raising.py'}:RAISES")
+    rows = [dict(request_id=i, arrival_step=0, prompt_len=1, max_new_tokens=m, priority=0, cache_hit=False,
+                 required_blocks=1, deadline_step=None, preemptible=True) for i, m in enumerate([1, 5])]
+    message = (r"^policy 'raises_late' raised ValueError during the replay: no third token "
+               r"\(raising.py, line 8, in key\)$")
+    with pytest.raises(UserError, match=message) as info:
+        simulate(rows, policy, free_kv_blocks=2)
+    assert isinstance(info.value.__cause__, ValueError)
+    short = [dict(r, max_new_tokens=2) for r in rows]
+    assert len(simulate(short, policy, free_kv_blocks=2).events["step"]) == 6  # never reaches the raise
+    for threads in (1, 2):
+        with pytest.raises(UserError, match=message):
+            simulate_batch([rows], grid([rows], ["fcfs", policy], [1, 2], [4]), threads=threads)
+    path = tmp_path / "t.csv"
+    path.write_text("request_id,arrival_step,prompt_len,max_new_tokens,priority,cache_hit,required_blocks,"
+                    "deadline_step,preemptible\n0,0,1,1,0,false,1,,true\n1,0,1,5,0,false,1,,true\n")
+    capsys.readouterr()
+    out = tmp_path / "events.csv"
+    assert main(["simulate", str(path), "--policy", f"{tmp_path / 'raising.py'}:RAISES", "--kv-blocks", "2",
+                 "--events", str(out)]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if "compiling policy" not in line]
+    assert len(err) == 1 and "raised ValueError during the replay: no third token (raising.py" in err[0]
+    assert not out.exists()
+
+
+def test_the_compile_notice_is_printed_once_per_policy(capsys):
+    from decodesched.policy import _CompileNotice
+
+    notice = _CompileNotice(lambda: None, "slow_to_compile")
+    for _ in range(3):
+        notice._notice()
+    assert capsys.readouterr().err.count("compiling policy 'slow_to_compile'") == 1
+
+
 def test_resolve_policy(tmp_path, monkeypatch):
     for name in POLICIES:
         assert resolve_policy(name) is name

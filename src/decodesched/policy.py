@@ -41,6 +41,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import importlib.util
+import os
 import sys
 import threading
 from pathlib import Path
@@ -241,20 +242,45 @@ def _check_results(policy: Policy) -> None:
             raise UserError(f"policy {policy.name!r}: {what}(r, clock) must return {want}, got {value!r}")
 
 
+def _user_frame(exc: BaseException) -> str:
+    """' (FILE, line N, in FUNCTION)' for the innermost frame of exc's traceback, or ''."""
+    tb = exc.__traceback__
+    if tb is None:
+        return ""
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    code = tb.tb_frame.f_code
+    return f" ({os.path.basename(code.co_filename)}, line {tb.tb_lineno}, in {code.co_name})"
+
+
 class _CompileNotice:
-    """Calls a kernel; the first call prints one line on stderr if compiling takes over a second."""
+    """Calls a user policy's kernel; the first call prints one line on stderr if compiling takes over
+    a second.  An exception the policy's functions raise during the replay becomes a `UserError`
+    naming the policy and the line that raised (the original is its ``__cause__``)."""
+
+    _lock = threading.Lock()
 
     def __init__(self, kernel, name):
         self.kernel = kernel
         self.name = name
         self.compiled = False
+        self.noticed = False  # the notice is printed once, however many threads compile at once
 
     def __call__(self, *args):
-        if self.compiled:
-            return self.kernel(*args)
-        timer = threading.Timer(COMPILE_NOTICE_S, lambda: print(
-            f"decodesched: compiling policy {self.name!r} (user policies compile once per process) ...",
-            file=sys.stderr, flush=True))
+        try:
+            if self.compiled:
+                return self.kernel(*args)
+            return self._first_call(args)
+        except Exception as exc:
+            from numba.core.errors import NumbaError
+
+            if isinstance(exc, NumbaError):  # compiling failed: not the policy's doing at run time
+                raise
+            raise UserError(f"policy {self.name!r} raised {type(exc).__name__} during the replay: "
+                            f"{_first_line(exc)}{_user_frame(exc)}") from exc
+
+    def _first_call(self, args):
+        timer = threading.Timer(COMPILE_NOTICE_S, self._notice)
         timer.daemon = True
         timer.start()
         try:
@@ -262,6 +288,14 @@ class _CompileNotice:
         finally:
             timer.cancel()
             self.compiled = True
+
+    def _notice(self):
+        with self._lock:
+            if self.noticed:
+                return
+            self.noticed = True
+        print(f"decodesched: compiling policy {self.name!r} (user policies compile once per process) ...",
+              file=sys.stderr, flush=True)
 
 
 def builtin(name: str, aging_interval: int = 4) -> Policy:
