@@ -56,6 +56,8 @@ _iter = iter
 _set = set
 _RecursionError = RecursionError
 _os_write = os.write
+_os_exit = os._exit
+_getpid = os.getpid
 _os_open = os.open
 _os_read = os.read
 _os_close = os.close
@@ -494,8 +496,13 @@ def main(argv):
     with open(in_path, encoding="utf-8") as fh:
         job = json.load(fh)
     fd = os.open(out_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    harness_pid = _getpid()
 
     def emit(obj):
+        if _getpid() != harness_pid:
+            # A process the solution forked has come back into the harness: it leaves without a word
+            # (its lines would repeat the harness's, read as forged results).
+            _os_exit(0)
         data = (to_json(obj) + "\n").encode("ascii")
         _os_write(fd, data)
 

@@ -285,6 +285,21 @@ def test_verdict_memory_growing_into_the_time_limit_is_memory():
     assert any("line 8 timed out" in n for n in v.notes), v.notes
 
 
+def test_verdict_forked_processes_do_not_speak_for_the_harness():
+    # A process forked by the solution, at load or inside a check, runs on into the harness's own
+    # code; its result lines used to repeat the harness's and read as forged results ("tampered").
+    # It now leaves at its first line, and the honest code earns what it earns.
+    at_load = REFERENCE + "\nimport os as _os\nif _os.fork() == 0:\n    pass\n"
+    in_a_check = REFERENCE + (
+        "\nimport os as _os\n_forked = []\n_enqueue = DecodeSchedulerSim.enqueue\n"
+        "def _forking_enqueue(self, *args, **kwargs):\n    if not _forked:\n        _forked.append(_os.fork())\n"
+        "    return _enqueue(self, *args, **kwargs)\n"
+        "DecodeSchedulerSim.enqueue = _forking_enqueue\n")
+    for src in (at_load, in_a_check):
+        v = verdict.verdict_for_source(src, shrink_failures=False)
+        assert v.status == "graded" and v.total == 100, (v.status, v.total, v.notes)
+
+
 def test_to_json_matches_json_for_plain_values():
     for value in [None, True, False, 0, -7, 2**70, "", "a\"b\\c\n\t\x01é中😀", [1, [None, {"k": "v"}]], {"a": [True, 3]}]:
         assert json.loads(harness.to_json(value)) == value
