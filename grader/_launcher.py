@@ -34,6 +34,9 @@ MS_NOEXEC = 8
 MS_BIND = 4096
 MS_REC = 16384
 MS_PRIVATE = 1 << 18
+MS_REMOUNT = 32
+# All the covers of `_cover` together: at most this much data and this many files.
+COVER_OPTIONS = b"size=512m,nr_inodes=65536,mode=0755"
 
 
 def _libc():
@@ -114,7 +117,7 @@ def _hide(paths, kinds):
         elif kinds.get(path) == "file" and os.path.exists(path):
             rc = libc.mount(b"/dev/null", bpath, None, MS_BIND, None)
             if rc == 0:
-                libc.mount(b"none", bpath, None, MS_BIND | 32 | MS_RDONLY, None)  # 32 = MS_REMOUNT
+                libc.mount(b"none", bpath, None, MS_BIND | MS_REMOUNT | MS_RDONLY, None)
         else:
             continue
         if rc != 0:
@@ -164,38 +167,55 @@ def _expose(paths):
                 src = os.fsencode(f"/proc/self/fd/{fd}")
                 if libc.mount(src, os.fsencode(child), None, MS_BIND | MS_REC, None) != 0:
                     raise OSError(ctypes.get_errno(), f"could not bind {child}")
-                libc.mount(b"none", os.fsencode(cur), None, 32 | MS_RDONLY | MS_NOSUID | MS_NODEV, None)
+                libc.mount(b"none", os.fsencode(cur), None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, None)
             finally:
                 os.close(fd)
 
 
 def _cover(dirs, keep):
-    """Cover each folder of `dirs` (every non-system top-level folder, and /dev/shm) with a fresh tmpfs.
+    """Cover each folder of `dirs` (every non-system top-level folder, and /dev/shm) with a fresh, empty,
+    writable folder.
 
     Whatever is there (other students, other courses, copies of the repository, what other runs left
     in /tmp) disappears for the command; the paths in `keep` (its own working folder, the interpreter,
-    the venv) are bind-mounted back at the same place.
+    the venv) are bind-mounted back at the same place.  The covers are folders of one tmpfs of
+    COVER_SIZE, bind-mounted in place, so that what the command can write into all of them together
+    (RAM, which the memory watchdog does not see) is bounded once, not once per folder.
     """
     libc = _libc()
-    for d in dirs:
-        if not os.path.isdir(d) or os.path.islink(d):
-            continue
-        keeps = sorted({k for k in keep if k == d or k.startswith(d.rstrip("/") + "/")})
-        fds = [(k, os.open(k, os.O_PATH)) for k in keeps if os.path.exists(k)]
-        try:
-            if libc.mount(b"tmpfs", os.fsencode(d), b"tmpfs", MS_NOSUID | MS_NODEV, b"size=512m,mode=1777") != 0:
-                raise OSError(ctypes.get_errno(), f"could not cover {d}")
-            for k, fd in fds:
-                if os.path.isdir(f"/proc/self/fd/{fd}"):
-                    os.makedirs(k, mode=0o755, exist_ok=True)
-                else:
-                    os.makedirs(os.path.dirname(k), mode=0o755, exist_ok=True)
-                    open(k, "w").close()
-                if libc.mount(os.fsencode(f"/proc/self/fd/{fd}"), os.fsencode(k), None, MS_BIND | MS_REC, None) != 0:
-                    raise OSError(ctypes.get_errno(), f"could not bind {k}")
-        finally:
-            for _, fd in fds:
-                os.close(fd)
+    dirs = [d for d in dirs if os.path.isdir(d) and not os.path.islink(d)]
+    if not dirs:
+        return
+    # Every path to bind back is opened before anything is covered (the first cover hides dirs[0]).
+    fds = [(k, os.open(k, os.O_PATH)) for k in sorted(set(keep))
+           if os.path.exists(k) and any(k == d or k.startswith(d.rstrip("/") + "/") for d in dirs)]
+    try:
+        base = dirs[0]
+        if libc.mount(b"tmpfs", os.fsencode(base), b"tmpfs", MS_NOSUID | MS_NODEV, COVER_OPTIONS) != 0:
+            raise OSError(ctypes.get_errno(), f"could not cover {base}")
+        covers = []
+        for i in range(len(dirs)):
+            c = os.path.join(base, f".cover{i}")
+            os.mkdir(c)
+            os.chmod(c, 0o1777)
+            covers.append(c)
+        # dirs[0] last: its bind hides the tmpfs's root and with it the other covers' source paths.
+        for i in list(range(1, len(dirs))) + [0]:
+            d = os.fsencode(dirs[i])
+            if libc.mount(os.fsencode(covers[i]), d, None, MS_BIND, None) != 0:
+                raise OSError(ctypes.get_errno(), f"could not cover {dirs[i]}")
+            libc.mount(b"none", d, None, MS_BIND | MS_REMOUNT | MS_NOSUID | MS_NODEV, None)
+        for k, fd in fds:
+            if os.path.isdir(f"/proc/self/fd/{fd}"):
+                os.makedirs(k, mode=0o755, exist_ok=True)
+            else:
+                os.makedirs(os.path.dirname(k), mode=0o755, exist_ok=True)
+                open(k, "w").close()
+            if libc.mount(os.fsencode(f"/proc/self/fd/{fd}"), os.fsencode(k), None, MS_BIND | MS_REC, None) != 0:
+                raise OSError(ctypes.get_errno(), f"could not bind {k}")
+    finally:
+        for _, fd in fds:
+            os.close(fd)
 
 
 def _exec(spec):

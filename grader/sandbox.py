@@ -32,8 +32,10 @@ Extra isolation when the grader runs as root (as in CI and on the grading machin
   folder), so it cannot even read them. The cover is a writable trap: whatever the command writes
   there never reaches the real folder and is listed in ``Outcome.protected_writes`` (evidence of
   tampering). Beyond ``hide``, the mount namespace denies by default: every top-level folder but
-  the system ones (``/usr``, ``/etc``, ``/lib*``, ``/bin``, ``/dev``, ...) is a fresh empty tmpfs
+  the system ones (``/usr``, ``/etc``, ``/lib*``, ``/bin``, ``/dev``, ...) is a fresh empty folder
   (`covered_dirs`: ``/tmp``, ``/var``, ``/home``, ``/root``, ``/work``, ``/opt``, ... and ``/dev/shm``),
+  all of them folders of one tmpfs of 512 MiB (``_launcher.COVER_OPTIONS``: what a run can write
+  there is RAM the memory watchdog does not see, so it is bounded once, not per folder),
   with only its own ``cwd``, the interpreter and the venv bound back, so other copies of the course
   or the repository elsewhere on the machine, and whatever other runs left in ``/tmp``, are out of
   sight.

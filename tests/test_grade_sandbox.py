@@ -7,6 +7,7 @@ import signal
 import sys
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -140,6 +141,39 @@ def test_root_isolation_private_uid_hidden_paths_and_no_writes(tmp_path):
     assert out.protected_writes == [str(secret_dir / "planted.txt")]
     assert (secret_dir / "hidden.txt").read_text() == "hidden tests"
     assert (work / "mine.txt").stat().st_uid == 0  # handed back to the grader after the run
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="private uid and mount namespace need root")
+def test_covered_folders_are_empty_separate_and_share_one_bounded_tmpfs(tmp_path):
+    # Every non-system top-level folder is a fresh writable folder; what a run can write into all of
+    # them together (RAM: the memory watchdog does not see tmpfs pages) is bounded once, not per folder
+    # (15 folders of 512 MiB each let one run hold 7.5 GiB).  Here 224 MiB go to each folder in turn.
+    work = tmp_path / "work"
+    work.mkdir()
+    code = (
+        "import os\n"
+        "print([n for n in os.listdir('/tmp') if not os.getcwd().startswith('/tmp/' + n)], os.listdir('/var'))\n"
+        "open('/tmp/a', 'w').write('x'); print(os.path.exists('/var/a'), os.path.exists('/dev/shm/a'))\n"
+        "print(os.path.exists('x.py'))\n"
+        "total = 0\n"
+        "try:\n"
+        "    for d in ('/tmp', '/var', '/dev/shm', '/opt', '/srv', '/mnt', '/home'):\n"
+        "        for i in range(7):\n"
+        "            with open(f'{d}/fill{i}', 'wb') as fh:\n"
+        "                fh.write(bytes(32 * 2**20))\n"
+        "            total += 32\n"
+        "except OSError as exc:\n"
+        "    print('full after', total, 'MiB', exc.errno)\n"
+    )
+    (work / "x.py").write_text(code)
+    out = sandbox.run_isolated([sys.executable, "-I", "-S", "x.py"], cwd=work, timeout_s=60, cpu_s=30,
+                               memory_mb=400)
+    lines = out.stdout.decode().split("\n")
+    assert lines[:3] == ["[] []", "False False", "True"], (lines, out.stderr[-500:])
+    assert lines[3].startswith("full after "), lines  # the writes ran out of room (not once per folder)
+    full = lines[3].split()
+    assert 256 <= int(full[2]) <= 1024 and full[4] == "28", lines  # errno 28: ENOSPC
+    assert not any(p.name.startswith("fill") for p in Path("/tmp").iterdir())
 
 
 def test_cpu_limit_counts_every_process_of_the_run(tmp_path):
