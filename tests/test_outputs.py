@@ -247,6 +247,17 @@ def test_closed_pipe_is_one_line_and_exit_2(trace_csv):
     assert "pipe" in one_line(err)
 
 
+def test_closed_pipe_for_both_streams_is_still_exit_2(trace_csv):
+    # `cmd 2>&1 | head -0`: the error line has nowhere to go either; the status must still say it (it
+    # was 1, from the traceback Python could not print).
+    read, write = os.pipe()
+    p = subprocess.Popen([sys.executable, "-m", "decodesched.cli", "simulate", str(trace_csv), "--policy", "fcfs",
+                          "--kv-blocks", "4", "--events", "-"], stdout=write, stderr=write)
+    os.close(write)
+    os.close(read)
+    assert p.wait(timeout=300) == 2
+
+
 RUN_IN_MOUNT = textwrap.dedent("""
     set -e
     mkdir -p "$MNT"

@@ -86,11 +86,12 @@ def _os_message(exc: OSError) -> str:
     return f"{where}: {_describe(exc)}" if where else _describe(exc)
 
 
-def _silence_stdout() -> None:
-    """After a closed pipe: point stdout at /dev/null so that the exit flush does not fail again."""
+def _silence_stdout(stream=None) -> None:
+    """After a closed pipe: point stdout (or `stream`) at /dev/null so that the exit flush does not
+    fail again."""
     try:
         devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
+        os.dup2(devnull, (stream or sys.stdout).fileno())
         os.close(devnull)
     except (OSError, ValueError, AttributeError):
         pass
@@ -121,7 +122,10 @@ def _main(argv) -> int:
             sys.stdout.flush()
         except (OSError, ValueError):
             _silence_stdout()
-        print(shorten(f"{prog}: error: {message}"), file=sys.stderr)
+        try:
+            print(shorten(f"{prog}: error: {message}"), file=sys.stderr)
+        except (OSError, ValueError):  # stderr went into the same closed pipe: the status says it
+            _silence_stdout(sys.stderr)
         return status
 
     try:
