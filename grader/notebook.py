@@ -48,11 +48,16 @@ def collect_submissions(folder) -> list[Submission]:
         raise UserError(f"{folder}: a course folder without a submitted/ folder; give the folder that holds the "
                         "submissions")
     subs: dict[str, Submission] = {}
-    flat = sorted(p for p in root.iterdir() if p.is_file() and p.suffix == ".ipynb")
+    flat = sorted(p for p in root.iterdir() if p.suffix == ".ipynb" and not p.is_dir())
     dirs = sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
     for p in flat:
         sid = p.stem
-        subs[sid] = Submission(sid, p, None if STUDENT_ID_RE.match(sid) else "the student id is not a plain name")
+        if not STUDENT_ID_RE.match(sid):
+            subs[sid] = Submission(sid, p, "the student id is not a plain name")
+        elif not p.is_file():  # listed, never opened: reading a FIFO would wait for ever
+            subs[sid] = Submission(sid, None, "not a regular file (a FIFO, a device or a broken link)")
+        else:
+            subs[sid] = Submission(sid, p)
     for d in dirs:
         sid = d.name
         if sid in subs:
@@ -93,14 +98,26 @@ def _nbgrader_meta(cell) -> dict:
 
 def load_notebook(path: Path) -> dict:
     """Parse a notebook with strict checks; raise InvalidSubmission with a reason."""
+    import stat as _stat
+
     try:
-        size = path.stat().st_size
+        # Opened without waiting and checked on the open file: a FIFO or device put in a notebook's
+        # place after the folder was listed is refused, never read.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except OSError as exc:
         raise InvalidSubmission(f"cannot read the notebook: {exc.strerror}") from None
-    if size > MAX_NOTEBOOK_BYTES:
-        raise InvalidSubmission(f"the notebook is {size / 2**20:.0f} MiB (limit {MAX_NOTEBOOK_BYTES / 2**20:.0f} MiB)")
+    with os.fdopen(fd, "rb") as fh:
+        st = os.fstat(fh.fileno())
+        if not _stat.S_ISREG(st.st_mode):
+            raise InvalidSubmission("not a regular file (a FIFO, a device or a broken link)")
+        if st.st_size > MAX_NOTEBOOK_BYTES:
+            raise InvalidSubmission(f"the notebook is {st.st_size / 2**20:.0f} MiB "
+                                    f"(limit {MAX_NOTEBOOK_BYTES / 2**20:.0f} MiB)")
+        data = fh.read(MAX_NOTEBOOK_BYTES + 1)
+    if len(data) > MAX_NOTEBOOK_BYTES:
+        raise InvalidSubmission(f"the notebook grew past {MAX_NOTEBOOK_BYTES / 2**20:.0f} MiB while it was read")
     try:
-        nb = json.loads(path.read_bytes().decode("utf-8"))
+        nb = json.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError):
         raise InvalidSubmission("not a readable notebook (invalid JSON)") from None
     if not isinstance(nb, dict) or nb.get("nbformat") != 4 or not isinstance(nb.get("cells"), list):

@@ -41,6 +41,28 @@ def test_collect_flat_and_nbgrader_layouts(tmp_path):
         assert [(s.student_id, s.problem is None) for s in subs] == [("carol", True), ("dave", False)]
 
 
+def test_notebook_names_that_are_not_regular_files_are_listed_as_invalid(tmp_path):
+    # A FIFO, a broken link or a link to a device named like a notebook was skipped without a word (a
+    # student missing from the grades); now each is a row, invalid, and none is ever opened.
+    import os
+
+    flat = tmp_path / "flat"
+    flat.mkdir()
+    _write(flat / "alice.ipynb", _nb())
+    os.mkfifo(flat / "fifo.ipynb")
+    (flat / "broken.ipynb").symlink_to(tmp_path / "gone.ipynb")
+    (flat / "device.ipynb").symlink_to("/dev/zero")
+    (flat / "linked.ipynb").symlink_to(flat / "alice.ipynb")
+    subs = {s.student_id: s for s in notebook.collect_submissions(flat)}
+    assert sorted(subs) == ["alice", "broken", "device", "fifo", "linked"]
+    for sid in ("broken", "device", "fifo"):
+        assert subs[sid].path is None and "not a regular file" in subs[sid].problem
+    assert subs["linked"].problem is None and notebook.load_notebook(subs["linked"].path)["cells"]
+    for target in (flat / "fifo.ipynb", flat / "device.ipynb"):  # never waits on what it is given
+        with pytest.raises(notebook.InvalidSubmission, match="not a regular file"):
+            notebook.load_notebook(target)
+
+
 def test_a_course_folder_without_submitted_is_no_submissions_folder(tmp_path):
     """`grade .` in a course folder took its source/ and release/ for two students (one graded 100, as
     the instructor's solution) and wrote them into the gradebook."""
