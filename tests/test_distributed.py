@@ -6,6 +6,7 @@ worker is killed mid-sweep and when a sweep is interrupted and resumed from its 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -211,6 +212,39 @@ def test_unreachable_scheduler_is_a_user_error():
     with pytest.raises(UserError, match="cannot reach the Dask scheduler"):
         with connect("tcp://127.0.0.1:9", timeout=1):
             pass
+
+
+@pytest.mark.parametrize("answer", [b"\xff" * 64, b"HTTP/1.1 400 Bad Request\r\n\r\n" * 4, b""])
+def test_a_peer_that_is_not_a_scheduler_is_a_user_error(answer):
+    # Something else listening at the address (a web server, a proxy) answers bytes that Dask's
+    # handshake decodes as anything: 0xff... read as a frame length asked NumPy for 3 EiB, and the
+    # sweep ended with a MemoryError traceback.
+    import socket
+    import threading
+
+    from decodesched.distributed import connect
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+
+    def serve():
+        with contextlib.suppress(OSError):
+            conn, _ = server.accept()
+            with conn:
+                conn.sendall(answer)
+                time.sleep(0.5)
+
+    server_thread = threading.Thread(target=serve, daemon=True)
+    server_thread.start()
+    try:
+        with pytest.raises(UserError, match=f"127.0.0.1:{server.getsockname()[1]}") as info:
+            with connect(f"tcp://127.0.0.1:{server.getsockname()[1]}", timeout=3):
+                pass
+        assert "\n" not in str(info.value)
+    finally:
+        server.close()
+        server_thread.join(timeout=5)
 
 
 def test_chunk_failing_past_retries_is_a_user_error_and_keeps_the_checkpoint(client, traces, scenarios, tmp_path):

@@ -78,6 +78,9 @@ def connect(address: str, *, n_workers: int = 2, timeout: float = 30):
         client = distributed.Client(address, timeout=timeout)
     except (OSError, TimeoutError, ValueError) as exc:
         raise UserError(f"cannot reach the Dask scheduler at {address}: {exc}") from None
+    except Exception as exc:  # noqa: BLE001 - something else listens there: its bytes decode as anything
+        raise UserError(f"{address} did not answer as a Dask scheduler ({type(exc).__name__} while "
+                        "reading its handshake)") from None
     try:
         yield client
     finally:
