@@ -211,6 +211,9 @@ def test_read_sweep_parses_numbers_and_empty_cells(tmp_path):
     ("t,fcfs,-3,4\n", "line 2, column kv_blocks: not a whole number of blocks: '-3'"),
     ("t,fcfs,10,x\n", "line 2, column aging_interval: not a number: 'x'"),
     (b"t,fcfs,1\xe9,4\n", "not a UTF-8 text file"),
+    # a value no replay gives ended in a matplotlib traceback ("arange: cannot compute length")
+    ("t,fcfs,10,1e308\n", "line 2, column aging_interval: '1e308' is beyond any metric of a replay"),
+    ("t,fcfs,10,-9223372036854775809\n", "column aging_interval: '-9223372036854775809' is beyond"),
 ])
 def test_read_sweep_refuses_malformed_rows_in_one_line(tmp_path, body, message):
     """Found by feeding the report mutated sweep CSVs: a short row reached the plots as policy None."""

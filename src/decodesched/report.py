@@ -110,6 +110,9 @@ def _log_if_wide(ax, values, axis: str = "y", ratio: float = 50.0) -> bool:
 # ---------------------------------------------------------------------------------------- sweep
 
 
+METRIC_LIMIT = 2**63  # no count, step or second of a replay comes near it; larger values cannot be drawn
+
+
 def read_sweep(path) -> list[dict]:
     """The rows of a sweep metrics CSV: numbers as int/float (empty cells NaN, ``inf`` censored), text
     as str; a CSV without a ``replicate`` column gets replicate 0."""
@@ -154,6 +157,9 @@ def read_sweep(path) -> list[dict]:
                     parsed[k] = float(v)
                 except ValueError:
                     raise UserError(f"{path}: line {lineno}, column {k}: not a number: {show(v)}") from None
+            if math.isfinite(parsed[k]) and abs(parsed[k]) > METRIC_LIMIT:
+                raise UserError(f"{path}: line {lineno}, column {k}: {show(v)} is beyond any metric of a "
+                                "replay (at most 2**63)")
         if not (isinstance(parsed["kv_blocks"], int) and parsed["kv_blocks"] >= 0):
             raise UserError(f"{path}: line {lineno}, column kv_blocks: not a whole number of blocks: "
                             f"{show(row['kv_blocks'])}")
