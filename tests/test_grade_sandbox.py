@@ -165,9 +165,7 @@ def test_covered_folders_are_empty_separate_and_share_one_bounded_tmpfs(tmp_path
         "except OSError as exc:\n"
         "    print('full after', total, 'MiB', exc.errno)\n"
     )
-    (work / "x.py").write_text(code)
-    out = sandbox.run_isolated([sys.executable, "-I", "-S", "x.py"], cwd=work, timeout_s=60, cpu_s=30,
-                               memory_mb=400)
+    out = _run(work, code, timeout_s=60, cpu_s=30)
     lines = out.stdout.decode().split("\n")
     assert lines[:3] == ["[] []", "False False", "True"], (lines, out.stderr[-500:])
     assert lines[3].startswith("full after "), lines  # the writes ran out of room (not once per folder)
