@@ -50,6 +50,7 @@ from .notebook import (STUDENT_ID_RE, InvalidSubmission, Submission, collect_sub
                        solution_source, student_code_cells)
 from .feedback import feedback_html
 from .outputs import grades_csv_text, preload_gradebook, update_gradebook
+from . import sandbox
 from .sandbox import ForkServer, scratch_root
 from .status import decide
 from .verdict import verdict_for_source
@@ -163,6 +164,7 @@ def grade(submissions, out_dir, *, course=None, options: Options | None = None) 
     course_obj = open_course(course)
     subs = collect_submissions(submissions)
     out_dir = Path(out_dir)
+    made_out_dir = not out_dir.exists()
     out_dir.mkdir(parents=True, exist_ok=True)
     jobs = options.jobs or os.cpu_count() or 1
     limits = Limits(cpu_s=options.timeout_s, memory_mb=options.memory_mb,
@@ -170,24 +172,15 @@ def grade(submissions, out_dir, *, course=None, options: Options | None = None) 
     workroot = Path(tempfile.mkdtemp(prefix="decodesched-grade-", dir=scratch_root())).resolve()
     os.chmod(workroot, 0o711)  # private uids must reach their own folder, but list nothing
     results: list[Result] = []
-    with contextlib.ExitStack() as stack:
-        stack.callback(shutil.rmtree, workroot, ignore_errors=True)
-        # The fork server imports nbgrader while the template is built, and the verdicts start at once:
-        # only the kernel runs wait for the template (`template` is a future).
-        server = stack.enter_context(ForkServer(options.marker_prefix + "forkserver")) if options.run_nbgrader else None
-        prep = stack.enter_context(cf.ThreadPoolExecutor(1, thread_name_prefix="template"))
-        template = prep.submit(_template, course_obj, workroot, options.cell_timeout(), server) if options.run_nbgrader else None
-        bar = stack.enter_context(Progress(len(subs), "grading", enabled=options.progress))
-        pool = stack.enter_context(cf.ThreadPoolExecutor(jobs))
-        futs = {pool.submit(_grade_safely, s, course_obj, template, workroot, options, limits, server): s for s in subs}
-        if server is None:
-            preload_gradebook()  # this thread only waits until the first result
-        for fut in cf.as_completed(futs):
-            results.append(fut.result())
-            bar.advance()
-        if template is not None and isinstance(template.exception(), UserError):
-            raise template.exception()  # e.g. the gradebook lacks the assignment: no outputs at all
-        update_gradebook(course_obj, results, server)  # every sandboxed run has ended
+    try:
+        _grade_all(subs, course_obj, workroot, options, limits, jobs, results)
+    except BaseException:
+        if made_out_dir:  # an interrupted or failed grading leaves no empty output folder behind
+            with contextlib.suppress(OSError):
+                out_dir.rmdir()
+        raise
+    finally:
+        sandbox.STOPPING.clear()  # every run of this grading has ended (the pools were shut down)
     results.sort(key=lambda r: r.student_id)
     fb = out_dir / "feedback"
     fb.mkdir(exist_ok=True)
@@ -198,6 +191,35 @@ def grade(submissions, out_dir, *, course=None, options: Options | None = None) 
     with atomic_writer(out_dir / "grades.csv") as fh:
         fh.write(grades_csv_text(results))
     return results
+
+
+def _grade_all(subs, course_obj, workroot, options, limits, jobs, results: list) -> None:
+    """Grade every submission into `results`, `jobs` at a time; on an interrupt (Ctrl-C) the queued ones
+    are cancelled and the runs under way stopped (`sandbox.STOPPING`) before it propagates."""
+    with contextlib.ExitStack() as stack:
+        stack.callback(shutil.rmtree, workroot, ignore_errors=True)
+        # The fork server imports nbgrader while the template is built, and the verdicts start at once:
+        # only the kernel runs wait for the template (`template` is a future).
+        server = stack.enter_context(ForkServer(options.marker_prefix + "forkserver")) if options.run_nbgrader else None
+        prep = stack.enter_context(cf.ThreadPoolExecutor(1, thread_name_prefix="template"))
+        template = prep.submit(_template, course_obj, workroot, options.cell_timeout(), server) if options.run_nbgrader else None
+        bar = stack.enter_context(Progress(len(subs), "grading", enabled=options.progress))
+        pool = stack.enter_context(cf.ThreadPoolExecutor(jobs))
+        futs = {pool.submit(_grade_safely, s, course_obj, template, workroot, options, limits, server): s for s in subs}
+        try:
+            if server is None:
+                preload_gradebook()  # this thread only waits until the first result
+            for fut in cf.as_completed(futs):
+                results.append(fut.result())
+                bar.advance()
+        except BaseException:
+            sandbox.STOPPING.set()
+            for fut in futs:
+                fut.cancel()
+            raise
+        if template is not None and isinstance(template.exception(), UserError):
+            raise template.exception()  # e.g. the gradebook lacks the assignment: no outputs at all
+        update_gradebook(course_obj, results, server)  # every sandboxed run has ended
 
 
 def _template(course, workroot, cell_timeout, server) -> Path:
@@ -211,6 +233,8 @@ def _grade_safely(sub, course, template, workroot, options, limits, server) -> R
     """One student's failure never stops the run: an unexpected grader error is reported as crashed."""
     try:
         return grade_one(sub, course, template, workroot, options, limits, server)
+    except sandbox.Interrupted as exc:  # the grading is being interrupted: nothing of it is kept
+        return Result(sub.student_id, "crashed", 0.0, float(spec.MAX_SCORE), _zero_cells(), {}, [str(exc)])
     except Exception as exc:  # noqa: BLE001
         import traceback
 

@@ -71,6 +71,14 @@ FILE_SIZE_LIMIT = 64 * 1024 * 1024
 UID_BASE = 1_900_000_000  # private uids for sandboxed runs (root only); no real account lives here
 NPROC_LIMIT = 256
 
+# Set while a grading run is being interrupted (Ctrl-C): every watched run stops at once, and no new
+# run starts (`Interrupted`), so the grader's threads come back in seconds, not after their queue.
+STOPPING = threading.Event()
+
+
+class Interrupted(Exception):
+    """A sandboxed run not started because the grading is being interrupted (`STOPPING`)."""
+
 
 @dataclass
 class Outcome:
@@ -379,6 +387,9 @@ def _watch(alive, members: _Members, start: float, *, timeout_s: float, cpu_s: f
     factor = 1.0
     samples = collections.deque()  # (wall, tree CPU) of the last STALL_S seconds
     while alive():
+        if STOPPING.is_set():
+            notes.append("stopped: the grading was interrupted")
+            break
         now = time.monotonic()
         if now >= next_load:
             next_load = now + 1.0
@@ -572,6 +583,8 @@ def run_isolated(
     started `ForkServer`, launches the run by forking it (same sandbox, no interpreter start-up;
     ``python -m nbgrader ...`` then runs in the pre-imported process).
     """
+    if STOPPING.is_set():
+        raise Interrupted("the grading is being interrupted")
     cwd = Path(cwd).resolve()
     marker = marker or uuid.uuid4().hex
     full_env = scrubbed_env(cwd, env)

@@ -1,5 +1,6 @@
 """Ctrl-C during a long replay ends `decodesched simulate` (a Numba kernel holds the interpreter, so the
-CLI lets SIGINT act at once there) and leaves no output file behind."""
+CLI lets SIGINT act at once there) and leaves no output file behind; during grading it stops the
+sandboxed runs under way."""
 
 from __future__ import annotations
 
@@ -26,3 +27,52 @@ def test_sigint_during_a_replay_ends_the_run_and_writes_nothing(tmp_path):
     assert rc in (-signal.SIGINT, 130), (rc, p.stderr.read())
     assert b"Traceback" not in p.stderr.read()
     assert sorted(x.name for x in tmp_path.iterdir()) == ["azure.csv", "azure.csv.meta.json"]
+
+
+def test_sigint_during_grading_stops_the_runs_under_way_at_once(tmp_path):
+    """Ctrl-C in `decodesched grade` used to wait for every queued submission to finish grading (62 s
+    for four such submissions); now the queued ones are cancelled and the sandboxed runs under way
+    stopped: exit 130 in seconds, no grades, no gradebook change, no process left, no empty output
+    folder."""
+    import hashlib
+    import json
+    import shutil
+
+    from decodesched.grader import pipeline, sandbox, spec
+
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    course = tmp_path / "course"
+    course.mkdir()
+    shutil.copy2(os.path.join(repo, "assignments", "nbgrader_config.py"), course / "nbgrader_config.py")
+    shutil.copytree(os.path.join(repo, "assignments", "source"), course / "source")
+    env = dict(os.environ, PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
+    gen = subprocess.run([sys.executable, "-m", "nbgrader", "generate_assignment", spec.ASSIGNMENT, "--force"],
+                         cwd=course, capture_output=True, text=True, env=env, timeout=600)
+    assert gen.returncode == 0, gen.stderr[-2000:]
+    release = json.loads((course / "release" / spec.ASSIGNMENT / spec.NOTEBOOK).read_text())
+    for cell in release["cells"]:
+        if cell.get("metadata", {}).get("nbgrader", {}).get("grade_id") == spec.SOLUTION_CELL:
+            cell["source"] = "while True:\n    pass\n"  # each run spends its whole CPU limit
+    subs = tmp_path / "subs"
+    subs.mkdir()
+    for i in range(6):
+        (subs / f"s{i}.ipynb").write_text(json.dumps(release))
+    gradebook = (course / "gradebook.db").read_bytes() if (course / "gradebook.db").exists() else None
+    out = tmp_path / "out"
+    p = subprocess.Popen([sys.executable, "-m", "decodesched.cli", "grade", str(subs), "--out", str(out),
+                          "--course", str(course), "--jobs", "2", "--timeout", "120", "--no-progress"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    time.sleep(12)  # the fork server, the template and the first runs are under way
+    assert p.poll() is None, p.stderr.read()
+    start = time.monotonic()
+    os.kill(p.pid, signal.SIGINT)
+    rc = p.wait(timeout=600)
+    waited = time.monotonic() - start
+    err = p.stderr.read().decode()
+    assert rc == 130 and "Traceback" not in err, (rc, err[-2000:])
+    assert waited < 30, f"the interrupt took {waited:.0f} s"  # before: 62 s, every submission graded
+    assert not out.exists()
+    now = (course / "gradebook.db").read_bytes() if (course / "gradebook.db").exists() else None
+    assert hashlib.sha256(now or b"").digest() == hashlib.sha256(gradebook or b"").digest()
+    time.sleep(0.5)
+    assert not sandbox.find_sandboxed(pipeline.marker_prefix(out))
