@@ -86,12 +86,12 @@ def _os_message(exc: OSError) -> str:
     return f"{where}: {_describe(exc)}" if where else _describe(exc)
 
 
-def _silence_stdout(stream=None) -> None:
-    """After a closed pipe: point stdout (or `stream`) at /dev/null so that the exit flush does not
-    fail again."""
+def _silence(stream) -> None:
+    """After a closed pipe: point `stream` (stdout, or stderr too) at /dev/null so that the exit flush
+    does not fail again."""
     try:
         devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, (stream or sys.stdout).fileno())
+        os.dup2(devnull, stream.fileno())
         os.close(devnull)
     except (OSError, ValueError, AttributeError):
         pass
@@ -121,11 +121,11 @@ def _main(argv) -> int:
         try:
             sys.stdout.flush()
         except (OSError, ValueError):
-            _silence_stdout()
+            _silence(sys.stdout)
         try:
             print(shorten(f"{prog}: error: {message}"), file=sys.stderr)
         except (OSError, ValueError):  # stderr went into the same closed pipe: the status says it
-            _silence_stdout(sys.stderr)
+            _silence(sys.stderr)
         return status
 
     try:
@@ -133,7 +133,7 @@ def _main(argv) -> int:
     except UserError as exc:
         return fail(str(exc))
     except BrokenPipeError:
-        _silence_stdout()
+        _silence(sys.stdout)
         return fail("standard output was closed by its reader (broken pipe)")
     except OSError as exc:
         return fail(_os_message(exc))
