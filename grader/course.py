@@ -52,6 +52,18 @@ by the grader outside the student's kernel, and the graded cells and their point
 """
 
 
+NBGRADER_HINT = "pip install 'decodesched[grader]'"
+
+
+def require_nbgrader(command: str) -> None:
+    """A `UserError` before any work when nbgrader (the ``grader`` extra) is not installed: `command`
+    would otherwise run its checks and fail at its first nbgrader step with a traceback."""
+    import importlib.util
+
+    if importlib.util.find_spec("nbgrader") is None:
+        raise UserError(f"{command} needs nbgrader, which is not installed: {NBGRADER_HINT}")
+
+
 def resolve_root(course=None, cwd=None) -> Path:
     """The course folder: `course` when given, else `cwd` (the current directory) when it holds
     ``nbgrader_config.py``; anything else is a `UserError` that says how to make one."""

@@ -186,8 +186,9 @@ def check_release(source_nb: dict, release_nb: dict) -> list[str]:
 
 def build_release(course=None, *, force: bool = False, judge_release: bool = True) -> BuildReport:
     start = time.monotonic()
-    from .course import resolve_root
+    from .course import require_nbgrader, resolve_root
 
+    require_nbgrader("decodesched assignment build")
     course = resolve_root(course)
     source = course / "source" / spec.ASSIGNMENT / spec.NOTEBOOK
     if not source.is_file():

@@ -50,3 +50,23 @@ def test_assignment_init_refuses_a_non_empty_folder(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "not empty" in err[0]
     assert [p.name for p in tmp_path.iterdir()] == ["x"]
+
+
+def test_without_nbgrader_grade_and_build_say_which_extra_to_install(tmp_path, capsys, monkeypatch):
+    # A plain `pip install .` has no nbgrader: `grade` ran every check and then ended in a traceback
+    # at the gradebook (ModuleNotFoundError), after minutes of work.
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "nbgrader" else find_spec(name, *a))
+    assert cli.main(["assignment", "init", str(tmp_path / "course")]) == 0
+    (tmp_path / "subs").mkdir()
+    (tmp_path / "subs" / "alice.ipynb").write_text("{}")
+    out = tmp_path / "out"
+    assert cli.main(["grade", str(tmp_path / "subs"), "--out", str(out), "--course", str(tmp_path / "course")]) == 2
+    assert cli.main(["assignment", "build", "--course", str(tmp_path / "course")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"decodesched {c}: error: decodesched {c} needs nbgrader, which is not installed: "
+                   "pip install 'decodesched[grader]'" for c in ("grade", "assignment build")]
+    assert not out.exists() and not (tmp_path / "course" / "release").exists()

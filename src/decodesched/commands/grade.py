@@ -79,6 +79,7 @@ def run(args) -> int:
         raise UserError(f"{out}: exists and is not a folder")
     from ..grader import course, pipeline
 
+    course.require_nbgrader("decodesched grade")
     root = course.resolve_root(args.course)
     options = pipeline.Options(
         timeout_s=args.timeout, memory_mb=args.memory_mb, jobs=args.jobs or (os.cpu_count() or 1),
