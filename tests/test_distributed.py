@@ -217,7 +217,7 @@ def test_unreachable_scheduler_is_a_user_error():
 @pytest.mark.parametrize("answer", [b"\xff" * 64, b"HTTP/1.1 400 Bad Request\r\n\r\n" * 4, b""])
 def test_a_peer_that_is_not_a_scheduler_is_a_user_error(answer):
     # Something else listening at the address (a web server, a proxy) answers bytes that Dask's
-    # handshake decodes as anything: 0xff... read as a frame length asked NumPy for 3 EiB, and the
+    # handshake decodes as anything: 'HTTP/1.1' read as a frame length asked NumPy for 3 EiB, and the
     # sweep ended with a MemoryError traceback.
     import socket
     import threading

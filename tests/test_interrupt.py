@@ -34,7 +34,6 @@ def test_sigint_during_grading_stops_the_runs_under_way_at_once(tmp_path):
     for four such submissions); now the queued ones are cancelled and the sandboxed runs under way
     stopped: exit 130 in seconds, no grades, no gradebook change, no process left, no empty output
     folder."""
-    import hashlib
     import json
     import shutil
 
@@ -72,7 +71,6 @@ def test_sigint_during_grading_stops_the_runs_under_way_at_once(tmp_path):
     assert rc == 130 and "Traceback" not in err, (rc, err[-2000:])
     assert waited < 30, f"the interrupt took {waited:.0f} s"  # before: 62 s, every submission graded
     assert not out.exists()
-    now = (course / "gradebook.db").read_bytes() if (course / "gradebook.db").exists() else None
-    assert hashlib.sha256(now or b"").digest() == hashlib.sha256(gradebook or b"").digest()
+    assert ((course / "gradebook.db").read_bytes() if (course / "gradebook.db").exists() else None) == gradebook
     time.sleep(0.5)
     assert not sandbox.find_sandboxed(pipeline.marker_prefix(out))
