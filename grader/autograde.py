@@ -112,11 +112,10 @@ class KernelReport:
     notes: list = field(default_factory=list)
 
 
-def kernel_run(sub: Submission, nb: dict, template: Path, workroot: Path, marker_prefix: str, limits: Limits,
-               server: sandbox.ForkServer | None = None) -> KernelReport:
-    """Real `nbgrader autograde` of one submission in a private course, under the sandbox (forked by
-    `server`, a pre-started nbgrader, when given)."""
-    rep = KernelReport()
+def _autograde_once(sub: Submission, nb: dict, template: Path, workroot: Path, marker_prefix: str, limits: Limits,
+                    server: sandbox.ForkServer | None):
+    """One `nbgrader autograde` of `sub` (with a fresh canary) in a fresh private course, under the sandbox:
+    (its private course folder, the canary's nonce, the sandbox's `Outcome`)."""
     course = Path(tempfile.mkdtemp(prefix=f"k-{sub.student_id}-", dir=workroot))
     shutil.copy2(template / "nbgrader_config.py", course / "nbgrader_config.py")
     shutil.copy2(template / "gradebook.db", course / "gradebook.db")
@@ -133,6 +132,38 @@ def kernel_run(sub: Submission, nb: dict, template: Path, workroot: Path, marker
         cwd=course, **{**limits.kwargs(), "max_output_bytes": 200_000}, address_space=False, marker=marker,
         server=server,
     )
+    return course, nonce, out
+
+
+def _kernel_died(err: str) -> bool:
+    return "DeadKernel" in err or "Kernel died" in err
+
+
+def _last_line(err: str) -> str:
+    lines = [ln.strip() for ln in err.splitlines() if ln.strip()]
+    return lines[-1][:160] if lines else "nothing on stderr"
+
+
+def kernel_run(sub: Submission, nb: dict, template: Path, workroot: Path, marker_prefix: str, limits: Limits,
+               server: sandbox.ForkServer | None = None) -> KernelReport:
+    """Real `nbgrader autograde` of one submission in a private course, under the sandbox (forked by
+    `server`, a pre-started nbgrader, when given).
+
+    When nbgrader's own process is ended by a signal that none of our limits sent, while its kernel
+    was alive (seen rarely under load: an abort inside nbgrader's Jupyter stack), the submission is
+    autograded once more in a fresh private course and that run's outcome stands; tamper evidence
+    from the first run is kept.
+    """
+    rep = KernelReport()
+    course, nonce, out = _autograde_once(sub, nb, template, workroot, marker_prefix, limits, server)
+    err = out.stderr.decode("utf-8", "replace")
+    if out.signal is not None and not (out.memory_exceeded or out.timed_out or _kernel_died(err)):
+        rep.notes.append(f"kernel: nbgrader's process was ended by signal {out.signal} ({_last_line(err)}); "
+                         "autograded again in a fresh run")
+        rep.tampered += _tamper_evidence(out, course, sub)
+        shutil.rmtree(course, ignore_errors=True)
+        course, nonce, out = _autograde_once(sub, nb, template, workroot, marker_prefix, limits, server)
+        err = out.stderr.decode("utf-8", "replace")
     if out.memory_exceeded:
         rep.status = "memory"
         rep.notes.append("kernel: " + "; ".join(out.notes or ["memory limit"]))
@@ -140,7 +171,6 @@ def kernel_run(sub: Submission, nb: dict, template: Path, workroot: Path, marker
         rep.status = "timeout"
         rep.notes.append("kernel: " + "; ".join(out.notes or ["time limit"]))
     elif out.signal is not None or out.returncode != 0:
-        err = out.stderr.decode("utf-8", "replace")
         if "Timeout waiting for execute reply" in err or "CellTimeoutError" in err:
             # nbgrader gave up on a cell it could not interrupt (a loop in compiled code): a time limit,
             # whichever of nbgrader's give-up and our CPU limit comes first on this machine
@@ -148,10 +178,8 @@ def kernel_run(sub: Submission, nb: dict, template: Path, workroot: Path, marker
             rep.notes.append("kernel: a cell ran past the per-cell time limit and could not be interrupted")
         else:
             rep.status = "crashed"
-            why = "the kernel died" if ("DeadKernel" in err or "Kernel died" in err) else "nbgrader autograde failed"
-            rep.notes.append(f"kernel: {why} (exit {out.returncode}, signal {out.signal})")
-    if out.protected_writes:
-        rep.tampered.append("wrote into protected folders: " + ", ".join(out.protected_writes[:3]))
+            why = "the kernel died" if _kernel_died(err) else "nbgrader autograde failed"
+            rep.notes.append(f"kernel: {why} (exit {out.returncode}, signal {out.signal}: {_last_line(err)})")
     if out.leftovers_killed:
         rep.notes.append(f"kernel: {out.leftovers_killed} leftover process(es) killed after the run")
     graded_nb = course / "autograded" / sub.student_id / spec.ASSIGNMENT / spec.NOTEBOOK
@@ -188,7 +216,17 @@ def kernel_run(sub: Submission, nb: dict, template: Path, workroot: Path, marker
     elif executed is None and rep.status == "graded":
         rep.status = "crashed"
         rep.notes.append("kernel: nbgrader wrote no graded notebook")
-    if not out.memory_exceeded and not out.timed_out:
-        rep.tampered += _inspect_gradebook_copy(course / "gradebook.db", sub.student_id)
+    rep.tampered += [t for t in _tamper_evidence(out, course, sub) if t not in rep.tampered]
     shutil.rmtree(course, ignore_errors=True)
     return rep
+
+
+def _tamper_evidence(out: sandbox.Outcome, course: Path, sub: Submission) -> list:
+    """What one autograde run left as tamper evidence: writes into protected folders, and (for a run
+    that was not stopped by a limit) a private gradebook changed beyond what nbgrader writes."""
+    found = []
+    if out.protected_writes:
+        found.append("wrote into protected folders: " + ", ".join(out.protected_writes[:3]))
+    if not out.memory_exceeded and not out.timed_out:
+        found += _inspect_gradebook_copy(course / "gradebook.db", sub.student_id)
+    return found

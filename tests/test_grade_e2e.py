@@ -223,3 +223,48 @@ def test_the_fork_server_warms_up_cleanly_and_writes_the_gradebook(run, tmp_path
             except MissingEntry:
                 pass
     assert got and got == pytest.approx({k: scores[k] for k in got})
+
+
+def _kernel_run(run, tmp_path, nb=None):
+    from decodesched.grader import autograde, course as course_mod, limits as limits_mod, notebook
+
+    tpl = autograde.build_template(course_mod.open_course(run["course"]), tmp_path, 30)
+    sub = notebook.Submission(student_id="honest_reference", path=run["subs"] / "honest_reference.ipynb")
+    nb = nb if nb is not None else notebook.load_notebook(sub.path)
+    return autograde.kernel_run(sub, nb, tpl, tmp_path, "test-abort-", limits_mod.Limits(cpu_s=TIMEOUT_S))
+
+
+def test_nbgrader_ended_by_a_signal_is_autograded_once_more(run, tmp_path, monkeypatch):
+    """nbgrader's own process ended by a signal that no limit sent (a rare abort in its Jupyter stack
+    under load, which CI once graded as a 'crashed' honest submission): one fresh autograde, whose
+    outcome stands, and a note that says what happened to the first."""
+    real, argvs = sandbox.run_isolated, []
+
+    def first_aborts(argv, **kw):
+        argvs.append(argv)
+        if len(argvs) == 1:
+            argv = [sys.executable, "-c", "import sys, os; print('Assertion failed: ok', file=sys.stderr); "
+                                          "sys.stderr.flush(); os.abort()"]
+        return real(argv, **kw)
+
+    monkeypatch.setattr(sandbox, "run_isolated", first_aborts)
+    rep = _kernel_run(run, tmp_path)
+    assert len(argvs) == 2 and argvs[0] == argvs[1]
+    assert (rep.status, rep.tampered) == ("graded", [])
+    assert rep.notes == ["kernel: nbgrader's process was ended by signal 6 (Assertion failed: ok); "
+                         "autograded again in a fresh run"]
+
+
+def test_a_kernel_that_kills_nbgrader_every_time_is_crashed_after_two_runs(run, tmp_path, monkeypatch):
+    from decodesched.grader import notebook
+
+    nb = notebook.load_notebook(run["subs"] / "honest_reference.ipynb")
+    cell = next(c for c in nb["cells"] if c.get("metadata", {}).get("nbgrader", {}).get("solution"))
+    cell["source"] = "import os, signal\nos.kill(os.getppid(), signal.SIGABRT)\n" + "".join(cell["source"])
+    real, argvs = sandbox.run_isolated, []
+    monkeypatch.setattr(sandbox, "run_isolated", lambda argv, **kw: argvs.append(argv) or real(argv, **kw))
+    rep = _kernel_run(run, tmp_path, nb)
+    assert len(argvs) == 2, (rep.status, rep.notes)
+    assert rep.status == "crashed"
+    assert "autograded again in a fresh run" in rep.notes[0]
+    assert rep.notes[1].startswith("kernel: nbgrader autograde failed (exit None, signal 6")
