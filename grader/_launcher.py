@@ -3,8 +3,10 @@
 Stdlib only; run as ``python -I -S _launcher.py SPEC_JSON STATUS_FD``. It is started by
 `decodesched.grader.sandbox.run_isolated` as the leader of a new session. It
 
-1. (as root, when asked) enters a private mount namespace and mounts an empty read-only tmpfs
-   over every path in ``hide`` (the course, the gradebook, other students, the output folder);
+1. (as root, or without root in a user namespace of its own, when asked) enters a private mount
+   namespace, covers every non-system top-level folder with an empty one, binds back what the
+   command needs (its folder writable, the interpreter and the venv read-only) and mounts a trap
+   tmpfs over every path in ``hide`` (the course, the gradebook, other students, the output folder);
 2. makes itself a *child subreaper*, so every orphaned descendant of the untrusted command is
    re-parented to this launcher instead of init, and can be found and killed;
 3. forks; the child sets the resource limits, drops to the sandbox uid/gid (as root), moves
@@ -26,7 +28,9 @@ import signal
 import sys
 
 PR_SET_CHILD_SUBREAPER = 36
+PR_SET_NO_NEW_PRIVS = 38
 CLONE_NEWNS = 0x00020000
+CLONE_NEWUSER = 0x10000000
 MS_RDONLY = 1
 MS_NOSUID = 2
 MS_NODEV = 4
@@ -35,6 +39,9 @@ MS_BIND = 4096
 MS_REC = 16384
 MS_PRIVATE = 1 << 18
 MS_REMOUNT = 32
+MS_NOATIME = 1024
+MS_NODIRATIME = 2048
+MS_RELATIME = 1 << 21
 # All the covers of `_cover` together: at most this much data and this many files.
 COVER_OPTIONS = b"size=512m,nr_inodes=65536,mode=0755"
 
@@ -89,10 +96,17 @@ def _kill_tree(me):
     return killed
 
 
-def _unshare():
+def _unshare(user=False):
+    """A private mount namespace; with `user` (no root), inside a new user namespace that maps only our
+    own uid and gid, which is what lets an unprivileged process mount there."""
     libc = _libc()
-    if libc.unshare(CLONE_NEWNS) != 0:
+    uid, gid = os.getuid(), os.getgid()
+    if libc.unshare(CLONE_NEWNS | (CLONE_NEWUSER if user else 0)) != 0:
         raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWNS) failed")
+    if user:
+        for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
+            with open(f"/proc/self/{name}", "w") as fh:
+                fh.write(text)
     if libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None) != 0:
         raise OSError(ctypes.get_errno(), "mount --make-rprivate / failed")
 
@@ -172,13 +186,34 @@ def _expose(paths):
                 os.close(fd)
 
 
-def _cover(dirs, keep):
+def _bind_readonly(path):
+    """Make the bind mount at `path` read-only, keeping the flags it has (a user namespace may not clear them)."""
+    has = os.statvfs(path).f_flag
+    kept = 0
+    for st, ms in ((os.ST_NOSUID, MS_NOSUID), (os.ST_NODEV, MS_NODEV), (os.ST_NOEXEC, MS_NOEXEC),
+                   (os.ST_NOATIME, MS_NOATIME), (os.ST_NODIRATIME, MS_NODIRATIME), (os.ST_RELATIME, MS_RELATIME)):
+        kept |= ms if has & st else 0
+    if _libc().mount(b"none", os.fsencode(path), None, MS_BIND | MS_REMOUNT | MS_RDONLY | kept, None) != 0:
+        raise OSError(ctypes.get_errno(), f"could not make {path} read-only")
+
+
+def _drop_capabilities():
+    """No capability left in this process (what the user namespace gave the launcher), nor gained by exec."""
+    libc = _libc()
+    libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+    header = (ctypes.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this process
+    data = (ctypes.c_uint32 * 6)()
+    if libc.capset(header, data) != 0:
+        raise OSError(ctypes.get_errno(), "capset failed")
+
+
+def _cover(dirs, keep, writable=()):
     """Cover each folder of `dirs` (every non-system top-level folder, and /dev/shm) with a fresh, empty,
     writable folder.
 
     Whatever is there (other students, other courses, copies of the repository, what other runs left
     in /tmp) disappears for the command; the paths in `keep` (its own working folder, the interpreter,
-    the venv) are bind-mounted back at the same place.  The covers are folders of one tmpfs
+    the venv) are bind-mounted back at the same place, read-only but for those in `writable`.  The covers are folders of one tmpfs
     (COVER_OPTIONS: 512 MiB), bind-mounted in place, so that what the command can write into all of
     them together (RAM, which the memory watchdog does not see) is bounded once, not once per folder.
     """
@@ -213,6 +248,8 @@ def _cover(dirs, keep):
                 open(k, "w").close()
             if libc.mount(os.fsencode(f"/proc/self/fd/{fd}"), os.fsencode(k), None, MS_BIND | MS_REC, None) != 0:
                 raise OSError(ctypes.get_errno(), f"could not bind {k}")
+            if k not in writable:
+                _bind_readonly(k)
     finally:
         for _, fd in fds:
             os.close(fd)
@@ -231,11 +268,12 @@ def launch(spec, status_fd, start=_exec):
     """
     me = os.getpid()
     traps = []
-    if spec.get("uid") is not None:  # root: private mount namespace
+    userns = spec.get("uid") is None and spec.get("userns")
+    if spec.get("uid") is not None or userns:  # a private mount namespace (root, or a user namespace)
         hide = spec.get("hide", [])
         kinds = {p: ("dir" if os.path.isdir(p) else "file" if os.path.exists(p) else None) for p in hide}
-        _unshare()
-        _cover(spec.get("cover", []), [spec["cwd"]] + spec.get("expose", []))
+        _unshare(user=userns)
+        _cover(spec.get("cover", []), [spec["cwd"]] + spec.get("expose", []), writable=[spec["cwd"]])
         traps = _hide(hide, kinds)
         _expose(spec.get("expose", []))
     _libc().prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
@@ -254,6 +292,8 @@ def launch(spec, status_fd, start=_exec):
             for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
                 signal.signal(sig, signal.SIG_DFL)
             os.close(status_fd)
+            if userns:
+                _drop_capabilities()
             for name, (soft, hard) in spec["rlimits"].items():
                 resource.setrlimit(getattr(resource, name), (soft, hard))
             if spec.get("uid") is not None:
@@ -298,7 +338,22 @@ def launch(spec, status_fd, start=_exec):
     os._exit(0)
 
 
+def probe_userns():
+    """Exit 0 when this process can make a user and mount namespace and mount a tmpfs there (what a
+    grader without root needs for the hidden folders and the covers), else 1."""
+    try:
+        _unshare(user=True)
+        if _libc().mount(b"tmpfs", b"/tmp", b"tmpfs", MS_NOSUID | MS_NODEV, b"size=64k") != 0:
+            raise OSError(ctypes.get_errno(), "mount failed")
+        _drop_capabilities()
+    except OSError:
+        os._exit(1)
+    os._exit(0)
+
+
 def main():
+    if sys.argv[1:] == ["--probe-userns"]:
+        probe_userns()
     spec = json.loads(sys.argv[1])
     status_fd = int(sys.argv[2])
     os.set_inheritable(status_fd, False)

@@ -21,7 +21,9 @@ small stdlib-only launcher (``_launcher.py``) and returns an `Outcome`. What it 
 * **Environment.** The child gets a scrubbed environment: a minimal ``PATH``, ``HOME=cwd``,
   ``LANG``, single-threaded BLAS, no ``PYTHONPATH``, plus what the caller passes in ``env``.
 
-Extra isolation when the grader runs as root (as in CI and on the grading machine):
+Extra isolation when the grader runs as root (as in CI and on the grading machine), and the mount
+namespace (second point) also without root, wherever the machine lets an ordinary user make a user
+namespace (`userns_available`):
 
 * the command runs under a **private unprivileged uid/gid** (one per concurrent run, from a high
   range no real account uses), so it cannot write root-owned files (the instructor's gradebook,
@@ -36,20 +38,26 @@ Extra isolation when the grader runs as root (as in CI and on the grading machin
   (`covered_dirs`: ``/tmp``, ``/var``, ``/home``, ``/root``, ``/work``, ``/opt``, ... and ``/dev/shm``),
   all of them folders of one tmpfs of 512 MiB (``_launcher.COVER_OPTIONS``: what a run can write
   there is RAM the memory watchdog does not see, so it is bounded once, not per folder),
-  with only its own ``cwd``, the interpreter and the venv bound back, so other copies of the course
-  or the repository elsewhere on the machine, and whatever other runs left in ``/tmp``, are out of
-  sight.
+  with only its own ``cwd`` (writable), the interpreter and the venv bound back (read-only), so
+  other copies of the course or the repository elsewhere on the machine, and whatever other runs
+  left in ``/tmp``, are out of sight.
 
-Not isolated (documented limits): the network; the system folders and the venv, which stay readable. Without root, the command runs as the grader's own user: it can then read and write
-whatever the grader can, and the pipeline's own checks (strict JSON verdicts computed outside,
-gradebook rewritten from verdicts, output written only after every run ended) are what protect
-the grades.
+Without root the launcher makes that namespace inside a user namespace that maps only the grader's
+own uid and gid, and the command runs with no capability (``_launcher._drop_capabilities``). It
+still runs as the grader's uid, so it could signal the grader's processes (ending a run, never
+changing a grade) and is not held by ``RLIMIT_NPROC``. Where user namespaces are off, the command
+can read and write whatever the grader can.
+
+Not isolated (documented limits): the network; the system folders, which stay readable. The
+pipeline's own checks (strict JSON verdicts computed outside, gradebook rewritten from verdicts,
+output written only after every run ended) protect the grades in every case.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import json
 import os
 import select
@@ -116,6 +124,21 @@ def scratch_root() -> str | None:
 
 def is_root() -> bool:
     return os.geteuid() == 0
+
+
+@functools.lru_cache(maxsize=1)
+def userns_available() -> bool:
+    """Without root: whether this machine lets the launcher make a user and mount namespace of its own
+    and mount there (most Linux systems; not where unprivileged user namespaces are switched off or
+    filtered). Asked once per process, of the launcher itself."""
+    if is_root():
+        return False
+    try:
+        probe = subprocess.run([sys.executable, "-I", "-S", str(LAUNCHER), "--probe-userns"], stdin=subprocess.DEVNULL,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return probe.returncode == 0
 
 
 # ----------------------------------------------------------------------------- private uids
@@ -599,6 +622,7 @@ def run_isolated(
     if address_space:
         rlimits["RLIMIT_AS"] = [mem_bytes, mem_bytes]
     root = is_root()
+    userns = not root and userns_available()
     uid = _acquire_uid() if root else None
     spec = {
         "argv": [str(a) for a in argv],
@@ -608,10 +632,11 @@ def run_isolated(
         "uid": uid,
         "gid": uid,
         "nproc": NPROC_LIMIT if root else None,
+        "userns": userns,
         # never hide the command's own folder (or a folder holding it)
         "hide": [h for h in (str(Path(p).resolve()) for p in hide if Path(p).exists())
-                 if not (str(cwd) == h or str(cwd).startswith(h.rstrip("/") + "/"))] if root else [],
-        "cover": covered_dirs() if root else [],
+                 if not (str(cwd) == h or str(cwd).startswith(h.rstrip("/") + "/"))] if root or userns else [],
+        "cover": covered_dirs() if root or userns else [],
         "expose": sorted({os.path.realpath(sys.base_prefix), os.path.realpath(sys.prefix),
                           os.path.dirname(os.path.realpath(sys.executable)), str(cwd)}
                          | {os.path.realpath(p) for p in expose}),

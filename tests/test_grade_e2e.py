@@ -25,7 +25,7 @@ import pytest
 from decodesched.grader import pipeline, sandbox, spec, verdict
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from grader_attacks import attacks  # noqa: E402
+from grader_attacks import attacks, nobody  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -115,8 +115,8 @@ def test_the_honest_part_earns_partial_credit(run):
 
 @pytest.mark.parametrize("name", sorted(attacks.EXPECT))
 def test_status_and_score(run, name):
-    if not IS_ROOT and name in ("reads_hidden_files", "writes_out_dir"):
-        pytest.skip("file isolation from other students and the output folder needs root (see grader/sandbox.py)")
+    if not IS_ROOT and not sandbox.userns_available() and name in ("reads_hidden_files", "writes_out_dir"):
+        pytest.skip("file isolation needs root or user namespaces (see grader/sandbox.py)")
     row = run["rows"][name]
     status, score_rule = attacks.EXPECT[name]
     score, honest = float(row["score"]), run["honest"]
@@ -268,3 +268,34 @@ def test_a_kernel_that_kills_nbgrader_every_time_is_crashed_after_two_runs(run, 
     assert rep.status == "crashed"
     assert "autograded again in a fresh run" in rep.notes[0]
     assert rep.notes[1].startswith("kernel: nbgrader autograde failed (exit None, signal 6")
+
+
+@pytest.mark.skipif(nobody.available() is not None, reason=str(nobody.available()))
+def test_a_grader_without_root_keeps_hidden_files_and_outputs_out_of_reach(run):
+    """`decodesched grade` run by an ordinary user (uid 65534): the attacks that read the course and
+    the reference or write into the output folder fare as under root (a user namespace of its own)."""
+    if not nobody.userns():
+        pytest.skip("unprivileged user namespaces are not available on this machine")
+    base = nobody.workdir()
+    try:
+        shutil.copytree(run["course"], base / "course")
+        (base / "subs").mkdir()
+        names = ("honest_reference", "reads_hidden_files", "writes_out_dir")
+        for name in names:
+            shutil.copy2(run["subs"] / f"{name}.ipynb", base / "subs")
+        nobody.give(base)
+        source_before = _tree_digest(base / "course" / "source")
+        proc = nobody.run(["-m", "decodesched.cli", "grade", str(base / "subs"), "--out", str(base / "out"),
+                           "--course", str(base / "course"), "--jobs", "2", "--timeout", str(TIMEOUT_S),
+                           "--no-progress"], cwd=base)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        rows = _rows(base / "out")
+        for name in names:
+            status, score_rule = attacks.EXPECT[name]
+            want = run["honest"] if score_rule == "honest" else score_rule
+            assert (rows[name]["status"], float(rows[name]["score"])) == (status, pytest.approx(want)), (name, rows)
+        assert sorted(p.name for p in (base / "out").iterdir()) == ["feedback", "grades.csv"]
+        assert "pwned" not in (base / "out" / "feedback" / "honest_reference.html").read_text()
+        assert _tree_digest(base / "course" / "source") == source_before
+    finally:
+        nobody.cleanup(base)

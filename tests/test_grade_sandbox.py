@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -12,6 +13,9 @@ from pathlib import Path
 import pytest
 
 from decodesched.grader import sandbox
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from grader_attacks import nobody  # noqa: E402
 
 
 def _run(tmp_path, code, **kw):
@@ -222,3 +226,58 @@ def test_a_run_that_makes_no_progress_is_stopped_long_before_the_backstop(tmp_pa
                cpu_s=30, timeout_s=600)
     assert out.timed_out and out.wall_exceeded and not out.cpu_exceeded
     assert out.wall_s < sandbox.STALL_S * 4 and any("no progress" in n for n in out.notes)
+
+
+_NOBODY_PROBE = r"""
+import json, os, sys
+from pathlib import Path
+from decodesched.grader import sandbox
+base = Path(sys.argv[1])
+secret, work, shared, other = base / "secret", base / "work", base / "shared", base / "other"
+for d in (secret, work, shared, other):
+    d.mkdir()
+(secret / "hidden.txt").write_text("hidden tests")
+(other / "left.txt").write_text("another run's file")
+paths = {"secret": str(secret / "hidden.txt"), "other": str(other / "left.txt"), "shared": str(shared),
+         "trap": str(secret / "planted.txt"), "venv": str(shared / "pwned")}
+code = (
+    "import json, os\n"
+    "def tries(path):\n"
+    "    try:\n"
+    "        open(path, 'w').write('x')\n"
+    "        return 'wrote'\n"
+    "    except OSError as exc:\n"
+    "        return os.strerror(exc.errno)\n"
+    f"p = {paths!r}\n"
+    "caps = [ln.split()[1] for ln in open('/proc/self/status') if ln.startswith('CapEff')][0]\n"
+    "print(json.dumps({'uid': os.getuid(), 'caps': caps, 'secret': os.path.exists(p['secret']),\n"
+    "                  'other': os.path.exists(p['other']), 'shared': os.path.isdir(p['shared']),\n"
+    "                  'own': tries('mine.txt'), 'venv': tries(p['venv']), 'trap': tries(p['trap'])}))\n"
+)
+(work / "x.py").write_text(code)
+out = sandbox.run_isolated([sys.executable, "-I", "-S", "x.py"], cwd=work, timeout_s=30, cpu_s=10, memory_mb=400,
+                           hide=[secret], expose=[shared])
+print(json.dumps({"userns": sandbox.userns_available(), "seen": json.loads(out.stdout.decode() or "null"),
+                  "stderr": out.stderr.decode()[-500:], "protected_writes": out.protected_writes,
+                  "planted": (secret / "planted.txt").exists(), "pwned": (shared / "pwned").exists(),
+                  "mine": (work / "mine.txt").exists()}))
+"""
+
+
+@pytest.mark.skipif(nobody.available() is not None, reason=str(nobody.available()))
+def test_without_root_a_user_namespace_hides_covers_and_binds_back_read_only():
+    """A grader without root (uid 65534 here) isolates as root does, in a user namespace of its own:
+    hidden folders are traps, other folders covered, the venv read-only, no capability left."""
+    base = nobody.workdir()
+    try:
+        proc = nobody.run(["-c", _NOBODY_PROBE, str(base)], cwd=base)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        got = json.loads(proc.stdout.strip().splitlines()[-1])
+        if not got["userns"]:
+            pytest.skip("unprivileged user namespaces are not available on this machine")
+        assert got["seen"] == {"uid": nobody.NOBODY, "caps": "0000000000000000", "secret": False, "other": False,
+                               "shared": True, "own": "wrote", "venv": "Read-only file system", "trap": "wrote"}, got
+        assert got["protected_writes"] == [str(base / "secret" / "planted.txt")]
+        assert (got["planted"], got["pwned"], got["mine"]) == (False, False, True)
+    finally:
+        nobody.cleanup(base)
