@@ -213,9 +213,10 @@ def _cover(dirs, keep, writable=()):
 
     Whatever is there (other students, other courses, copies of the repository, what other runs left
     in /tmp) disappears for the command; the paths in `keep` (its own working folder, the interpreter,
-    the venv) are bind-mounted back at the same place, read-only but for those in `writable`.  The covers are folders of one tmpfs
-    (COVER_OPTIONS: 512 MiB), bind-mounted in place, so that what the command can write into all of
-    them together (RAM, which the memory watchdog does not see) is bounded once, not once per folder.
+    the venv) are bind-mounted back at the same place, read-only but for those in `writable`.  The
+    covers are folders of one tmpfs (COVER_OPTIONS: 512 MiB), bind-mounted in place, so that what the
+    command can write into all of them together (RAM, which the memory watchdog does not see) is
+    bounded once, not once per folder.
     """
     libc = _libc()
     dirs = [d for d in dirs if os.path.isdir(d) and not os.path.islink(d)]
