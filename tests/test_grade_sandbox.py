@@ -228,6 +228,37 @@ def test_a_run_that_makes_no_progress_is_stopped_long_before_the_backstop(tmp_pa
     assert out.wall_s < sandbox.STALL_S * 4 and any("no progress" in n for n in out.notes)
 
 
+def _nested_unmount(hidden_dir: str) -> str:
+    """Python that makes a user and mount namespace of its own (root inside it), tries to unmount the
+    trap over `hidden_dir` and the cover over /tmp, and prints whether it got in and what it sees."""
+    return (
+        "import ctypes, os\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        "uid, gid = os.getuid(), os.getgid()\n"
+        "inside = libc.unshare(0x10000000 | 0x00020000) == 0\n"
+        "if inside:\n"
+        "    open('/proc/self/setgroups', 'w').write('deny')\n"
+        "    open('/proc/self/uid_map', 'w').write(f'0 {uid} 1')\n"
+        "    open('/proc/self/gid_map', 'w').write(f'0 {gid} 1')\n"
+        f"    for target in ({hidden_dir!r}, '/tmp'):\n"
+        "        libc.umount2(target.encode(), 2)\n"
+        f"print(inside, sorted(os.listdir({hidden_dir!r})))\n"
+    )
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="private uid and mount namespace need root")
+def test_a_namespace_of_its_own_does_not_uncover_hidden_folders(tmp_path):
+    """The mounts the sandbox made come into a namespace the command makes as one locked unit: root in
+    its own user namespace, it can unmount neither a trap nor a cover."""
+    secret = tmp_path / "secret"
+    secret.mkdir()
+    (secret / "hidden.txt").write_text("hidden tests")
+    work = tmp_path / "work"
+    work.mkdir()
+    out = _run(work, _nested_unmount(str(secret)), hide=[secret])
+    assert out.stdout.decode().strip() == "True []", (out.stdout, out.stderr[-500:])
+
+
 _NOBODY_PROBE = r"""
 import json, os, sys
 from pathlib import Path
@@ -255,9 +286,13 @@ code = (
     "                  'own': tries('mine.txt'), 'venv': tries(p['venv']), 'trap': tries(p['trap'])}))\n"
 )
 (work / "x.py").write_text(code)
+(work / "nested.py").write_text(sys.argv[2])
 out = sandbox.run_isolated([sys.executable, "-I", "-S", "x.py"], cwd=work, timeout_s=30, cpu_s=10, memory_mb=400,
                            hide=[secret], expose=[shared])
+nested = sandbox.run_isolated([sys.executable, "-I", "-S", "nested.py"], cwd=work, timeout_s=30, cpu_s=10,
+                              memory_mb=400, hide=[secret])
 print(json.dumps({"userns": sandbox.userns_available(), "seen": json.loads(out.stdout.decode() or "null"),
+                  "nested": nested.stdout.decode().strip(),
                   "stderr": out.stderr.decode()[-500:], "protected_writes": out.protected_writes,
                   "planted": (secret / "planted.txt").exists(), "pwned": (shared / "pwned").exists(),
                   "mine": (work / "mine.txt").exists()}))
@@ -270,7 +305,7 @@ def test_without_root_a_user_namespace_hides_covers_and_binds_back_read_only():
     hidden folders are traps, other folders covered, the venv read-only, no capability left."""
     base = nobody.workdir()
     try:
-        proc = nobody.run(["-c", _NOBODY_PROBE, str(base)], cwd=base)
+        proc = nobody.run(["-c", _NOBODY_PROBE, str(base), _nested_unmount(str(base / "secret"))], cwd=base)
         assert proc.returncode == 0, proc.stderr[-2000:]
         got = json.loads(proc.stdout.strip().splitlines()[-1])
         if not got["userns"]:
@@ -278,6 +313,7 @@ def test_without_root_a_user_namespace_hides_covers_and_binds_back_read_only():
         assert got["seen"] == {"uid": nobody.NOBODY, "caps": "0000000000000000", "secret": False, "other": False,
                                "shared": True, "own": "wrote", "venv": "Read-only file system", "trap": "wrote"}, got
         assert got["protected_writes"] == [str(base / "secret" / "planted.txt")]
+        assert got["nested"] == "True []", got  # its own namespace uncovers nothing
         assert (got["planted"], got["pwned"], got["mine"]) == (False, False, True)
     finally:
         nobody.cleanup(base)
