@@ -141,6 +141,15 @@ def userns_available() -> bool:
     return probe.returncode == 0
 
 
+def weak_isolation() -> str | None:
+    """One line for the grader's user when submissions would run with the grader's own access to
+    files (neither root nor a user namespace here), else None."""
+    if is_root() or userns_available():
+        return None
+    return ("submissions run with your own access to files here (neither root nor user namespaces): "
+            "they can read the course and write where you can; see docs/grading.md")
+
+
 # ----------------------------------------------------------------------------- private uids
 _uid_lock = threading.Lock()
 _uids_in_use: set[int] = set()

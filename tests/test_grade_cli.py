@@ -70,3 +70,22 @@ def test_without_nbgrader_grade_and_build_say_which_extra_to_install(tmp_path, c
     assert err == [f"decodesched {c}: error: decodesched {c} needs nbgrader, which is not installed: "
                    "pip install 'decodesched[grader]'" for c in ("grade", "assignment build")]
     assert not out.exists() and not (tmp_path / "course" / "release").exists()
+
+
+@pytest.mark.parametrize("root, userns, noted", [(True, False, False), (False, True, False), (False, False, True)])
+def test_grade_says_once_when_submissions_would_run_with_the_graders_own_access(tmp_path, capsys, monkeypatch,
+                                                                               root, userns, noted):
+    from decodesched.grader import pipeline, sandbox
+
+    monkeypatch.setattr(sandbox, "is_root", lambda: root)
+    monkeypatch.setattr(sandbox, "userns_available", lambda: userns)
+    monkeypatch.setattr(pipeline, "grade", lambda *a, **k: [])  # the notice, not the grading
+    assert cli.main(["assignment", "init", str(tmp_path / "course")]) == 0
+    (tmp_path / "subs").mkdir()
+    capsys.readouterr()
+    assert cli.main(["grade", str(tmp_path / "subs"), "--out", str(tmp_path / "out"),
+                     "--course", str(tmp_path / "course")]) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert err == (["decodesched grade: note: submissions run with your own access to files here (neither root nor "
+                    "user namespaces): they can read the course and write where you can; see docs/grading.md"]
+                   if noted else [])

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import sys
 from pathlib import Path
 
 from ..errors import UserError
@@ -77,9 +78,12 @@ def run(args) -> int:
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise UserError(f"{out}: exists and is not a folder")
-    from ..grader import course, pipeline
+    from ..grader import course, pipeline, sandbox
 
     course.require_nbgrader("decodesched grade")
+    weak = sandbox.weak_isolation()
+    if weak:
+        print(f"decodesched grade: note: {weak}", file=sys.stderr)
     root = course.resolve_root(args.course)
     options = pipeline.Options(
         timeout_s=args.timeout, memory_mb=args.memory_mb, jobs=args.jobs or (os.cpu_count() or 1),
