@@ -21,6 +21,7 @@ report alone: it also kills the process group and scans /proc for the submission
 
 import ctypes
 import ctypes.util
+import functools
 import json
 import os
 import resource
@@ -29,7 +30,9 @@ import sys
 
 PR_SET_CHILD_SUBREAPER = 36
 PR_SET_NO_NEW_PRIVS = 38
+PR_SET_PDEATHSIG = 1
 CLONE_NEWNS = 0x00020000
+CLONE_NEWPID = 0x20000000
 CLONE_NEWUSER = 0x10000000
 MS_RDONLY = 1
 MS_NOSUID = 2
@@ -46,6 +49,7 @@ MS_RELATIME = 1 << 21
 COVER_OPTIONS = b"size=512m,nr_inodes=65536,mode=0755"
 
 
+@functools.lru_cache(maxsize=1)
 def _libc():
     return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 
@@ -197,6 +201,14 @@ def _bind_readonly(path):
         raise OSError(ctypes.get_errno(), f"could not make {path} read-only")
 
 
+def _new_pid_namespace(libc):
+    """The next child forked is process 1 of a PID namespace of its own: no process outside it can be
+    named, so the command cannot signal the grader's processes (same uid without root), not even with
+    ``kill(-1)``; when it ends, the kernel kills every process left in it."""
+    if libc.unshare(CLONE_NEWPID) != 0:
+        raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWPID) failed")
+
+
 def _drop_capabilities():
     """No capability left in this process (what the user namespace gave the launcher), nor gained by exec."""
     libc = _libc()
@@ -286,10 +298,14 @@ def launch(spec, status_fd, start=_exec):
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, on_signal)
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    if userns:
+        _new_pid_namespace(_libc())  # nothing may fork between this and the command's fork
 
     pid = os.fork()
     if pid == 0:  # the untrusted command
         try:
+            if userns:  # process 1 of its namespace: it and everything in it die with this launcher
+                _libc().prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
             for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
                 signal.signal(sig, signal.SIG_DFL)
             os.close(status_fd)
@@ -340,16 +356,22 @@ def launch(spec, status_fd, start=_exec):
 
 
 def probe_userns():
-    """Exit 0 when this process can make a user and mount namespace and mount a tmpfs there (what a
-    grader without root needs for the hidden folders and the covers), else 1."""
+    """Exit 0 when this process can make a user and mount namespace, mount a tmpfs there (what a grader
+    without root needs for the hidden folders and the covers) and start a PID namespace, else 1."""
     try:
         _unshare(user=True)
-        if _libc().mount(b"tmpfs", b"/tmp", b"tmpfs", MS_NOSUID | MS_NODEV, b"size=64k") != 0:
+        libc = _libc()
+        if libc.mount(b"tmpfs", b"/tmp", b"tmpfs", MS_NOSUID | MS_NODEV, b"size=64k") != 0:
             raise OSError(ctypes.get_errno(), "mount failed")
-        _drop_capabilities()
+        _new_pid_namespace(libc)
+        pid = os.fork()
+        if pid == 0:
+            _drop_capabilities()
+            os._exit(0 if os.getpid() == 1 else 1)
+        _, status = os.waitpid(pid, 0)
     except OSError:
         os._exit(1)
-    os._exit(0)
+    os._exit(0 if os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0 else 1)
 
 
 def main():

@@ -43,10 +43,11 @@ namespace (`userns_available`):
   left in ``/tmp``, are out of sight.
 
 Without root the launcher makes that namespace inside a user namespace that maps only the grader's
-own uid and gid, and the command runs with no capability (``_launcher._drop_capabilities``). It
-still runs as the grader's uid, so it could signal the grader's processes (ending a run, never
-changing a grade) and is not held by ``RLIMIT_NPROC``. Where user namespaces are off, the command
-can read and write whatever the grader can.
+own uid and gid, and the command runs with no capability (``_launcher._drop_capabilities``), as
+process 1 of a PID namespace of its own: it runs as the grader's uid, but no process outside can
+be named, so it cannot signal the grader (not even with ``kill(-1)``), and it and everything it
+started die with the launcher. It is not held by ``RLIMIT_NPROC`` (the memory watchdog stops fork
+bombs). Where user namespaces are off, the command can read and write whatever the grader can.
 
 Not isolated (documented limits): the network; the system folders, which stay readable. The
 pipeline's own checks (strict JSON verdicts computed outside, gradebook rewritten from verdicts,

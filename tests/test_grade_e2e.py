@@ -113,14 +113,10 @@ def test_the_honest_part_earns_partial_credit(run):
     assert 0 < run["honest"] < spec.MAX_SCORE  # so "graded on the honest part" can be told from full marks
 
 
-@pytest.mark.parametrize("name", sorted(attacks.EXPECT))
-def test_status_and_score(run, name):
-    if not IS_ROOT and not sandbox.userns_available() and name in ("reads_hidden_files", "writes_out_dir"):
-        pytest.skip("file isolation needs root or user namespaces (see grader/sandbox.py)")
-    row = run["rows"][name]
-    status, score_rule = attacks.EXPECT[name]
-    score, honest = float(row["score"]), run["honest"]
-    assert row["status"] == status, (name, row, run["stderr"][-2000:])
+def _check_row(name, row, honest, expect=attacks.EXPECT, stderr=""):
+    status, score_rule = expect[name]
+    score = float(row["score"])
+    assert row["status"] == status, (name, row, stderr[-2000:])
     assert float(row["max_score"]) == spec.MAX_SCORE
     assert abs(sum(float(row[c]) for c in spec.CELL_IDS) - score) < 1e-6
     if score_rule == "honest":
@@ -131,6 +127,14 @@ def test_status_and_score(run, name):
         assert score <= honest + 1e-6, (name, score, honest)
     else:
         assert score == pytest.approx(score_rule), (name, score)
+
+
+@pytest.mark.parametrize("name", sorted(attacks.EXPECT))
+def test_status_and_score(run, name):
+    if not IS_ROOT and not sandbox.userns_available() and name in ("reads_hidden_files", "writes_out_dir"):
+        pytest.skip("file isolation needs root or user namespaces (see grader/sandbox.py)")
+    _check_row(name, run["rows"][name], run["honest"], attacks.EXPECT if IS_ROOT else attacks.EXPECT_WITHOUT_ROOT,
+               run["stderr"])
 
 
 def test_one_row_per_submission_and_a_summary(run):
@@ -271,31 +275,34 @@ def test_a_kernel_that_kills_nbgrader_every_time_is_crashed_after_two_runs(run, 
 
 
 @pytest.mark.skipif(nobody.available() is not None, reason=str(nobody.available()))
-def test_a_grader_without_root_keeps_hidden_files_and_outputs_out_of_reach(run):
-    """`decodesched grade` run by an ordinary user (uid 65534): the attacks that read the course and
-    the reference or write into the output folder fare as under root (a user namespace of its own)."""
+def test_a_grader_without_root_judges_every_attack_as_root_does(run):
+    """`decodesched grade` run by an ordinary user (uid 65534) on every attack: statuses and scores as
+    under root (`attacks.EXPECT_WITHOUT_ROOT`: one self-harming difference), the course and the
+    submissions untouched, nothing but grades.csv and feedback in the output, no process left."""
     if not nobody.userns():
         pytest.skip("unprivileged user namespaces are not available on this machine")
     base = nobody.workdir()
     try:
         shutil.copytree(run["course"], base / "course")
-        (base / "subs").mkdir()
-        names = ("honest_reference", "reads_hidden_files", "writes_out_dir")
-        for name in names:
-            shutil.copy2(run["subs"] / f"{name}.ipynb", base / "subs")
+        shutil.copytree(run["subs"], base / "subs")
         nobody.give(base)
-        source_before = _tree_digest(base / "course" / "source")
+        course_before, subs_before = _tree_digest(base / "course"), _tree_digest(base / "subs")
         proc = nobody.run(["-m", "decodesched.cli", "grade", str(base / "subs"), "--out", str(base / "out"),
                            "--course", str(base / "course"), "--jobs", "2", "--timeout", str(TIMEOUT_S),
-                           "--no-progress"], cwd=base)
+                           "--no-progress"], cwd=base, timeout=1500)
         assert proc.returncode == 0, proc.stderr[-3000:]
+        time.sleep(0.5)
+        assert _leftovers(base / "out", run["tokens"]) == []
         rows = _rows(base / "out")
-        for name in names:
-            status, score_rule = attacks.EXPECT[name]
-            want = run["honest"] if score_rule == "honest" else score_rule
-            assert (rows[name]["status"], float(rows[name]["score"])) == (status, pytest.approx(want)), (name, rows)
-        assert sorted(p.name for p in (base / "out").iterdir()) == ["feedback", "grades.csv"]
+        assert sorted(rows) == sorted(attacks.EXPECT_WITHOUT_ROOT)
+        for name in rows:
+            _check_row(name, rows[name], run["honest"], attacks.EXPECT_WITHOUT_ROOT, proc.stderr)
+        names = {p.relative_to(base / "out").as_posix() for p in (base / "out").rglob("*")}
+        assert names == {"grades.csv", "feedback"} | {f"feedback/{n}.html" for n in attacks.EXPECT}
         assert "pwned" not in (base / "out" / "feedback" / "honest_reference.html").read_text()
-        assert _tree_digest(base / "course" / "source") == source_before
+        assert _tree_digest(base / "subs") == subs_before
+        course_after = _tree_digest(base / "course")
+        assert {k: v for k, v in course_after.items() if k != "gradebook.db"} == \
+            {k: v for k, v in course_before.items() if k != "gradebook.db"}
     finally:
         nobody.cleanup(base)

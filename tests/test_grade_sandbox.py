@@ -270,7 +270,7 @@ for d in (secret, work, shared, other):
 (secret / "hidden.txt").write_text("hidden tests")
 (other / "left.txt").write_text("another run's file")
 paths = {"secret": str(secret / "hidden.txt"), "other": str(other / "left.txt"), "shared": str(shared),
-         "trap": str(secret / "planted.txt"), "venv": str(shared / "pwned")}
+         "trap": str(secret / "planted.txt"), "venv": str(shared / "pwned"), "grader": os.getpid()}
 code = (
     "import json, os\n"
     "def tries(path):\n"
@@ -279,11 +279,18 @@ code = (
     "        return 'wrote'\n"
     "    except OSError as exc:\n"
     "        return os.strerror(exc.errno)\n"
+    "def signals(pid):\n"
+    "    try:\n"
+    "        os.kill(pid, 0)\n"
+    "        return 'reached'\n"
+    "    except OSError as exc:\n"
+    "        return os.strerror(exc.errno)\n"
     f"p = {paths!r}\n"
     "caps = [ln.split()[1] for ln in open('/proc/self/status') if ln.startswith('CapEff')][0]\n"
     "print(json.dumps({'uid': os.getuid(), 'caps': caps, 'secret': os.path.exists(p['secret']),\n"
     "                  'other': os.path.exists(p['other']), 'shared': os.path.isdir(p['shared']),\n"
-    "                  'own': tries('mine.txt'), 'venv': tries(p['venv']), 'trap': tries(p['trap'])}))\n"
+    "                  'own': tries('mine.txt'), 'venv': tries(p['venv']), 'trap': tries(p['trap']),\n"
+    "                  'pid': os.getpid(), 'grader': signals(p['grader'])}))\n"
 )
 (work / "x.py").write_text(code)
 (work / "nested.py").write_text(sys.argv[2])
@@ -302,7 +309,8 @@ print(json.dumps({"userns": sandbox.userns_available(), "seen": json.loads(out.s
 @pytest.mark.skipif(nobody.available() is not None, reason=str(nobody.available()))
 def test_without_root_a_user_namespace_hides_covers_and_binds_back_read_only():
     """A grader without root (uid 65534 here) isolates as root does, in a user namespace of its own:
-    hidden folders are traps, other folders covered, the venv read-only, no capability left."""
+    hidden folders are traps, other folders covered, the venv read-only, no capability left, and in
+    a PID namespace of its own the grader's processes cannot be named (the same uid could signal them)."""
     base = nobody.workdir()
     try:
         proc = nobody.run(["-c", _NOBODY_PROBE, str(base), _nested_unmount(str(base / "secret"))], cwd=base)
@@ -311,7 +319,8 @@ def test_without_root_a_user_namespace_hides_covers_and_binds_back_read_only():
         if not got["userns"]:
             pytest.skip("unprivileged user namespaces are not available on this machine")
         assert got["seen"] == {"uid": nobody.NOBODY, "caps": "0000000000000000", "secret": False, "other": False,
-                               "shared": True, "own": "wrote", "venv": "Read-only file system", "trap": "wrote"}, got
+                               "shared": True, "own": "wrote", "venv": "Read-only file system", "trap": "wrote",
+                               "pid": 1, "grader": "No such process"}, got
         assert got["protected_writes"] == [str(base / "secret" / "planted.txt")]
         assert got["nested"] == "True []", got  # its own namespace uncovers nothing
         assert (got["planted"], got["pwned"], got["mine"]) == (False, False, True)
