@@ -106,7 +106,7 @@ def _unshare(user=False):
     libc = _libc()
     uid, gid = os.getuid(), os.getgid()
     if libc.unshare(CLONE_NEWNS | (CLONE_NEWUSER if user else 0)) != 0:
-        raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWNS) failed")
+        raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWNS{}) failed".format(" | CLONE_NEWUSER" if user else ""))
     if user:
         for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
             with open(f"/proc/self/{name}", "w") as fh:

@@ -129,9 +129,9 @@ def is_root() -> bool:
 
 @functools.lru_cache(maxsize=1)
 def userns_available() -> bool:
-    """Without root: whether this machine lets the launcher make a user and mount namespace of its own
-    and mount there (most Linux systems; not where unprivileged user namespaces are switched off or
-    filtered). Asked once per process, of the launcher itself."""
+    """Without root: whether this machine lets the launcher make a user and mount namespace of its own,
+    mount there and start a PID namespace (most Linux systems; not where unprivileged user namespaces
+    are switched off or filtered). Asked once per process, of the launcher itself."""
     if is_root():
         return False
     try:

@@ -98,7 +98,11 @@ def test_background_processes_do_not_outlive_the_run(tmp_path):
     )
     out = _run(tmp_path, code)
     assert out.returncode == 0 and out.stdout.strip() == b"parent done"
-    assert out.leftovers_killed >= 2
+    if os.geteuid() != 0 and sandbox.userns_available():
+        # process 1 of its PID namespace: the kernel killed the rest with it, before the launcher looked
+        assert out.leftovers_killed == 0 and _procs_with(token) == []
+    else:
+        assert out.leftovers_killed >= 2
     time.sleep(0.2)
     assert _procs_with(token) == []
 

@@ -58,10 +58,11 @@ def give(path: Path) -> None:
 
 def run(args: list[str], cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess:
     """``python ARGS`` as uid 65534 in `cwd`, with this venv's interpreter; output captured as text."""
+    grader = str(Path(sandbox.__file__).resolve().parent)
     paths = sorted({os.path.realpath(sys.executable), os.path.realpath(sys.base_prefix),
-                    os.path.realpath(sys.prefix), str(REPO), str(Path(sandbox.__file__).resolve().parent)})
+                    os.path.realpath(sys.prefix), str(REPO), grader})
     wrapper = Path(cwd) / ".as_nobody.py"
-    wrapper.write_text(_WRAPPER.format(grader=str(Path(sandbox.__file__).resolve().parent), paths=paths, uid=NOBODY))
+    wrapper.write_text(_WRAPPER.format(grader=grader, paths=paths, uid=NOBODY))
     env = {"PATH": os.path.dirname(sys.executable) + os.pathsep + "/usr/bin:/bin", "HOME": str(cwd),
            "LANG": "C.UTF-8"}
     try:
