@@ -89,3 +89,7 @@ def test_grade_says_once_when_submissions_would_run_with_the_graders_own_access(
     assert err == (["decodesched grade: note: submissions run with your own access to files here (neither root nor "
                     "user namespaces): they can read the course and write where you can; see docs/grading.md"]
                    if noted else [])
+    # bad input is still one line, the error alone
+    assert cli.main(["grade", str(tmp_path / "subs"), "--out", str(tmp_path / "out"),
+                     "--course", str(tmp_path / "no-course")]) == 2
+    assert len(capsys.readouterr().err.splitlines()) == 1

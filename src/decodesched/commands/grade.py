@@ -81,10 +81,10 @@ def run(args) -> int:
     from ..grader import course, pipeline, sandbox
 
     course.require_nbgrader("decodesched grade")
-    weak = sandbox.weak_isolation()
+    root = course.resolve_root(args.course)
+    weak = sandbox.weak_isolation()  # after the arguments are checked: bad input stays one line
     if weak:
         print(f"decodesched grade: note: {weak}", file=sys.stderr)
-    root = course.resolve_root(args.course)
     options = pipeline.Options(
         timeout_s=args.timeout, memory_mb=args.memory_mb, jobs=args.jobs or (os.cpu_count() or 1),
         cell_timeout_s=args.cell_timeout, progress=None if not args.no_progress else False,
