@@ -159,6 +159,11 @@ def test_grid_order_and_validation():
         B.simulate_batch(rows, [B.Scenario(0, "aging", 1, 4, -1)])
     with pytest.raises(UserError, match="backend"):
         B.simulate_batch(rows, [B.Scenario(0, "aging", 1)], backend="tpu")
+    with pytest.raises(UserError, match="record_events must be True or False, got 'no'"):
+        B.simulate_batch(rows, [B.Scenario(0, "aging", 1)], record_events="no")
+    with pytest.raises(UserError, match="progress must be True or False or None, got 'off'"):
+        B.simulate_batch(rows, [B.Scenario(0, "aging", 1)], progress="off")
+    assert B.simulate_batch(rows, [B.Scenario(0, "aging", 1)], record_events=np.bool_(True)).event_log is not None
     # A single trace given as row dicts is one trace, not a list of traces.
     assert len(decodesched.simulate_batch(rows, [B.Scenario(0, "aging", 1)]).traces) == 1
 

@@ -173,6 +173,8 @@ def test_bad_scenarios_fail_before_any_cluster_work(traces, scenarios, tmp_path)
         run_sweep(traces, [Scenario(5, "fcfs", 10, 4)], "tcp://127.0.0.1:1", chunk_size=4)
     with pytest.raises(UserError, match="chunk size"):
         run_sweep(traces, scenarios, "tcp://127.0.0.1:1", chunk_size=0)
+    with pytest.raises(UserError, match="progress must be True or False or None, got 1"):
+        run_sweep(traces, scenarios, "tcp://127.0.0.1:1", chunk_size=4, progress=1)
 
 
 def test_without_dask_says_how_to_install(traces, scenarios, monkeypatch):

@@ -112,6 +112,8 @@ def test_extreme_ids_and_values_stay_exact():
     (dict(aging_interval="4" * 5000), r"must be an integer, got '4444.*\(5002 chars\)$"),
     (dict(max_steps=-2), "max_steps"),
     (dict(engine="gpu"), "unknown engine"),
+    (dict(record_events="no"), r"record_events must be True or False, got 'no'$"),
+    (dict(record_events=None), r"record_events must be True or False, got None$"),
 ])
 def test_bad_configuration_is_refused(kwargs, match):
     with pytest.raises(UserError, match=match):

@@ -38,7 +38,7 @@ import numpy as np
 
 from . import metrics as _metrics
 from ._io import Progress, atomic_writer
-from .engine import ENGINES, SimulationResult, check_config, event_capacity, trace_arrays
+from .engine import ENGINES, SimulationResult, check_config, check_flag, event_capacity, trace_arrays
 from .errors import UserError
 from .kernels import enums as E
 from .policy import Policy, policy_name
@@ -331,6 +331,8 @@ def simulate_batch(traces, scenarios: Sequence[Scenario], *, record_events: bool
             raise UserError(f"backend 'cuda' runs the built-in policies only; policy {user.name!r} needs backend 'cpu'")
     _check_backend(backend)
     threads = _check_threads(threads)
+    record_events = check_flag("record_events", record_events)
+    progress = check_flag("progress", progress, none=True)
     n_sc = len(scenarios)
     configs = np.array(check_scenarios(scenarios, len(traces)), np.int64).reshape(n_sc, 5)
     sc_trace, sc_policy, sc_capacity, sc_interval, sc_max_steps = (np.ascontiguousarray(c) for c in configs.T)

@@ -28,6 +28,7 @@ from typing import Callable, Sequence
 
 from ._io import Progress
 from .checkpoint import Checkpoint, finish, prepare, read_checkpoint, sweep_key  # noqa: F401 (re-exported)
+from .engine import check_flag
 from .errors import UserError
 
 INSTALL_HINT = "pip install 'decodesched[dask]'"
@@ -106,6 +107,7 @@ def run_sweep(traces, scenarios: Sequence, address, *, chunk_size: int = DEFAULT
 
     _import_dask()
     # Validate everything here, before any cluster work (the same checks as a local run).
+    progress = check_flag("progress", progress, none=True)
     traces, scenarios, key, done = prepare(traces, scenarios, chunk_size, checkpoint_path)
     for policy in {id(sc.policy): sc.policy for sc in scenarios if not isinstance(sc.policy, str)}.values():
         try:

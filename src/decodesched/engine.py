@@ -72,6 +72,16 @@ def check_config(policy, free_kv_blocks, aging_interval, max_steps) -> tuple[int
     return code, int(free_kv_blocks), int(aging_interval), limit
 
 
+def check_flag(name: str, value, *, none: bool = False) -> bool | None:
+    """`value` if it is a bool (or NumPy bool; None too with `none`), else a `UserError`: a string such
+    as ``"no"`` is truthy, so taking it would silently do the opposite of what was asked."""
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if none and value is None:
+        return None
+    raise UserError(f"{name} must be True or False{' or None' if none else ''}, got {show(value)}")
+
+
 def trace_arrays(trace: Trace):
     """The trace arrays in the order every replay kernel takes them (`kernels.fields.TRACE_FIELDS`)."""
     return tuple(trace.arrival_order if name == "order" else getattr(trace, name) for name in KERNEL_TRACE_ARGS)
@@ -116,6 +126,7 @@ def simulate(trace, policy="fixed_priority", free_kv_blocks: int = 1_000_000, ag
     """
     trace = load_trace(trace)
     code, capacity, interval, limit = check_config(policy, free_kv_blocks, aging_interval, max_steps)
+    record_events = check_flag("record_events", record_events)
     kernel = replay_kernel(engine, policy)
     n_events = event_capacity(trace, limit) if record_events else 0
     events = np.zeros((n_events, E.EV_NCOLS), dtype=np.int64)
