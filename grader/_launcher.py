@@ -306,6 +306,11 @@ def launch(spec, status_fd, start=_exec):
         try:
             if userns:  # process 1 of its namespace: it and everything in it die with this launcher
                 _libc().prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+                # A process group of its own: its parent cannot be named (getppid() is 0), and
+                # kill(0) would otherwise reach this launcher's group.  Now it reaches the command's
+                # own processes only, and process 1 ignores its own SIGKILL, as under root the
+                # command's kill(parent) is refused: the same run either way.
+                os.setpgid(0, 0)
             for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
                 signal.signal(sig, signal.SIG_DFL)
             os.close(status_fd)

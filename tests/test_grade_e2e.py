@@ -134,8 +134,7 @@ def _check_row(name, row, honest, expect=attacks.EXPECT, stderr=""):
 def test_status_and_score(run, name):
     if not IS_ROOT and not sandbox.userns_available() and name in ("reads_hidden_files", "writes_out_dir"):
         pytest.skip("file isolation needs root or user namespaces (see grader/sandbox.py)")
-    _check_row(name, run["rows"][name], run["honest"], attacks.EXPECT if IS_ROOT else attacks.EXPECT_WITHOUT_ROOT,
-               run["stderr"])
+    _check_row(name, run["rows"][name], run["honest"], attacks.EXPECT, run["stderr"])
 
 
 def test_one_row_per_submission_and_a_summary(run):
@@ -287,7 +286,7 @@ def test_a_kernel_that_kills_nbgrader_every_time_is_crashed_after_two_runs(run, 
 @pytest.mark.skipif(nobody.available() is not None, reason=str(nobody.available()))
 def test_a_grader_without_root_judges_every_attack_as_root_does(run):
     """`decodesched grade` run by an ordinary user (uid 65534) on every attack: statuses and scores as
-    under root (`attacks.EXPECT_WITHOUT_ROOT`: one self-harming difference), the course and the
+    under root (`attacks.EXPECT`), the course and the
     submissions untouched, nothing but grades.csv and feedback in the output, no process left."""
     if not nobody.userns():
         pytest.skip("unprivileged user namespaces are not available on this machine")
@@ -304,9 +303,9 @@ def test_a_grader_without_root_judges_every_attack_as_root_does(run):
         time.sleep(0.5)
         assert _leftovers(base / "out", run["tokens"]) == []
         rows = _rows(base / "out")
-        assert sorted(rows) == sorted(attacks.EXPECT_WITHOUT_ROOT)
+        assert sorted(rows) == sorted(attacks.EXPECT)
         for name in rows:
-            _check_row(name, rows[name], run["honest"], attacks.EXPECT_WITHOUT_ROOT, proc.stderr)
+            _check_row(name, rows[name], run["honest"], attacks.EXPECT, proc.stderr)
         names = {p.relative_to(base / "out").as_posix() for p in (base / "out").rglob("*")}
         assert names == {"grades.csv", "feedback"} | {f"feedback/{n}.html" for n in attacks.EXPECT}
         assert "pwned" not in (base / "out" / "feedback" / "honest_reference.html").read_text()

@@ -339,12 +339,6 @@ EXPECT = {
     "broken_json": ("invalid", 0.0),
 }
 
-# Graded by an ordinary user (a user and PID namespace of its own, the grader's uid): the one
-# difference is self-harm. kernel_death's checks process is process 1 of its namespace, whose parent
-# cannot be named (getppid() is 0), so its kill(0) ends its own process group, the launcher's: those
-# checks are lost (under root its kill(parent) is refused).
-EXPECT_WITHOUT_ROOT = {**EXPECT, "kernel_death": ("crashed", "at_most")}
-
 
 def reference_source() -> str:
     return REFERENCE.read_text(encoding="utf-8")
