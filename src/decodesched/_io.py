@@ -28,6 +28,7 @@ from pathlib import Path
 from .errors import OutputError, UserError
 
 STDOUT = "-"
+CLOSED_PIPE = "standard output: the reader closed the pipe"  # (`cmd | head`: one line, exit 2)
 
 
 class MissingFolderError(OutputError, FileNotFoundError):
@@ -198,7 +199,7 @@ def atomic_writer(path, mode: str = "w", encoding: str | None = "utf-8", newline
             yield out
             out.flush()
         except BrokenPipeError:
-            raise OutputError("standard output: the reader closed the pipe") from None
+            raise OutputError(CLOSED_PIPE) from None
         return
     target = output_target(path)
     parent = target.parent if str(target.parent) else Path(".")

@@ -134,7 +134,9 @@ def _main(argv) -> int:
         return fail(str(exc))
     except BrokenPipeError:
         _silence(sys.stdout)
-        return fail("standard output was closed by its reader (broken pipe)")
+        from ._io import CLOSED_PIPE
+
+        return fail(CLOSED_PIPE)
     except OSError as exc:
         return fail(_os_message(exc))
     except csv.Error as exc:
