@@ -41,7 +41,10 @@ Structures (all allocated inside the call; nothing global, safe to run per scena
   the waiting membership changes, plus, under deadline while some real slack may still reach the
   sentinel, every step.
 * **Admitted** requests (all in decode phase) sit in one binary heap per group: a decode step of an
-  admitted request is a sift-down.
+  admitted request is a sift-down.  Each entry carries its row's key packed into one int64 where it
+  fits (`_heap_layout`; the priority and request_id enter the key as ranks), so that rows of one
+  priority taking turns (each step's row falls behind the next by its grown total_len: thousands of
+  them with an unlimited capacity) sift by one comparison a level, not six columns of two rows.
 * **Victims** (admitted, preemptible) sit in one treap per priority class ordered by
   ``(-required_blocks, request_id)``; a segment tree over classes holds each class's largest blocks,
   giving ``max victim blocks below a class`` and the seed's victim (lowest class that has one big
@@ -88,6 +91,8 @@ from .ordered_nb import (
     heap_sift_down_nb,
     advise_huge_pages_nb,
     key_less_nb,
+    pack_key_nb,
+    pack_layout_nb,
     prefetch_nb,
     rank_tree_first_fit_nb,
     rank_tree_first_runnable_nb,
@@ -107,6 +112,7 @@ from .aging_nb import replay_aging_nb
 SOURCE_STAMP = source_stamp("enums.py", "ordered_nb.py", "btree_nb.py", "step_nb.py", "aging_nb.py")
 
 GK_NCOLS = 6
+PK_STEP = 3 * GK_NCOLS  # the column of `_heap_layout`'s rows after the layout
 MAX_BUCKETS = 8  # waiting structures per group (see `_buckets`)
 
 # The waiting rows of every structure s (group * n_buckets + bucket): a treap and `n_h` rank trees
@@ -135,10 +141,11 @@ Victims = namedtuple("Victims", (
 
 
 @njit(cache=True, _nrt=False)
-def _set_key(r, policy, gk, req, enqueue_clock, request_id, prompt_len, max_new_tokens, priority, cache_hit,
-             deadline_step, has_deadline):
+def _set_key(r, policy, gk, req, enqueue_clock, request_id, id_rank, prompt_len, max_new_tokens, pclass,
+             cache_hit, deadline_step, has_deadline):
     """Write row r's group key (`req`: the replay state): its sort key with the parts shared by its whole
-    group left out."""
+    group left out, the priority and request_id as their ranks (the same order in fewer bits: see
+    `_heap_layout`)."""
     if policy == E.POLICY_FCFS:
         gk[r, 0] = 0
         gk[r, 1] = req.phase[r]
@@ -156,9 +163,72 @@ def _set_key(r, policy, gk, req, enqueue_clock, request_id, prompt_len, max_new_
     gk[r, 0] = d
     gk[r, 1] = req.phase[r]
     gk[r, 2] = 0 if cache_hit[r] else 1
-    gk[r, 3] = -priority[r]
+    gk[r, 3] = -pclass[r]
     gk[r, 4] = prompt_len[r] + req.generated[r]
-    gk[r, 5] = request_id[r]
+    gk[r, 5] = id_rank[r]
+
+
+# Not cached on its own: it calls kernels of another file (see `stamp`); its callers' cache holds it.
+@njit
+def _heap_layout(policy, n_groups, group, n_classes, prompt_len, max_new_tokens, deadline_step):
+    """The layouts of the admitted rows' packed keys (`ordered_nb.heap_push_nb`, `pack_layout_nb`), one
+    per group: row g holds lo, drop and shift of every key column (`pack_key_nb`), then at PK_STEP
+    what a decode step adds to a packed key (total_len, and the deadline group's column 0, grow by
+    one), or -1 where a column it moves is cut short (pack again).  From bounds on every value
+    `_set_key` and the replay give an admitted row's key: the deadline group's ``deadline -
+    remaining`` from ``deadline - max_new_tokens - 1`` up to the deadline, the phase, the cache rank,
+    the class rank, total_len up to ``prompt_len + max_new_tokens``, the request_id's rank (the Azure
+    trace's keys take 35 bits, 57 with a deadline).  fcfs packs nothing: its admitted rows' keys never
+    change."""
+    m = GK_NCOLS
+    pk = np.zeros((n_groups, PK_STEP + 1), np.int64)
+    pk[:, 2 * m:3 * m] = -1  # no column packed
+    n = group.shape[0]
+    if policy == E.POLICY_FCFS or n == 0:
+        return pk
+    lo = np.zeros(m, np.int64)
+    hi = np.zeros(m, np.int64)
+    for g in range(n_groups):
+        lo[0] = 0  # column 0: 0 but in the deadline group
+        hi[0] = 0
+        if policy == E.POLICY_DEADLINE and g == 1:  # group 1: the rows with a deadline
+            lo[0] = np.int64(2**62)
+            hi[0] = -np.int64(2**62)
+            for r in range(n):
+                if group[r] == 1:
+                    lo[0] = min(lo[0], deadline_step[r] - max_new_tokens[r] - 1)
+                    hi[0] = max(hi[0], deadline_step[r])
+        lo[1] = min(E.PHASE_PREFILL, E.PHASE_DECODE)
+        hi[1] = max(E.PHASE_PREFILL, E.PHASE_DECODE)
+        hi[2] = 1
+        lo[3] = -(n_classes - 1)
+        lo[4] = prompt_len.min()
+        hi[4] = (prompt_len + max_new_tokens).max()
+        hi[5] = n - 1
+        drop, shift = pack_layout_nb(lo, hi)
+        pk[g, :m] = lo
+        pk[g, m:2 * m] = drop
+        pk[g, 2 * m:3 * m] = shift
+        for k in (0, 4):
+            if shift[k] >= 0 and lo[k] < hi[k]:
+                if drop[k] > 0:
+                    pk[g, PK_STEP] = -1
+                    break
+                pk[g, PK_STEP] += np.int64(1) << shift[k]
+    return pk
+
+
+# Not cached on its own: it calls kernels of another file (see `stamp`); its callers' cache holds it.
+@njit(_nrt=False)
+def _fresh_top(heap, hkey, hsize, g, gk, pk, hcc, chosen_count):
+    """Pack heap g's top row's key again before the heap changes.  Only a heap's top runs, and a step
+    whose row stays on top leaves its packed key as it was (a decode step is ~25 ns: writing the key
+    at each cost up to 5%), packed when the row had been chosen ``hcc[row]`` times; every
+    other row in a heap has its key's."""
+    if hsize[g] > 0:
+        top = heap[g, 0]
+        hkey[g, 0] = pack_key_nb(gk, top, pk, g)
+        hcc[top] = chosen_count[top]
 
 
 # Not cached on its own: it calls kernels of another file (see `stamp`); its callers' cache holds it.
@@ -265,12 +335,13 @@ def _sort_stable(idx, key):
 
 # Not cached on its own: it uses constants of another file (see `stamp`); its caller's cache holds it.
 @njit
-def _static_order(policy, request_id, arrival_step, prompt_len, max_new_tokens, pclass, cache_hit, deadline_step,
+def _static_order(policy, by_id, arrival_step, prompt_len, max_new_tokens, pclass, cache_hit, deadline_step,
                   has_deadline):
-    """Every row in the order of its static waiting key: under fcfs (arrival step, request_id), the key
-    of every waiting row (the enqueue clock is the arrival step); otherwise the key of a row still in
-    prefill (`_set_key` with nothing generated: only a preempted row's key depends on the replay)."""
-    idx = _sort_stable(np.arange(request_id.shape[0]), request_id)
+    """Every row in the order of its static waiting key (`by_id`: the rows by request_id): under fcfs
+    (arrival step, request_id), the key of every waiting row (the enqueue clock is the arrival step);
+    otherwise the key of a row still in prefill (`_set_key` with nothing generated: only a preempted
+    row's key depends on the replay)."""
+    idx = by_id
     if policy == E.POLICY_FCFS:
         return _sort_stable(idx, arrival_step)
     idx = _sort_stable(idx, prompt_len)
@@ -548,7 +619,10 @@ def _make_replay_static(stamp):
         stack = np.empty(n + 64, np.int64)  # treap path scratch
         bucket, n_buckets, bucket_top = _buckets(pclass, n_classes)
         n_struct = n_groups * n_buckets
-        w = _waiting(_static_order(policy, request_id, arrival_step, prompt_len, max_new_tokens, pclass, cache_hit,
+        by_id = _sort_stable(np.arange(n), request_id)
+        id_rank = np.empty(n, np.int64)
+        id_rank[by_id] = np.arange(n)
+        w = _waiting(_static_order(policy, by_id, arrival_step, prompt_len, max_new_tokens, pclass, cache_hit,
                                    deadline_step, has_deadline),
                      group * n_buckets + bucket, n_struct, 2 if policy == E.POLICY_FCFS else 1, n_classes > n_buckets)
         cand = np.full(n_struct, -1, np.int64)  # each structure's first runnable waiting row
@@ -556,7 +630,10 @@ def _make_replay_static(stamp):
         single = n_classes <= MAX_BUCKETS  # one class per bucket
         cand_limit = np.zeros(n_struct, np.int64)  # one class per bucket: the limit its cand was found at
         heap = np.empty((n_groups, max(n, 1)), np.int64)
+        hkey = np.empty((n_groups, max(n, 1)), np.int64)  # the rows' packed keys (`heap_push_nb`)
         hsize = np.zeros(n_groups, np.int64)
+        pk = _heap_layout(policy, n_groups, group, n_classes, prompt_len, max_new_tokens, deadline_step)
+        hcc = np.zeros(n, np.int64)  # see `_fresh_top`
         hpos = np.full(n, -1, np.int64)
 
         pos = 0
@@ -585,7 +662,7 @@ def _make_replay_static(stamp):
                 unfinished += 1
                 if required_blocks[r] > capacity:
                     continue  # can never be admitted: free never exceeds the capacity
-                _set_key(r, policy, gk, req, enqueue_clock, request_id, prompt_len, max_new_tokens, priority,
+                _set_key(r, policy, gk, req, enqueue_clock, request_id, id_rank, prompt_len, max_new_tokens, pclass,
                          cache_hit, deadline_step, has_deadline)
                 b = bucket[r]
                 s = group[r] * n_buckets + b
@@ -673,7 +750,8 @@ def _make_replay_static(stamp):
                     req.preemptions[victim] += 1
                     free += required_blocks[victim]
                     _victims_drop(v, k, victim, stack, nd)
-                    heap_remove_nb(heap, hsize, hpos, group[victim], victim, gk)
+                    _fresh_top(heap, hkey, hsize, group[victim], gk, pk, hcc, req.chosen_count)
+                    heap_remove_nb(heap, hkey, hsize, hpos, group[victim], victim, gk)
                     b = bucket[victim]
                     s = group[victim] * n_buckets + b
                     _wait_add(w, s, victim, stack, gk, nd)
@@ -703,7 +781,8 @@ def _make_replay_static(stamp):
                 unfinished -= 1
                 req.wait_final[chosen] = steps + 1 - req.enqueue_steps[chosen] - req.chosen_count[chosen]
                 if was_admitted:
-                    heap_remove_nb(heap, hsize, hpos, group[chosen], chosen, gk)
+                    _fresh_top(heap, hkey, hsize, group[chosen], gk, pk, hcc, req.chosen_count)
+                    heap_remove_nb(heap, hkey, hsize, hpos, group[chosen], chosen, gk)
                     if preemptible[chosen]:
                         _victims_drop(v, pclass[chosen], chosen, stack, nd)
                 wait_dirty = True
@@ -726,9 +805,19 @@ def _make_replay_static(stamp):
                         # sift down only when a child now comes first (usually the top stays on top)
                         if c < hsize[g] and (key_less_nb(gk, heap[g, c], chosen)
                                              or (c + 1 < hsize[g] and key_less_nb(gk, heap[g, c + 1], chosen))):
-                            heap_sift_down_nb(heap, hsize, hpos, g, i, gk)
+                            # its packed key: the one written some decode steps ago (`_fresh_top`), moved
+                            step = pk[g, PK_STEP]
+                            if step >= 0:
+                                hkey[g, i] += (req.chosen_count[chosen] - hcc[chosen]) * step
+                            else:
+                                hkey[g, i] = pack_key_nb(gk, chosen, pk, g)
+                            hcc[chosen] = req.chosen_count[chosen]
+                            heap_sift_down_nb(heap, hkey, hsize, hpos, g, i, gk)
                 else:
-                    heap_push_nb(heap, hsize, hpos, group[chosen], chosen, gk)
+                    g = group[chosen]
+                    _fresh_top(heap, hkey, hsize, g, gk, pk, hcc, req.chosen_count)
+                    hcc[chosen] = req.chosen_count[chosen]
+                    heap_push_nb(heap, hkey, hsize, hpos, g, chosen, pack_key_nb(gk, chosen, pk, g), gk)
                     if preemptible[chosen]:
                         k = pclass[chosen]
                         if not single and required_blocks[chosen] > _seg_prefix_max(v.seg, v.size, k + 1):

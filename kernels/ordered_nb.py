@@ -488,55 +488,127 @@ def rank_tree_first_runnable_nb(vals, cls, base, size, free, st_c, st_b, k):
         j += 1
 
 
-# Binary min-heaps over rows, one per slot of a 2-D array ``heap[h]`` with sizes ``hsize[h]`` and
-# the position of every row in its heap in ``pos`` (rows are in at most one heap at a time).
+@njit(cache=True)
+def pack_layout_nb(lo, hi):
+    """The packing into 62 bits of key columns whose values lie in [lo[k], hi[k]]: returns (drop,
+    shift), one per column: column k adds ``((v - lo[k]) >> drop[k]) << shift[k]`` when shift[k] >= 0
+    (columns with lo > hi are left out).  Columns are taken whole in order while they fit; the first
+    that does not gives its high bits (monotone in v) and the ones after it are left out, so that
+    equal packed keys say nothing of the columns left out, and a smaller one always means a smaller
+    key."""
+    m = lo.shape[0]
+    drop = np.zeros(m, np.int64)
+    shift = np.full(m, -1, np.int64)
+    bits = np.zeros(m, np.int64)
+    room = 62
+    for k in range(m):
+        if lo[k] > hi[k]:
+            continue
+        span = hi[k] - lo[k]
+        b = 0
+        while span > 0:
+            b += 1
+            span >>= 1
+        shift[k] = 0
+        if b <= room:
+            bits[k] = b
+            room -= b
+        else:
+            drop[k] = b - room
+            bits[k] = room
+            break
+    low = 0
+    for k in range(m - 1, -1, -1):
+        if shift[k] >= 0:
+            shift[k] = low
+            low += bits[k]
+    return drop, shift
+
 
 @njit(cache=True, _nrt=False)
-def heap_sift_up_nb(heap, hsize, pos, h, i, gk):
+def pack_key_nb(gk, r, pk, h):
+    """Row r's packed key by layout h: row h of `pk` holds the m = ``gk.shape[1]`` columns' lo, then
+    their drop and their shift (see `pack_layout_nb`)."""
+    m = gk.shape[1]
+    x = np.int64(0)
+    for k in range(m):
+        if pk[h, 2 * m + k] >= 0:
+            x |= ((gk[r, k] - pk[h, k]) >> pk[h, m + k]) << pk[h, 2 * m + k]
+    return x
+
+
+# Binary min-heaps over rows, one per slot of a 2-D array ``heap[h]`` with sizes ``hsize[h]`` and
+# the position of every row in its heap in ``pos`` (rows are in at most one heap at a time).  Beside
+# each row its heap holds a packed key ``hkey[h, i]`` (`pack_key_nb`: the row's key, or a prefix of
+# it, in one int64): entries compare by it, and by their key matrix rows ``gk`` only on a tie.  Where
+# the whole key fits, a comparison reads one int64 beside each entry, where it read up to six
+# columns of two scattered rows: rows of one priority taking turns (thousands admitted at once) sift
+# down a heap at every step.
+
+@njit(cache=True, _nrt=False, inline="always")
+def pk_less_nb(ka, a, kb, b, gk):
+    """Row a (packed key ka) before row b (packed key kb)."""
+    if ka != kb:
+        return ka < kb
+    return key_less_nb(gk, a, b)
+
+
+@njit(cache=True, _nrt=False)
+def heap_sift_up_nb(heap, hkey, hsize, pos, h, i, gk):
     x = heap[h, i]
+    kx = hkey[h, i]
     while i > 0:
         p = (i - 1) >> 1
         y = heap[h, p]
-        if not key_less_nb(gk, x, y):
+        ky = hkey[h, p]
+        if not pk_less_nb(kx, x, ky, y, gk):
             break
         heap[h, i] = y
+        hkey[h, i] = ky
         pos[y] = i
         i = p
     heap[h, i] = x
+    hkey[h, i] = kx
     pos[x] = i
 
 
 @njit(cache=True, _nrt=False)
-def heap_sift_down_nb(heap, hsize, pos, h, i, gk):
+def heap_sift_down_nb(heap, hkey, hsize, pos, h, i, gk):
     n = hsize[h]
     x = heap[h, i]
+    kx = hkey[h, i]
     while True:
         c = 2 * i + 1
         if c >= n:
             break
-        if c + 1 < n and key_less_nb(gk, heap[h, c + 1], heap[h, c]):
+        if c + 1 < n and pk_less_nb(hkey[h, c + 1], heap[h, c + 1], hkey[h, c], heap[h, c], gk):
             c += 1
         y = heap[h, c]
-        if not key_less_nb(gk, y, x):
+        ky = hkey[h, c]
+        if not pk_less_nb(ky, y, kx, x, gk):
             break
         heap[h, i] = y
+        hkey[h, i] = ky
         pos[y] = i
         i = c
     heap[h, i] = x
+    hkey[h, i] = kx
     pos[x] = i
 
 
 @njit(cache=True, _nrt=False)
-def heap_push_nb(heap, hsize, pos, h, x, gk):
+def heap_push_nb(heap, hkey, hsize, pos, h, x, kx, gk):
+    """Row x, with packed key kx, into heap h."""
     i = hsize[h]
     hsize[h] = i + 1
     heap[h, i] = x
+    hkey[h, i] = kx
     pos[x] = i
-    heap_sift_up_nb(heap, hsize, pos, h, i, gk)
+    heap_sift_up_nb(heap, hkey, hsize, pos, h, i, gk)
 
 
 @njit(cache=True, _nrt=False)
-def heap_remove_nb(heap, hsize, pos, h, x, gk):
+def heap_remove_nb(heap, hkey, hsize, pos, h, x, gk):
     i = pos[x]
     last = hsize[h] - 1
     hsize[h] = last
@@ -544,9 +616,12 @@ def heap_remove_nb(heap, hsize, pos, h, x, gk):
     if i == last:
         return
     y = heap[h, last]
+    ky = hkey[h, last]
     heap[h, i] = y
+    hkey[h, i] = ky
     pos[y] = i
-    if i > 0 and key_less_nb(gk, y, heap[h, (i - 1) >> 1]):
-        heap_sift_up_nb(heap, hsize, pos, h, i, gk)
+    p = (i - 1) >> 1
+    if i > 0 and pk_less_nb(ky, y, hkey[h, p], heap[h, p], gk):
+        heap_sift_up_nb(heap, hkey, hsize, pos, h, i, gk)
     else:
-        heap_sift_down_nb(heap, hsize, pos, h, i, gk)
+        heap_sift_down_nb(heap, hkey, hsize, pos, h, i, gk)

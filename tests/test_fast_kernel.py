@@ -51,12 +51,15 @@ from decodesched.kernels.aging_nb import (
     _want_blocks,
     replay_aging_nb,
 )
-from decodesched.kernels.fast_nb import _sort_stable, replay_fast_nb
+from decodesched.kernels.fast_nb import _heap_layout, _sort_stable, replay_fast_nb
 from decodesched.kernels.ordered_nb import (
     RANK_OUT,
     heap_push_nb,
     heap_remove_nb,
     heap_sift_down_nb,
+    pack_key_nb,
+    pack_layout_nb,
+    pk_less_nb,
     prefetch_nb,
     unlikely_nb,
     ND_BASE,
@@ -789,13 +792,27 @@ def test_unlikely_is_only_a_hint():
         not_a_condition(3)
 
 
-def test_heap_against_sorted_list():
+@pytest.mark.parametrize("wide", [False, True])
+def test_heap_against_sorted_list(wide):
+    """The admitted rows' heap with packed keys: its top is the smallest key after every push, removal
+    and key growth, and every entry's position and packed key are right, whether the whole key fits
+    the packing or a wide column leaves the later ones to the key matrix (ties on the packed key)."""
     rng = np.random.default_rng(4)
     n = 300
     gk = np.zeros((n, 6), np.int64)
+    gk[:, 0] = rng.choice([0, 2**58], n) if wide else rng.integers(0, 3, n)
     gk[:, 4] = rng.integers(0, 50, n)
     gk[:, 5] = np.arange(n)
+    lo = np.zeros(6, np.int64)
+    hi = np.zeros(6, np.int64)
+    hi[0] = gk[:, 0].max()
+    hi[4] = 50 + 3 * 3000
+    hi[5] = n - 1
+    drop, shift = pack_layout_nb(lo, hi)
+    assert (shift[5] < 0) == wide  # the request_id's rank is packed only when there is room
+    pk = np.concatenate([lo, drop, shift]).reshape(1, 18)
     heap = np.empty((1, n), np.int64)
+    hkey = np.empty((1, n), np.int64)
     hsize = np.zeros(1, np.int64)
     pos = np.full(n, -1, np.int64)
     inside: set[int] = set()
@@ -803,18 +820,91 @@ def test_heap_against_sorted_list():
         x = int(rng.integers(0, n))
         op = rng.integers(0, 3)
         if x in inside and op == 0:
-            heap_remove_nb(heap, hsize, pos, 0, x, gk)
+            heap_remove_nb(heap, hkey, hsize, pos, 0, x, gk)
             inside.remove(x)
         elif x not in inside:
-            heap_push_nb(heap, hsize, pos, 0, x, gk)
+            heap_push_nb(heap, hkey, hsize, pos, 0, x, pack_key_nb(gk, x, pk, 0), gk)
             inside.add(x)
         elif hsize[0] > 0:  # the top's key grows, as a decode step does
             top = heap[0, 0]
             gk[top, 4] += int(rng.integers(1, 4))
-            heap_sift_down_nb(heap, hsize, pos, 0, 0, gk)
+            hkey[0, 0] = pack_key_nb(gk, top, pk, 0)
+            heap_sift_down_nb(heap, hkey, hsize, pos, 0, 0, gk)
         if inside:
             assert heap[0, 0] == min(inside, key=lambda r: tuple(gk[r]))
-        assert all(heap[0, pos[r]] == r for r in inside)
+        assert all(heap[0, pos[r]] == r and hkey[0, pos[r]] == pack_key_nb(gk, r, pk, 0) for r in inside)
+
+
+@settings(max_examples=300, **SETTINGS)
+@given(st.data())
+def test_packed_keys_order_like_the_key_matrix(data):
+    """A packed key never contradicts the key order, for columns of any width (the first that does not
+    fit gives its high bits, the later ones are left out) or left out: a smaller packed key is a
+    smaller key, equal keys pack equal, and packed key then key matrix is the key order."""
+    m = 4
+    lo = np.array(data.draw(st.lists(st.integers(-2**54, 2**54), min_size=m, max_size=m)), np.int64)
+    span = data.draw(st.lists(st.sampled_from([-1, 0, 1, 7, 2**20, 2**40, 2**54]), min_size=m, max_size=m))
+    hi = lo + np.array(span, np.int64)
+    drop, shift = pack_layout_nb(lo, hi)
+    assert all(shift[k] < 0 for k in range(m) if span[k] < 0)
+    pk = np.concatenate([lo, drop, shift]).reshape(1, 3 * m)
+    rows = data.draw(st.lists(st.tuples(*(st.integers(0, max(v, 0)) for v in span)), min_size=2, max_size=12))
+    gk = np.array(rows, np.int64) + np.where(np.array(span) < 0, 0, lo)
+    keys = [pack_key_nb(gk, r, pk, 0) for r in range(len(rows))]
+    assert all(0 <= k < 2**62 for k in keys)
+    for a in range(len(rows)):
+        for b in range(len(rows)):
+            if keys[a] < keys[b]:
+                assert tuple(gk[a]) < tuple(gk[b])
+            if tuple(gk[a]) == tuple(gk[b]):
+                assert keys[a] == keys[b]
+            assert pk_less_nb(keys[a], a, keys[b], b, gk) == (tuple(gk[a]) < tuple(gk[b]))
+
+
+@st.composite
+def crowded_traces(draw):
+    """Traces whose requests are nearly all admitted at once (the capacity is drawn from their total
+    blocks up), in one or two priority classes, so that the admitted rows of a class take turns and
+    the heaps sift at most steps; with prompts near 2**40 and deadlines near 2**53 in some, so that
+    the packed keys are cut short (a total_len or a deadline - remaining that does not fit)."""
+    rows = draw(traces(max_requests=30, max_len=8, max_arrival=6, max_blocks=4))
+    long_prompts = draw(st.booleans())
+    far_deadlines = draw(st.booleans())
+    for row in rows:
+        row["priority"] = draw(st.integers(0, 1))
+        if long_prompts and draw(st.booleans()):
+            row["prompt_len"] = 2**40 - draw(st.integers(0, 8))
+        if far_deadlines and row["deadline_step"] is not None and draw(st.booleans()):
+            row["deadline_step"] = 2**53 - draw(st.integers(0, 8))
+    capacity = draw(st.integers(sum(r["required_blocks"] for r in rows) // 2, 200))
+    return rows, capacity
+
+
+@settings(max_examples=400, **SETTINGS)
+@given(case=crowded_traces(), policy=st.sampled_from(["fixed_priority", "deadline", "fcfs"]))
+def test_matches_model_with_many_admitted_rows_taking_turns(case, policy):
+    rows, capacity = case
+    result = simulate(rows, policy=policy, free_kv_blocks=capacity, engine="fast")
+    assert_matches_model(result, rows, policy, capacity, 4, None)
+
+
+def test_packed_keys_cut_short_still_order_the_heap():
+    """Prompts near 2**40 and deadlines 2**53 apart leave no room for the whole key in the deadline
+    group: its total_len is cut short (every sift packs the key again) and the request_id's rank left
+    out (ties go to the key matrix); every admitted row still takes its turn as in the model."""
+    rows = [{"request_id": 10 * i, "arrival_step": i % 3, "prompt_len": 2**40 - i % 5 if i % 2 else 1 + i % 4,
+             "max_new_tokens": 1 + i % 7, "priority": i % 2, "cache_hit": i % 3 == 0, "required_blocks": 1,
+             "deadline_step": (2**53 - i if i % 4 else 5 + i) if i % 3 else None, "preemptible": True}
+            for i in range(40)]
+    trace = load_trace(rows)
+    group = trace.has_deadline.astype(np.int64)
+    pk = _heap_layout(E.POLICY_DEADLINE, 2, group, 2, trace.prompt_len, trace.max_new_tokens, trace.deadline_step)
+    drop, shift, step = pk[:, 6:12], pk[:, 12:18], pk[:, 18]
+    assert step[1] == -1 and drop[1, 0] == 0 and drop[1, 4] > 0 and shift[1, 5] < 0  # total_len's high bits
+    assert step[0] > 0 and shift[0, 5] >= 0  # without deadlines the whole key fits
+    for policy in ("deadline", "fixed_priority"):
+        assert_matches_model(simulate(rows, policy=policy, free_kv_blocks=40, engine="fast"), rows, policy, 40, 4,
+                             None)
 
 
 @pytest.mark.parametrize("slots", [1, 3, 40])
