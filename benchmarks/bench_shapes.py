@@ -82,7 +82,8 @@ def main() -> None:
     raw = read_azure(bundled_trace_path())
     traces = {(s, load): shaped(raw, s, load) for s in a.shapes for load in a.loads}
     work = max(t.work_steps for t in traces.values())
-    events = np.zeros((work, E.EV_NCOLS), np.int64)  # one buffer, touched once
+    events = np.empty((work, E.EV_NCOLS), np.int64)
+    events.fill(0)  # one buffer, its pages touched here: np.zeros maps them lazily, in the first timed replay
     t = traces[(a.shapes[0], a.loads[0])]
     replay(trace_arrays(t.subset(np.arange(50))), 0, 100, -1, events)  # compile / load from cache
 
@@ -90,7 +91,8 @@ def main() -> None:
           f"seconds per replay (best of {a.repeats}; ~ = projected from a {a.probe:,}-step probe), "
           f"aging interval {a.aging_interval}")
     width = max(11, 1 + max(map(len, a.policies)))
-    head = f"{'shape':<11}{'load':>5}{'blocks':>7}" + "".join(f"{p:>{width}}" for p in a.policies)
+    bw = 1 + max(6, max(len(f"{c:,}") for c in a.capacities))  # room for every capacity, 1e8 included
+    head = f"{'shape':<11}{'load':>5}{'blocks':>{bw}}" + "".join(f"{p:>{width}}" for p in a.policies)
     print(head)
     worst, n_ok, n_cells = 0.0, 0, 0
     for shape in a.shapes:
@@ -98,7 +100,7 @@ def main() -> None:
             trace = traces[(shape, load)]
             args = trace_arrays(trace)
             for capacity in a.capacities:
-                line = f"{shape:<11}{load:>5}{capacity:>7}"
+                line = f"{shape:<11}{load:>5}{capacity:>{bw},}"
                 for policy in a.policies:
                     code = policy_code(policy)
                     n_probe, t_probe = replay(args, code, capacity, a.probe, events, a.aging_interval)
