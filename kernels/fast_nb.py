@@ -178,7 +178,7 @@ def _heap_layout(policy, n_groups, group, n_classes, prompt_len, max_new_tokens,
     `_set_key` and the replay give an admitted row's key: the deadline group's ``deadline -
     remaining`` from ``deadline - max_new_tokens - 1`` up to the deadline, the phase, the cache rank,
     the class rank, total_len up to ``prompt_len + max_new_tokens``, the request_id's rank (the Azure
-    trace's keys take 35 bits, 57 with a deadline).  fcfs packs nothing: its admitted rows' keys never
+    trace's keys take 33 bits, 54-56 with a deadline).  fcfs packs nothing: its admitted rows' keys never
     change."""
     m = GK_NCOLS
     pk = np.zeros((n_groups, PK_STEP + 1), np.int64)
