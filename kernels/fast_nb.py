@@ -188,8 +188,15 @@ def _heap_layout(policy, n_groups, group, n_classes, prompt_len, max_new_tokens,
         return pk
     lo = np.zeros(m, np.int64)
     hi = np.zeros(m, np.int64)
-    for g in range(n_groups):
-        lo[0] = 0  # column 0: 0 but in the deadline group
+    lo[1] = min(E.PHASE_PREFILL, E.PHASE_DECODE)
+    hi[1] = max(E.PHASE_PREFILL, E.PHASE_DECODE)
+    hi[2] = 1
+    lo[3] = -(n_classes - 1)
+    lo[4] = prompt_len.min()
+    hi[4] = (prompt_len + max_new_tokens).max()
+    hi[5] = n - 1
+    for g in range(n_groups):  # they differ in column 0 only: 0 but in the deadline group
+        lo[0] = 0
         hi[0] = 0
         if policy == E.POLICY_DEADLINE and g == 1:  # group 1: the rows with a deadline
             lo[0] = np.int64(2**62)
@@ -198,13 +205,6 @@ def _heap_layout(policy, n_groups, group, n_classes, prompt_len, max_new_tokens,
                 if group[r] == 1:
                     lo[0] = min(lo[0], deadline_step[r] - max_new_tokens[r] - 1)
                     hi[0] = max(hi[0], deadline_step[r])
-        lo[1] = min(E.PHASE_PREFILL, E.PHASE_DECODE)
-        hi[1] = max(E.PHASE_PREFILL, E.PHASE_DECODE)
-        hi[2] = 1
-        lo[3] = -(n_classes - 1)
-        lo[4] = prompt_len.min()
-        hi[4] = (prompt_len + max_new_tokens).max()
-        hi[5] = n - 1
         drop, shift = pack_layout_nb(lo, hi)
         pk[g, :m] = lo
         pk[g, m:2 * m] = drop
