@@ -29,6 +29,7 @@ Usage (a few minutes on 2 busy cores)::
 from __future__ import annotations
 
 import argparse
+import math
 import time
 
 import numpy as np
@@ -78,6 +79,8 @@ def main() -> None:
     a = ap.parse_args()
     if a.aging_interval < 1:
         ap.error("--aging-interval takes a positive count")
+    if min(a.capacities) < 0 or not all(0 < x < math.inf for x in a.loads) or a.repeats < 1 or a.probe < 1:
+        ap.error("--capacities take counts >= 0, --loads positive numbers, --repeats and --probe positive counts")
 
     raw = read_azure(bundled_trace_path())
     traces = {(s, load): shaped(raw, s, load) for s in a.shapes for load in a.loads}
