@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import select
 import stat
 import sys
 import tempfile
@@ -166,23 +167,37 @@ def check_outputs(outputs, inputs=()) -> None:
 
 
 class _StdoutWriter:
-    """Standard output as a file object that is never closed by us (bytes go to its buffer, or are
-    decoded when standard output is a text-only stream such as a StringIO)."""
+    """Standard output as a file object that is never closed by us.  Text and bytes alike go to its
+    binary layer, all of them: under ``python -u`` or PYTHONUNBUFFERED that layer is the raw file,
+    whose write may take only part of the data (a reader that closes the pipe mid-write, a signal),
+    and the text layer drops the rest without a word; so the rest is written again, and a reader
+    gone for good is the next write's BrokenPipeError.  A text-only stream (a StringIO) takes text."""
 
     def __init__(self, binary: bool):
         self._text = sys.stdout
         self._binary = binary
-        self._buffer = getattr(sys.stdout, "buffer", None) if binary else None
+        self._buffer = getattr(sys.stdout, "buffer", None)
         if self._buffer is not None:
             self._text.flush()  # what was printed before comes first
 
     def write(self, data):
-        if self._binary and self._buffer is None:
-            return self._text.write(bytes(data).decode("utf-8"))
-        return (self._buffer or self._text).write(data)
+        if self._buffer is None:
+            return self._text.write(bytes(data).decode("utf-8") if self._binary else data)
+        _write_all(self._buffer, memoryview(data if self._binary else data.encode("utf-8")).cast("B"))
+        return len(data)
 
     def flush(self):
         (self._buffer or self._text).flush()
+
+
+def _write_all(stream, view: memoryview) -> None:
+    """Write all of `view` to a binary stream that may take part of it at a time (a raw file)."""
+    while view:
+        n = stream.write(view)
+        if n is None:  # a non-blocking descriptor that is full: wait until it takes more
+            select.select([], [stream], [])
+            continue
+        view = view[n:]
 
 
 @contextlib.contextmanager
