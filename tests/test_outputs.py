@@ -291,6 +291,26 @@ def test_reader_closing_mid_write_is_exit_2_unbuffered_too(tmp_path):
     assert "pipe" in one_line(err)
 
 
+def test_closed_standard_output_is_one_line_and_exit_2_before_any_work(trace_csv, tmp_path):
+    # `cmd >&-`: Python sets sys.stdout to None and print() drops every line, so the summary vanished
+    # with exit 0, and `--events -` ended in a traceback (exit 1).
+    events = tmp_path / "e.csv"
+    for extra in (["--events", str(events)], ["--events", "-"]):
+        p = subprocess.run(["sh", "-c", 'exec "$@" >&-', "sh", sys.executable, "-m", "decodesched.cli", "simulate",
+                            str(trace_csv), "--policy", "fcfs", "--kv-blocks", "4", *extra],
+                           stderr=subprocess.PIPE, text=True, timeout=300)
+        assert p.returncode == 2
+        assert "standard output is closed" in one_line(p.stderr)
+        assert not events.exists()
+
+
+def test_writing_to_standard_output_when_there_is_none_is_an_output_error(monkeypatch):
+    monkeypatch.setattr(sys, "stdout", None)
+    with pytest.raises(OutputError, match="standard output is closed"):
+        with atomic_writer("-", "wb") as fh:
+            fh.write(b"x")
+
+
 def test_closed_pipe_for_both_streams_is_still_exit_2(trace_csv):
     # `cmd 2>&1 | head -0`: the error line has nowhere to go either; the status must still say it (it
     # was 1, from the traceback Python could not print).

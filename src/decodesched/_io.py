@@ -30,6 +30,7 @@ from .errors import OutputError, UserError
 
 STDOUT = "-"
 CLOSED_PIPE = "standard output: the reader closed the pipe"  # (`cmd | head`: one line, exit 2)
+CLOSED_STDOUT = "standard output is closed; send it to a file or to /dev/null"  # (`cmd >&-`)
 
 
 class MissingFolderError(OutputError, FileNotFoundError):
@@ -174,6 +175,8 @@ class _StdoutWriter:
     gone for good is the next write's BrokenPipeError.  A text-only stream (a StringIO) takes text."""
 
     def __init__(self, binary: bool):
+        if sys.stdout is None:  # the process started with it closed (`cmd >&-`)
+            raise OutputError(CLOSED_STDOUT)
         self._text = sys.stdout
         self._binary = binary
         self._buffer = getattr(sys.stdout, "buffer", None)

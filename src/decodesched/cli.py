@@ -119,7 +119,8 @@ def _main(argv) -> int:
 
     def fail(message: str, status: int = 2) -> int:
         try:
-            sys.stdout.flush()
+            if sys.stdout is not None:
+                sys.stdout.flush()
         except (OSError, ValueError):
             _silence(sys.stdout)
         try:
@@ -128,6 +129,10 @@ def _main(argv) -> int:
             _silence(sys.stderr)
         return status
 
+    if sys.stdout is None:  # started with it closed (`cmd >&-`): print() would drop every line unseen
+        from ._io import CLOSED_STDOUT
+
+        return fail(CLOSED_STDOUT)
     try:
         return int(args.func(args) or 0)
     except UserError as exc:
