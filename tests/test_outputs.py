@@ -13,6 +13,7 @@ import stat
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -289,6 +290,23 @@ def test_reader_closing_mid_write_is_exit_2_unbuffered_too(tmp_path):
     err = p.stderr.read().decode()
     assert p.wait(timeout=300) == 2
     assert "pipe" in one_line(err)
+
+
+@pytest.mark.parametrize("unbuffered", ["1", ""])
+def test_a_non_blocking_standard_output_gets_the_whole_table(tmp_path, unbuffered):
+    # A parent may leave the pipe non-blocking: a full pipe then made the write fail ("could not
+    # complete without blocking", exit 2) instead of waiting for the reader.
+    trace = tmp_path / "long.csv"
+    rows = (f"{i},{i},8,40,{i % 3},false,2,,true" for i in range(400))
+    trace.write_text(",".join(TRACE_COLUMNS) + "\n" + "\n".join(rows) + "\n")
+    argv = [sys.executable, "-m", "decodesched.cli", "simulate", str(trace), "--policy", "fcfs", "--kv-blocks", "64"]
+    assert main(argv[3:] + ["--events", str(tmp_path / "e.csv")]) == 0
+    p = subprocess.Popen(argv + ["--events", "-"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         preexec_fn=lambda: os.set_blocking(1, False), env={**os.environ, "PYTHONUNBUFFERED": unbuffered})
+    time.sleep(1)  # the pipe fills while nobody reads
+    out = p.stdout.read()
+    assert p.wait(timeout=300) == 0, p.stderr.read().decode()
+    assert out == (tmp_path / "e.csv").read_bytes()
 
 
 def test_closed_standard_output_is_one_line_and_exit_2_before_any_work(trace_csv, tmp_path):

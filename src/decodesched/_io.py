@@ -190,14 +190,24 @@ class _StdoutWriter:
         return len(data)
 
     def flush(self):
-        (self._buffer or self._text).flush()
+        while True:
+            try:
+                (self._buffer or self._text).flush()
+                return
+            except BlockingIOError:  # a non-blocking descriptor that is full: wait until it takes more
+                select.select([], [self._buffer or self._text], [])
 
 
 def _write_all(stream, view: memoryview) -> None:
-    """Write all of `view` to a binary stream that may take part of it at a time (a raw file)."""
+    """Write all of `view` to a binary stream that may take part of it at a time: a raw file, or a
+    non-blocking descriptor (left so by some parent processes), whose writes wait until it has room."""
     while view:
-        n = stream.write(view)
-        if n is None:  # a non-blocking descriptor that is full: wait until it takes more
+        try:
+            n = stream.write(view)
+        except BlockingIOError as exc:  # (a buffered stream: it kept what it says it took)
+            n = exc.characters_written
+            select.select([], [stream], [])
+        if n is None:  # (a raw file that took nothing)
             select.select([], [stream], [])
             continue
         view = view[n:]
