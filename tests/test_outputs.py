@@ -302,7 +302,8 @@ def test_a_non_blocking_standard_output_gets_the_whole_table(tmp_path, unbuffere
     argv = [sys.executable, "-m", "decodesched.cli", "simulate", str(trace), "--policy", "fcfs", "--kv-blocks", "64"]
     assert main(argv[3:] + ["--events", str(tmp_path / "e.csv")]) == 0
     p = subprocess.Popen(argv + ["--events", "-"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         preexec_fn=lambda: os.set_blocking(1, False), env={**os.environ, "PYTHONUNBUFFERED": unbuffered})
+                         preexec_fn=lambda: os.set_blocking(1, False),
+                         env={**os.environ, "PYTHONUNBUFFERED": unbuffered})
     time.sleep(1)  # the pipe fills while nobody reads
     out = p.stdout.read()
     assert p.wait(timeout=300) == 0, p.stderr.read().decode()
