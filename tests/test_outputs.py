@@ -37,6 +37,15 @@ def trace_csv(tmp_path):
     return p
 
 
+@pytest.fixture
+def long_trace(tmp_path):
+    """A trace whose event log (~16,000 events, ~800 KB) is far more than a pipe holds."""
+    p = tmp_path / "long.csv"
+    rows = (f"{i},{i},8,40,{i % 3},false,2,,true" for i in range(400))
+    p.write_text(",".join(TRACE_COLUMNS) + "\n" + "\n".join(rows) + "\n")
+    return p
+
+
 def simulate(trace, *extra):
     return main(["simulate", str(trace), "--policy", "aging", "--kv-blocks", "4", *extra])
 
@@ -275,14 +284,11 @@ def test_standard_output_gets_every_byte_from_a_raw_file_that_takes_part(monkeyp
     assert raw.data.decode() == text
 
 
-def test_reader_closing_mid_write_is_exit_2_unbuffered_too(tmp_path):
+def test_reader_closing_mid_write_is_exit_2_unbuffered_too(long_trace):
     # Under PYTHONUNBUFFERED the write that the reader's close cuts short returned part of the data,
     # which was dropped: exit 0, the table cut without a word.  The rest is written again now, and
     # meets the closed pipe.
-    trace = tmp_path / "long.csv"
-    rows = (f"{i},{i},8,40,{i % 3},false,2,,true" for i in range(400))  # ~16,000 events, ~800 KB
-    trace.write_text(",".join(TRACE_COLUMNS) + "\n" + "\n".join(rows) + "\n")
-    p = subprocess.Popen([sys.executable, "-m", "decodesched.cli", "simulate", str(trace), "--policy", "fcfs",
+    p = subprocess.Popen([sys.executable, "-m", "decodesched.cli", "simulate", str(long_trace), "--policy", "fcfs",
                           "--kv-blocks", "64", "--events", "-"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
     assert p.stdout.read(1000).startswith(b"step,request_id")  # it is writing: read a little, then go
@@ -293,13 +299,11 @@ def test_reader_closing_mid_write_is_exit_2_unbuffered_too(tmp_path):
 
 
 @pytest.mark.parametrize("unbuffered", ["1", ""])
-def test_a_non_blocking_standard_output_gets_the_whole_table(tmp_path, unbuffered):
+def test_a_non_blocking_standard_output_gets_the_whole_table(long_trace, tmp_path, unbuffered):
     # A parent may leave the pipe non-blocking: a full pipe then made the write fail ("could not
     # complete without blocking", exit 2) instead of waiting for the reader.
-    trace = tmp_path / "long.csv"
-    rows = (f"{i},{i},8,40,{i % 3},false,2,,true" for i in range(400))
-    trace.write_text(",".join(TRACE_COLUMNS) + "\n" + "\n".join(rows) + "\n")
-    argv = [sys.executable, "-m", "decodesched.cli", "simulate", str(trace), "--policy", "fcfs", "--kv-blocks", "64"]
+    argv = [sys.executable, "-m", "decodesched.cli", "simulate", str(long_trace), "--policy", "fcfs", "--kv-blocks",
+            "64"]
     assert main(argv[3:] + ["--events", str(tmp_path / "e.csv")]) == 0
     p = subprocess.Popen(argv + ["--events", "-"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          preexec_fn=lambda: os.set_blocking(1, False),
