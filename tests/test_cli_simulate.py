@@ -67,6 +67,15 @@ def test_bad_options_exit_2_with_one_line(trace_csv, tmp_path, extra, match):
     assert "Traceback" not in p.stderr and not out.exists()
 
 
+def test_dash_as_the_trace_says_standard_input_is_not_read(tmp_path, monkeypatch):
+    # `-` is standard output's word for an output; as the trace it read as a missing file named "-".
+    monkeypatch.chdir(tmp_path)
+    p = subprocess.run([sys.executable, "-m", "decodesched.cli", "simulate", "-", "--policy", "fcfs", "--kv-blocks",
+                        "4"], input="request_id\n", capture_output=True, text=True)
+    assert p.returncode == 2
+    assert len(p.stderr.strip().splitlines()) == 1 and "standard input is not read here" in p.stderr
+
+
 def test_bad_trace_exits_2_naming_row_and_column(tmp_path):
     bad = tmp_path / "bad.csv"
     bad.write_text(",".join(TRACE_COLUMNS) + "\n" + "1,0,4,3,0,false,2,,true\n2,0,4,x,0,false,2,,true\n")

@@ -63,6 +63,9 @@ def input_file(path, what: str = "file") -> Path:
     try:
         mode = path.stat().st_mode
     except FileNotFoundError:
+        if str(path) == STDOUT:  # (an output's word for standard output; an input is a file)
+            raise UserError(f"-: standard input is not read here; give the {what}'s path, or <(command)") \
+                from None
         raise UserError(f"{path}: no such file") from None
     except OSError as exc:
         raise UserError(f"{path}: cannot read it ({_describe(exc)})") from None
