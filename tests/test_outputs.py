@@ -334,6 +334,25 @@ def test_writing_to_standard_output_when_there_is_none_is_an_output_error(monkey
             fh.write(b"x")
 
 
+@pytest.mark.parametrize("target", ["closed pipe", "/dev/full"])
+def test_a_summary_that_cannot_be_written_is_one_line_and_exit_2(trace_csv, target):
+    # Buffered standard output kept the summary until the exit's flush, whose error Python reports
+    # itself: "Exception ignored ... BrokenPipeError" (or OSError), exit status 120.
+    argv = [sys.executable, "-m", "decodesched.cli", "simulate", str(trace_csv), "--policy", "fcfs", "--kv-blocks", "4"]
+    env = {**os.environ, "PYTHONUNBUFFERED": ""}
+    if target == "closed pipe":
+        p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+        p.stdout.close()
+        err = p.stderr.read().decode()
+        status = p.wait(timeout=300)
+    else:
+        with open(target, "w") as full:
+            p = subprocess.run(argv, stdout=full, stderr=subprocess.PIPE, env=env, timeout=300)
+        err, status = p.stderr.decode(), p.returncode
+    assert status == 2
+    assert ("pipe" if target == "closed pipe" else "no space left") in one_line(err)
+
+
 def test_closed_pipe_for_both_streams_is_still_exit_2(trace_csv):
     # `cmd 2>&1 | head -0`: the error line has nowhere to go either; the status must still say it (it
     # was 1, from the traceback Python could not print).

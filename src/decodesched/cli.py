@@ -134,7 +134,9 @@ def _main(argv) -> int:
 
         return fail(CLOSED_STDOUT)
     try:
-        return int(args.func(args) or 0)
+        status = int(args.func(args) or 0)
+        sys.stdout.flush()  # what it printed, written while a failure is still the command's (not exit status 120)
+        return status
     except UserError as exc:
         return fail(str(exc))
     except BrokenPipeError:
