@@ -353,6 +353,16 @@ def test_a_summary_that_cannot_be_written_is_one_line_and_exit_2(trace_csv, targ
     assert ("pipe" if target == "closed pipe" else "no space left") in one_line(err)
 
 
+@pytest.mark.parametrize("args", [["--help"], ["--version"], ["simulate", "--help"]])
+def test_help_that_cannot_be_written_is_one_line_and_exit_2(args):
+    # argparse prints and exits before any command runs: the exit's flush failed, status 120.
+    with open("/dev/full", "w") as full:
+        p = subprocess.run([sys.executable, "-m", "decodesched.cli", *args], stdout=full, stderr=subprocess.PIPE,
+                           env={**os.environ, "PYTHONUNBUFFERED": ""}, timeout=300)
+    assert p.returncode == 2
+    assert "no space left" in one_line(p.stderr.decode())
+
+
 def test_closed_pipe_for_both_streams_is_still_exit_2(trace_csv):
     # `cmd 2>&1 | head -0`: the error line has nowhere to go either; the status must still say it (it
     # was 1, from the traceback Python could not print).

@@ -9,6 +9,7 @@ with no traceback.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import importlib
 import os
@@ -110,7 +111,21 @@ def main(argv=None) -> int:
 
 def _main(argv) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help or --version printed on stdout, or a usage error on stderr
+        if exc.code == 0 and sys.stdout is not None:
+            try:
+                sys.stdout.flush()  # (else the exit's flush fails: "Exception ignored", status 120)
+            except OSError as err:
+                _silence(sys.stdout)
+                from ._io import CLOSED_PIPE
+
+                message = CLOSED_PIPE if isinstance(err, BrokenPipeError) else _os_message(err)
+                with contextlib.suppress(OSError, ValueError):
+                    print(f"decodesched: error: {message}", file=sys.stderr)
+                return 2
+        raise
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
