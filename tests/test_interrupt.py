@@ -29,6 +29,37 @@ def test_sigint_during_a_replay_ends_the_run_and_writes_nothing(tmp_path):
     assert sorted(x.name for x in tmp_path.iterdir()) == ["azure.csv", "azure.csv.meta.json"]
 
 
+def test_sigterm_while_the_event_log_is_written_leaves_no_temporary_file(tmp_path):
+    """SIGTERM (kill, timeout, a job scheduler) ended the process where it stood: a hidden temporary
+    event log of up to hundreds of MB stayed beside the output.  Now it unwinds as Ctrl-C does."""
+    trace = tmp_path / "azure.csv"
+    assert main(["trace", "convert", "bundled", "--load", "1.0", "--out", str(trace)]) == 0
+    p = subprocess.Popen([sys.executable, "-m", "decodesched.cli", "simulate", str(trace), "--policy", "fcfs",
+                          "--kv-blocks", "4000", "--events", str(tmp_path / "ev.csv")],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 300
+    while not any(x.name.startswith(".ev.csv.") for x in tmp_path.iterdir()):  # writing (4 M rows) has begun
+        assert p.poll() is None and time.monotonic() < deadline, p.stderr.read()
+        time.sleep(0.01)
+    os.kill(p.pid, signal.SIGTERM)
+    rc = p.wait(timeout=120)
+    err = p.stderr.read().decode()
+    assert rc == 143 and "terminated" in err and "Traceback" not in err, (rc, err)
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["azure.csv", "azure.csv.meta.json"]
+
+
+def test_a_child_forked_inside_the_cli_ends_on_sigterm_as_usual():
+    from decodesched._io import terminate_like_interrupt
+
+    with terminate_like_interrupt():
+        assert signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
+        pid = os.fork()
+        if pid == 0:  # the child: the parent's cleanup is not its own
+            os._exit(0 if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL else 1)
+        assert os.waitpid(pid, 0)[1] == 0
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+
 def test_sigint_during_grading_stops_the_runs_under_way_at_once(tmp_path):
     """Ctrl-C in `decodesched grade` used to wait for every queued submission to finish grading (62 s
     for four such submissions); now the queued ones are cancelled and the sandboxed runs under way

@@ -103,7 +103,9 @@ def main(argv=None) -> int:
 
     Library warnings (numpy, matplotlib, Numba) are not shown unless Python was asked for them
     (``-W`` or ``PYTHONWARNINGS``)."""
-    with warnings.catch_warnings():
+    from ._io import terminate_like_interrupt
+
+    with warnings.catch_warnings(), terminate_like_interrupt():
         if not sys.warnoptions:
             warnings.simplefilter("ignore")
         return _main(argv)
@@ -167,9 +169,11 @@ def _main(argv) -> int:
         if not _INT_ERRORS.search(str(exc)):
             raise
         return fail(str(exc))
-    except KeyboardInterrupt:
-        print(f"{prog}: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:
+        from ._io import Terminated, interrupt_status
+
+        print(f"{prog}: {'terminated' if isinstance(exc, Terminated) else 'interrupted'}", file=sys.stderr)
+        return interrupt_status(exc)
 
 
 # ValueErrors that are bad input, not bugs: Python's integer-parsing limits.

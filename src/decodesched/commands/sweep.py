@@ -151,7 +151,8 @@ def run(args) -> int:
             where = f"Dask at {args.dask}"
         else:
             rows, where = _run_local(args, traces, scenarios, checkpoint)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
+        from .._io import interrupt_status
         from ..checkpoint import read_checkpoint, sweep_key
 
         saved = len(read_checkpoint(checkpoint, sweep_key(traces, scenarios), len(scenarios)))
@@ -161,7 +162,7 @@ def run(args) -> int:
         else:
             print("decodesched sweep: interrupted before any scenario finished; nothing was saved",
                   file=sys.stderr)
-        return 130
+        return interrupt_status(exc)
     elapsed = time.perf_counter() - start
     try:
         write_metrics_csv(rows, args.out)
