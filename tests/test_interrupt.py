@@ -1,6 +1,6 @@
 """Ctrl-C during a long replay ends `decodesched simulate` (a Numba kernel holds the interpreter, so the
 CLI lets SIGINT act at once there) and leaves no output file behind; during grading it stops the
-sandboxed runs under way."""
+sandboxed runs under way.  SIGTERM and SIGHUP unwind the same way."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ import signal
 import subprocess
 import sys
 import time
+
+import pytest
 
 from decodesched.cli import main
 
@@ -29,9 +31,11 @@ def test_sigint_during_a_replay_ends_the_run_and_writes_nothing(tmp_path):
     assert sorted(x.name for x in tmp_path.iterdir()) == ["azure.csv", "azure.csv.meta.json"]
 
 
-def test_sigterm_while_the_event_log_is_written_leaves_no_temporary_file(tmp_path):
-    """SIGTERM (kill, timeout, a job scheduler) ended the process where it stood: a hidden temporary
-    event log of up to hundreds of MB stayed beside the output.  Now it unwinds as Ctrl-C does."""
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_sigterm_while_the_event_log_is_written_leaves_no_temporary_file(tmp_path, sig):
+    """SIGTERM (kill, timeout, a job scheduler) or SIGHUP (the ssh session gone) ended the process where
+    it stood: a hidden temporary event log of up to hundreds of MB stayed beside the output.  Now it
+    unwinds as Ctrl-C does."""
     trace = tmp_path / "azure.csv"
     assert main(["trace", "convert", "bundled", "--load", "1.0", "--out", str(trace)]) == 0
     p = subprocess.Popen([sys.executable, "-m", "decodesched.cli", "simulate", str(trace), "--policy", "fcfs",
@@ -41,10 +45,10 @@ def test_sigterm_while_the_event_log_is_written_leaves_no_temporary_file(tmp_pat
     while not any(x.name.startswith(".ev.csv.") for x in tmp_path.iterdir()):  # writing (4 M rows) has begun
         assert p.poll() is None and time.monotonic() < deadline, p.stderr.read()
         time.sleep(0.01)
-    os.kill(p.pid, signal.SIGTERM)
+    os.kill(p.pid, sig)
     rc = p.wait(timeout=120)
     err = p.stderr.read().decode()
-    assert rc == 143 and "terminated" in err and "Traceback" not in err, (rc, err)
+    assert rc == 128 + sig and f"terminated ({sig.name})" in err and "Traceback" not in err, (rc, err)
     assert sorted(x.name for x in tmp_path.iterdir()) == ["azure.csv", "azure.csv.meta.json"]
 
 
@@ -55,9 +59,24 @@ def test_a_child_forked_inside_the_cli_ends_on_sigterm_as_usual():
         assert signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
         pid = os.fork()
         if pid == 0:  # the child: the parent's cleanup is not its own
-            os._exit(0 if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL else 1)
+            usual = all(signal.getsignal(s) is signal.SIG_DFL for s in (signal.SIGTERM, signal.SIGHUP))
+            os._exit(0 if usual else 1)
         assert os.waitpid(pid, 0)[1] == 0
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+
+def test_an_ignored_sighup_stays_ignored():
+    # `nohup decodesched sweep ...`: the hang-up must not stop it.
+    from decodesched._io import terminate_like_interrupt
+
+    old = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        with terminate_like_interrupt():
+            assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+            assert signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
+        assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGHUP, old)
 
 
 def test_sigint_during_grading_stops_the_runs_under_way_at_once(tmp_path):

@@ -261,54 +261,75 @@ def atomic_writer(path, mode: str = "w", encoding: str | None = "utf-8", newline
         raise
 
 
+# Signals that end a command the way Ctrl-C does, inside `terminate_like_interrupt`: SIGTERM (``kill``,
+# ``timeout``, a job scheduler) and SIGHUP (the terminal or ssh session gone; ``nohup`` ignores it).
+UNWINDING_SIGNALS = ("SIGTERM", "SIGHUP")
+
+
 class Terminated(KeyboardInterrupt):
-    """SIGTERM (``kill``, ``timeout``, a job scheduler) inside `terminate_like_interrupt`: raised where
-    Ctrl-C raises KeyboardInterrupt, so that it unwinds the same way (a temporary file removed, queued
-    work cancelled, a sweep's checkpoint kept) instead of ending the process where it stands."""
+    """One of UNWINDING_SIGNALS: raised where Ctrl-C raises KeyboardInterrupt, so that it unwinds the
+    same way (a temporary file removed, queued work cancelled, a sweep's checkpoint kept) instead of
+    ending the process where it stands."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+    def __str__(self) -> str:
+        import signal
+
+        return f"terminated ({signal.Signals(self.signum).name})"
 
 
 def interrupt_status(exc: KeyboardInterrupt) -> int:
-    """The exit status after Ctrl-C (130) or SIGTERM (143): 128 + the signal's number."""
-    return 143 if isinstance(exc, Terminated) else 130
+    """The exit status after Ctrl-C or another signal: 128 + the signal's number (130 for SIGINT)."""
+    return 128 + exc.signum if isinstance(exc, Terminated) else 130
 
 
-def _on_sigterm(signum, frame):
-    raise Terminated
+def _on_signal(signum, frame):
+    raise Terminated(signum)
 
 
-def _sigterm_default_in_child() -> None:
-    """A child forked without exec ends on SIGTERM as usual: the parent's cleanup is not its own."""
+def _unwinding(signal):
+    return [getattr(signal, name) for name in UNWINDING_SIGNALS if hasattr(signal, name)]
+
+
+def _signals_default_in_child() -> None:
+    """A child forked without exec ends on these signals as usual: the parent's cleanup is not its own."""
     import signal
 
     with contextlib.suppress(ValueError):
-        if signal.getsignal(signal.SIGTERM) is _on_sigterm:
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        for sig in _unwinding(signal):
+            if signal.getsignal(sig) is _on_signal:
+                signal.signal(sig, signal.SIG_DFL)
 
 
-os.register_at_fork(after_in_child=_sigterm_default_in_child)
+os.register_at_fork(after_in_child=_signals_default_in_child)
 
 
 @contextlib.contextmanager
 def terminate_like_interrupt():
-    """SIGTERM raises `Terminated` inside this block; a no-op outside the main thread or when SIGTERM
-    already has a handler of someone else's."""
+    """UNWINDING_SIGNALS raise `Terminated` inside this block; a no-op outside the main thread, and for
+    a signal that already has another handler (or is ignored, as ``nohup`` makes SIGHUP)."""
     import signal
     import threading
 
-    if threading.current_thread() is not threading.main_thread() or \
-            signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+    if threading.current_thread() is not threading.main_thread():
         yield
         return
-    signal.signal(signal.SIGTERM, _on_sigterm)
+    ours = [sig for sig in _unwinding(signal) if signal.getsignal(sig) is signal.SIG_DFL]
+    for sig in ours:
+        signal.signal(sig, _on_signal)
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        for sig in ours:
+            signal.signal(sig, signal.SIG_DFL)
 
 
 @contextlib.contextmanager
 def immediate_interrupt():
-    """Ctrl-C (and SIGTERM, see `terminate_like_interrupt`) ends the process at once inside this block
+    """Ctrl-C (and SIGTERM or SIGHUP, see `terminate_like_interrupt`) ends the process at once inside this block
     (a Numba kernel holds the interpreter, so Python's own handler would run only when the kernel
     returns).  Only for blocks that have nothing to clean up (no temporary file open); a no-op outside
     the main thread or under a custom handler."""
@@ -319,16 +340,16 @@ def immediate_interrupt():
             signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
         yield
         return
-    term = signal.getsignal(signal.SIGTERM) is _on_sigterm
+    ours = [sig for sig in _unwinding(signal) if signal.getsignal(sig) is _on_signal]
     signal.signal(signal.SIGINT, signal.SIG_DFL)
-    if term:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    for sig in ours:
+        signal.signal(sig, signal.SIG_DFL)
     try:
         yield
     finally:
         signal.signal(signal.SIGINT, signal.default_int_handler)
-        if term:
-            signal.signal(signal.SIGTERM, _on_sigterm)
+        for sig in ours:
+            signal.signal(sig, _on_signal)
 
 
 def _umask() -> int:

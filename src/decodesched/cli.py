@@ -172,7 +172,7 @@ def _main(argv) -> int:
     except KeyboardInterrupt as exc:
         from ._io import Terminated, interrupt_status
 
-        print(f"{prog}: {'terminated' if isinstance(exc, Terminated) else 'interrupted'}", file=sys.stderr)
+        print(f"{prog}: {exc if isinstance(exc, Terminated) else 'interrupted'}", file=sys.stderr)
         return interrupt_status(exc)
 
 
