@@ -40,7 +40,8 @@ def test_sigterm_while_the_event_log_is_written_leaves_no_temporary_file(tmp_pat
     assert main(["trace", "convert", "bundled", "--load", "1.0", "--out", str(trace)]) == 0
     p = subprocess.Popen([sys.executable, "-m", "decodesched.cli", "simulate", str(trace), "--policy", "fcfs",
                           "--kv-blocks", "4000", "--events", str(tmp_path / "ev.csv")],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         preexec_fn=lambda: signal.signal(sig, signal.SIG_DFL))  # (as from a terminal, not nohup)
     deadline = time.monotonic() + 300
     while not any(x.name.startswith(".ev.csv.") for x in tmp_path.iterdir()):  # writing (4 M rows) has begun
         assert p.poll() is None and time.monotonic() < deadline, p.stderr.read()
@@ -55,14 +56,15 @@ def test_sigterm_while_the_event_log_is_written_leaves_no_temporary_file(tmp_pat
 def test_a_child_forked_inside_the_cli_ends_on_sigterm_as_usual():
     from decodesched._io import terminate_like_interrupt
 
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGHUP)}  # (SIGHUP: ignored under nohup)
     with terminate_like_interrupt():
-        assert signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
+        if before[signal.SIGTERM] is signal.SIG_DFL:  # (a handler of someone else's is left alone)
+            assert signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
         pid = os.fork()
         if pid == 0:  # the child: the parent's cleanup is not its own
-            usual = all(signal.getsignal(s) is signal.SIG_DFL for s in (signal.SIGTERM, signal.SIGHUP))
-            os._exit(0 if usual else 1)
+            os._exit(0 if all(signal.getsignal(sig) is h for sig, h in before.items()) else 1)
         assert os.waitpid(pid, 0)[1] == 0
-    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    assert {sig: signal.getsignal(sig) for sig in before} == before
 
 
 def test_an_ignored_sighup_stays_ignored():
