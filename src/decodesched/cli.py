@@ -9,7 +9,6 @@ with no traceback.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import csv
 import importlib
 import os
@@ -113,26 +112,7 @@ def main(argv=None) -> int:
 
 def _main(argv) -> int:
     parser = build_parser()
-    try:
-        args = parser.parse_args(argv)
-    except SystemExit as exc:  # --help or --version printed on stdout, or a usage error on stderr
-        if exc.code == 0 and sys.stdout is not None:
-            try:
-                sys.stdout.flush()  # (else the exit's flush fails: "Exception ignored", status 120)
-            except OSError as err:
-                _silence(sys.stdout)
-                from ._io import CLOSED_PIPE
-
-                message = CLOSED_PIPE if isinstance(err, BrokenPipeError) else _os_message(err)
-                with contextlib.suppress(OSError, ValueError):
-                    print(f"decodesched: error: {message}", file=sys.stderr)
-                return 2
-        raise
-    if not getattr(args, "func", None):
-        parser.print_help()
-        return 2
-    action = getattr(args, f"{args.command}_command", None)  # `trace convert`, `assignment build`
-    prog = f"decodesched {args.command}" + (f" {action}" if action else "")
+    prog = "decodesched"  # (the subcommand's words once parsed)
 
     def fail(message: str, status: int = 2) -> int:
         try:
@@ -146,13 +126,24 @@ def _main(argv) -> int:
             _silence(sys.stderr)
         return status
 
-    if sys.stdout is None:  # started with it closed (`cmd >&-`): print() would drop every line unseen
-        from ._io import CLOSED_STDOUT
-
-        return fail(CLOSED_STDOUT)
     try:
+        try:
+            args = parser.parse_args(argv)
+        except SystemExit as exc:  # --help or --version printed on stdout, or a usage error on stderr
+            if exc.code == 0 and sys.stdout is not None:
+                sys.stdout.flush()  # (its failure is handled below, not by the exit's flush: status 120)
+            raise
+        if not getattr(args, "func", None):
+            parser.print_help()
+            return 2
+        action = getattr(args, f"{args.command}_command", None)  # `trace convert`, `assignment build`
+        prog = f"decodesched {args.command}" + (f" {action}" if action else "")
+        if sys.stdout is None:  # started with it closed (`cmd >&-`): print() would drop every line unseen
+            from ._io import CLOSED_STDOUT
+
+            return fail(CLOSED_STDOUT)
         status = int(args.func(args) or 0)
-        sys.stdout.flush()  # what it printed, written while a failure is still the command's (not exit status 120)
+        sys.stdout.flush()  # what it printed, written while a failure is still the command's
         return status
     except UserError as exc:
         return fail(str(exc))
