@@ -69,9 +69,8 @@ def test_bad_options_exit_2_with_one_line(trace_csv, tmp_path, extra, match):
 
 def test_dash_as_the_trace_says_standard_input_is_not_read(tmp_path, monkeypatch):
     # `-` is standard output's word for an output; as the trace it read as a missing file named "-".
-    monkeypatch.chdir(tmp_path)
-    p = subprocess.run([sys.executable, "-m", "decodesched.cli", "simulate", "-", "--policy", "fcfs", "--kv-blocks",
-                        "4"], input="request_id\n", capture_output=True, text=True)
+    monkeypatch.chdir(tmp_path)  # (no file named "-" there)
+    p = run_cli("simulate", "-", "--policy", "fcfs", "--kv-blocks", "4")
     assert p.returncode == 2
     assert len(p.stderr.strip().splitlines()) == 1 and "standard input is not read here" in p.stderr
 
