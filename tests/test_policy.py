@@ -286,6 +286,34 @@ def test_a_policy_that_raises_during_the_replay_is_one_clear_line(tmp_path, caps
     assert not out.exists()
 
 
+def test_a_division_by_zero_in_a_policy_names_no_line_of_decodesched(tmp_path):
+    """Numba reports no line for an integer division by zero in compiled code: the message then names
+    none, rather than the line of decodesched that called the kernel."""
+    (tmp_path / "dividing.py").write_text(textwrap.dedent("""
+        import numba
+        from decodesched import Policy
+
+        @numba.njit
+        def key(r, clock):
+            return (1 // (r.generated_len - 2),)
+
+        @numba.njit
+        def priority(r, clock):
+            return r.priority
+
+        DIVIDES = Policy("divides_late", key=key, effective_priority=priority)
+    """))
+    policy = resolve_policy(f"{tmp_path / 'dividing.py'}:DIVIDES")
+    rows = [dict(request_id=0, arrival_step=0, prompt_len=1, max_new_tokens=5, priority=0, cache_hit=False,
+                 required_blocks=1, deadline_step=None, preemptible=True)]
+    for _ in range(2):  # the first call compiles, the second runs the compiled kernel
+        with pytest.raises(UserError) as info:
+            simulate(rows, policy, free_kv_blocks=2)
+        assert str(info.value) == ("policy 'divides_late' raised ZeroDivisionError during the replay: "
+                                   "integer division by zero")
+        assert isinstance(info.value.__cause__, ZeroDivisionError)
+
+
 def test_the_compile_notice_is_printed_once_per_policy(capsys):
     from decodesched.policy import _CompileNotice
 

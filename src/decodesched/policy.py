@@ -243,13 +243,17 @@ def _check_results(policy: Policy) -> None:
 
 
 def _user_frame(exc: BaseException) -> str:
-    """' (FILE, line N, in FUNCTION)' for the innermost frame of exc's traceback, or ''."""
+    """' (FILE, line N, in FUNCTION)' for the innermost frame of exc's traceback, or '' when that frame
+    is decodesched's own: Numba gives a `raise` in compiled code its line, but not the error of an
+    integer division by zero, whose innermost frame is then the call into the kernel."""
     tb = exc.__traceback__
     if tb is None:
         return ""
     while tb.tb_next is not None:
         tb = tb.tb_next
     code = tb.tb_frame.f_code
+    if os.path.dirname(os.path.abspath(code.co_filename)) == os.path.dirname(os.path.abspath(__file__)):
+        return ""
     return f" ({os.path.basename(code.co_filename)}, line {tb.tb_lineno}, in {code.co_name})"
 
 
