@@ -81,11 +81,12 @@ def test_an_ignored_sighup_stays_ignored():
         signal.signal(signal.SIGHUP, old)
 
 
-def test_sigint_during_grading_stops_the_runs_under_way_at_once(tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_an_interrupt_during_grading_stops_the_runs_under_way_at_once(tmp_path, sig):
     """Ctrl-C in `decodesched grade` used to wait for every queued submission to finish grading (62 s
     for four such submissions); now the queued ones are cancelled and the sandboxed runs under way
     stopped: exit 130 in seconds, no grades, no gradebook change, no process left, no empty output
-    folder."""
+    folder.  SIGTERM (a job scheduler's `kill`) does the same, with exit 143."""
     import json
     import shutil
 
@@ -116,11 +117,11 @@ def test_sigint_during_grading_stops_the_runs_under_way_at_once(tmp_path):
     time.sleep(12)  # the fork server, the template and the first runs are under way
     assert p.poll() is None, p.stderr.read()
     start = time.monotonic()
-    os.kill(p.pid, signal.SIGINT)
+    os.kill(p.pid, sig)
     rc = p.wait(timeout=600)
     waited = time.monotonic() - start
     err = p.stderr.read().decode()
-    assert rc == 130 and "Traceback" not in err, (rc, err[-2000:])
+    assert rc == 128 + sig and "Traceback" not in err, (rc, err[-2000:])
     assert waited < 30, f"the interrupt took {waited:.0f} s"  # before: 62 s, every submission graded
     assert not out.exists()
     assert ((course / "gradebook.db").read_bytes() if (course / "gradebook.db").exists() else None) == gradebook
