@@ -85,7 +85,8 @@ top of the tree (the Azure trace at load 1.5, 8,000 blocks, K = 100000: about 3,
 walks per step, 10-20 s; K = 4: 0.13 walks per step).  Hence grouped mode for long intervals, and
 block mode for middle ones at heavy load.
 
-**Grouped mode** (an interval of at least n / GROUPED_DIV, n requests): with r = steps mod K and
+**Grouped mode** (an interval of at least n / GROUPED_ALL_DIV, n requests, or of at least n /
+GROUPED_DIV while the trace's backlog is light: `_grouped_mode`): with r = steps mod K and
 q = steps // K, a row's effective priority is ``base + q - [rho > r]``, so the rows in slots split
 into two groups of one shift each: slot ``ga`` holds those whose residue rose this cycle (rho <= r,
 shift q), slot ``gb`` the others (shift q - 1), each in the same static order as a residue's slot.
@@ -97,7 +98,11 @@ is one move per row per K steps: about (rows waiting) / K B+tree or treap moves 
 why shorter intervals keep a slot per residue (on the Azure trace a slot per residue alone and
 grouped mode cross between n / 19 and n / 8 at load 1.5, near n / 8 at load 1.0; with block mode
 below it, the crossing moves to about n / 4: at n / 7.7 to n / 4 block mode took 0.45-0.97 of
-grouped mode's time in every cell tried, at n / 3.9 0.5-1.2, at n / 1.9 1.7; n / 4 is the boundary).
+grouped mode's time in every cell tried).  Above n / 4 the crossing depends on the load: the moves
+are about (requests in the system) / K a step, while block mode costs about the same at every
+interval, so between n / 4 and n / 2 the kernel estimates the backlog from the trace alone (a fluid
+queue: `_fluid_backlog`) and takes grouped mode while it would move fewer than GROUPED_MOVES rows a
+step (at load 1.5, K = 5,000: block mode in 0.42-0.65 of grouped mode's time; at load 1.0, 1.08-1.25).
 Every aging interval runs here (`fast_nb` replays an interval above the trace's total work steps as
 fixed_priority).
 
@@ -181,8 +186,12 @@ BIG = 2**62
 # From this many requests on, a part's next answer is likely out of cache when it comes up (their rows
 # and state, about 300 bytes each, outgrow the caches), so a new answer's successor is prefetched too.
 COLD_AT = 1 << 16
-# Grouped mode (see the module docstring) from an interval of 1 / GROUPED_DIV of the requests on.
+# Grouped mode (see the module docstring) from an interval of 1 / GROUPED_DIV of the requests on,
+# always from 1 / GROUPED_ALL_DIV on, and between the two while the trace's backlog (`_fluid_backlog`)
+# would move fewer than GROUPED_MOVES rows a step (about backlog / K: see `_grouped_mode`).
 GROUPED_DIV = 4
+GROUPED_ALL_DIV = 2
+GROUPED_MOVES = 0.25
 # Below that, blocks of residues (see the module docstring) may be used from an interval of BLOCK_MIN
 # on, when the rule says (BLOCKS_*: never, by the cost counts of `_want_blocks`, always, every other
 # cycle: the last two for the tests).
@@ -818,6 +827,53 @@ def _compressed_priorities(priority, max_new_tokens, aging_interval):
     if c > (2**62 - 2 * work - 4) // k:  # (also keeps the tree keys' low part below 2**62: `_set_aging_key`)
         raise ValueError("trace too large for the aging kernel: priority range x interval exceeds int64")
     return k, out, work
+
+
+@njit(cache=True)
+def _fluid_backlog(arrival_step, max_new_tokens, required_blocks, capacity, order):
+    """The mean number of requests in the system over the steps that run, as a fluid queue sees it:
+    the work waiting (a step per prefill and per token) grows by a request's work at its arrival and
+    falls by one a step, and its mean over the busy steps, divided by the mean work of a request, is
+    the backlog (all n at once: n / 2).  Requests that can never be admitted (more blocks than the
+    capacity) are left out.  On the Azure trace at loads 1.0, 1.25 and 1.5 it gives 435, 2,260 and
+    3,482 where a replay holds 514, 2,845 and 3,940 on average."""
+    w = 0.0  # work waiting
+    area = 0.0  # of w over the steps
+    total = 0.0
+    count = 0
+    t = np.int64(0)
+    for i in range(order.shape[0]):
+        r = order[i]
+        if required_blocks[r] > capacity:
+            continue
+        g = float(arrival_step[r] - t)
+        d = min(w, g)
+        area += d * w - d * d / 2
+        w -= d
+        t = arrival_step[r]
+        x = 1.0 + max_new_tokens[r]
+        w += x
+        total += x
+        count += 1
+    area += w * w / 2
+    return area * count / (total * total) if count > 0 else 0.0
+
+
+@njit(cache=True)
+def _grouped_mode(k, n, arrival_step, max_new_tokens, required_blocks, capacity, order, grouped_div, grouped_moves):
+    """Whether an interval k replays in grouped mode: from n / grouped_div on (never for 0), always from
+    n / GROUPED_ALL_DIV on, and between the two while the backlog (`_fluid_backlog`) is under
+    grouped_moves * k.  Grouped mode moves each row once a cycle, about backlog / k rows a step; below
+    that, the residues' slots in block mode cost about the same at every interval.  Measured on the
+    Azure trace (3 classes, SJF, all-distinct priorities; 2,000 and 16,000 blocks; block mode's time
+    / grouped mode's): at backlog / k = 0.09 (load 1.0, K = 5,000) 1.08-1.25 (all-distinct 0.60-0.74),
+    0.23 (1.5, 15,000) 0.96-1.54, 0.28 (1.25, 8,000) 0.55-1.02, 0.35 (1.5, 10,000) 0.66-1.09, 0.45
+    (1.25, 5,000) 0.41-0.73 and 0.79 (1.5, 5,000) 0.42-0.65."""
+    if grouped_div <= 0 or k < -(-n // grouped_div):
+        return False
+    if k >= -(-n // GROUPED_ALL_DIV):
+        return True
+    return _fluid_backlog(arrival_step, max_new_tokens, required_blocks, capacity, order) < grouped_moves * k
 
 
 # Residues are mapped to slots (only non-empty residues hold one: at most min(K, n) at a time) by an
@@ -1905,13 +1961,14 @@ def _replay_loop(request_id, arrival_step, prompt_len, max_new_tokens, priority,
     return steps, clock, free, stop
 
 
-def _make_replay_aging(stamp, big_at, small_at, grouped_div, block_min, block_rule, cold_at=COLD_AT):
+def _make_replay_aging(stamp, big_at, small_at, grouped_div, block_min, block_rule, cold_at=COLD_AT,
+                       grouped_moves=GROUPED_MOVES):
     """`replay_aging_nb`, closing over `stamp` so that an edit of a kernel it calls compiles it afresh,
     with parts in B+trees from `big_at` rows on and back in treaps below `small_at` (1 < small_at <
-    big_at), in grouped mode when the interval is at least the requests / `grouped_div` (never for 0),
-    else with blocks of residues from an interval of `block_min` (at least 2) on, as `block_rule`
-    (BLOCKS_*) says, prefetching ahead from `cold_at` requests on (BIG_AT, SMALL_AT, GROUPED_DIV,
-    BLOCK_MIN, BLOCKS_COUNTED and COLD_AT but in the tests)."""
+    big_at), in grouped mode as `_grouped_mode` says for `grouped_div` and `grouped_moves`, else with
+    blocks of residues from an interval of `block_min` (at least 2) on, as `block_rule` (BLOCKS_*)
+    says, prefetching ahead from `cold_at` requests on (BIG_AT, SMALL_AT, GROUPED_DIV, BLOCK_MIN,
+    BLOCKS_COUNTED, COLD_AT and GROUPED_MOVES but in the tests)."""
     @njit(cache=True)
     def replay_aging_nb(request_id, arrival_step, prompt_len, max_new_tokens, priority, cache_hit,
                         required_blocks, deadline_step, has_deadline, preemptible, order,
@@ -1930,7 +1987,8 @@ def _make_replay_aging(stamp, big_at, small_at, grouped_div, block_min, block_ru
         # Per-slot structures: a slot is held by a non-empty residue (a live row sits in its residue's
         # slot), so at most min(K, n) are in use; sized by that, not by K.  In grouped mode, two.
         m_res = min(k, np.int64(n) + 1)
-        grouped = grouped_div > 0 and k >= -(-np.int64(n) // grouped_div)
+        grouped = _grouped_mode(k, np.int64(n), arrival_step, max_new_tokens, required_blocks, free_kv_blocks, order,
+                                grouped_div, grouped_moves)
         blocked = not grouped and k >= block_min and block_rule != BLOCKS_NEVER  # (may go into block mode)
         # Block mode: residues in blocks of bw, a slot per block after the m_res of the residues.
         bw = max(np.int64(2), np.int64(np.sqrt(k))) if blocked else np.int64(1)

@@ -32,6 +32,9 @@ from decodesched.kernels.aging_nb import (
     BLOCKS_ON_NUM,
     COLD_AT,
     FRONT,
+    GROUPED_ALL_DIV,
+    GROUPED_DIV,
+    GROUPED_MOVES,
     HM_CAP,
     HM_HOT,
     HM_LO,
@@ -42,7 +45,9 @@ from decodesched.kernels.aging_nb import (
     _adm_put,
     _adm_take,
     _compressed_priorities,
+    _fluid_backlog,
     _front_add,
+    _grouped_mode,
     _list_add,
     _list_live,
     _list_remove,
@@ -305,7 +310,7 @@ replay_aging_btree_nb = _make_replay_aging(SOURCE_STAMP, 3, 2, 0, 2, BLOCKS_NEVE
 replay_aging_residues_nb = _make_replay_aging(SOURCE_STAMP, BIG_AT, SMALL_AT, 0, 2, BLOCKS_NEVER)
 replay_aging_blocks_nb = _make_replay_aging(SOURCE_STAMP, 3, 2, 0, 2, BLOCKS_ALWAYS, 0)
 replay_aging_switching_nb = _make_replay_aging(SOURCE_STAMP, 3, 2, 0, 2, BLOCKS_ALTERNATE, 0)
-replay_aging_grouped_nb = _make_replay_aging(SOURCE_STAMP, 3, 2, 2**62, 2, BLOCKS_NEVER, 0)
+replay_aging_grouped_nb = _make_replay_aging(SOURCE_STAMP, 3, 2, 2**62, 2, BLOCKS_NEVER, 0, 2.0**62)
 AGING_KERNELS = {"residues": replay_aging_btree_nb, "blocks": replay_aging_blocks_nb,
                  "switching": replay_aging_switching_nb, "grouped": replay_aging_grouped_nb, "real": replay_aging_nb}
 
@@ -948,6 +953,64 @@ def test_aging_slot_heaps_against_sorted_lists(slots):
             assert all(hp[lo + hpos[r]] == r for r in hp[lo:lo + size])
             assert size <= hmeta[t, HM_CAP] and lo + hmeta[t, HM_CAP] <= hmeta[slots, HM_LO]
     assert repacks > 0 or slots < 40
+
+
+def test_fluid_backlog_is_the_mean_number_of_requests_in_the_system():
+    """`_fluid_backlog`: n requests arriving at once hold n / 2 on average; requests far apart, one
+    at a time, 1 / 2; requests that can never be admitted count for nothing; and on random traces it
+    is the mean over the busy steps of the work waiting, stepped one step at a time, divided by the
+    mean work of a request."""
+    n = 10
+    order = np.arange(n)
+    ones = np.ones(n, np.int64)
+    new = np.full(n, 9, np.int64)
+    assert _fluid_backlog(np.zeros(n, np.int64), new, ones, 5, order) == pytest.approx(n / 2)
+    assert _fluid_backlog(100 * order, new, ones, 5, order) == pytest.approx(0.5)
+    big = ones.copy()
+    big[4:] = 6
+    assert _fluid_backlog(np.zeros(n, np.int64), new, big, 5, order) == pytest.approx(4 / 2)
+    assert _fluid_backlog(np.zeros(n, np.int64), new, big, 0, order) == 0.0
+    rng = np.random.default_rng(11)
+    for _ in range(20):
+        m = int(rng.integers(1, 200))
+        arrival = np.sort(rng.integers(0, int(rng.integers(1, 20_000)), m))
+        new = rng.integers(1, 300, m)
+        work, backlog, area, t = 1 + new, 0, 0, 0
+        for a, x in zip(arrival, work):
+            while t < a:  # one step at a time: the work waiting after each step
+                t += 1
+                backlog = max(0, backlog - 1)
+                area += backlog
+            backlog += int(x)
+        area += backlog * (backlog - 1) // 2
+        want = area / work.sum() / work.mean()
+        got = _fluid_backlog(arrival, new, np.ones(m, np.int64), 1, np.arange(m))
+        assert got == pytest.approx(want, rel=0.02, abs=0.6)
+
+
+def test_grouped_mode_is_taken_from_n_over_4_only_with_a_light_backlog():
+    """Below n / GROUPED_DIV no grouped mode, from n / GROUPED_ALL_DIV always, and between them only
+    when the backlog would move fewer than GROUPED_MOVES rows a step; a replay equals the scan kernel's
+    in either mode."""
+    n = 40
+    order = np.arange(n)
+    ones = np.ones(n, np.int64)
+    new = np.full(n, 9, np.int64)
+    at_once, apart = np.zeros(n, np.int64), 100 * order  # backlogs n / 2 and 1 / 2
+
+    def mode(k, arrival, div=GROUPED_DIV):
+        return _grouped_mode(k, n, arrival, new, ones, 5, order, div, GROUPED_MOVES)
+
+    assert GROUPED_ALL_DIV < GROUPED_DIV
+    assert not mode(n // GROUPED_DIV - 1, apart) and not mode(10**9, apart, div=0)
+    assert mode(n // GROUPED_ALL_DIV, at_once) and mode(n // GROUPED_ALL_DIV, apart)
+    k = n // 3
+    assert mode(k, apart) and not mode(k, at_once)
+    for arrival in (at_once, apart):
+        rows = [{"request_id": i, "arrival_step": int(arrival[i]), "prompt_len": 1 + i % 4,
+                 "max_new_tokens": 9, "priority": i % 3, "cache_hit": i % 2 == 0, "required_blocks": 1 + i % 3,
+                 "deadline_step": None, "preemptible": i % 5 != 0} for i in range(n)]
+        assert_same_as_scan(load_trace(rows), "aging", 5, interval=k)
 
 
 def test_aging_with_an_interval_no_wait_reaches_equals_scan():
