@@ -85,8 +85,8 @@ top of the tree (the Azure trace at load 1.5, 8,000 blocks, K = 100000: about 3,
 walks per step, 10-20 s; K = 4: 0.13 walks per step).  Hence grouped mode for long intervals, and
 block mode for middle ones at heavy load.
 
-**Grouped mode** (an interval of at least n / GROUPED_ALL_DIV, n requests, or of at least n /
-GROUPED_DIV while the trace's backlog is light: `_grouped_mode`): with r = steps mod K and
+**Grouped mode** (an interval of at least n, n requests, or of at least n / GROUPED_DIV unless the
+trace's backlog makes its moves dear: `_grouped_mode`): with r = steps mod K and
 q = steps // K, a row's effective priority is ``base + q - [rho > r]``, so the rows in slots split
 into two groups of one shift each: slot ``ga`` holds those whose residue rose this cycle (rho <= r,
 shift q), slot ``gb`` the others (shift q - 1), each in the same static order as a residue's slot.
@@ -98,11 +98,11 @@ is one move per row per K steps: about (rows waiting) / K B+tree or treap moves 
 why shorter intervals keep a slot per residue (on the Azure trace a slot per residue alone and
 grouped mode cross between n / 19 and n / 8 at load 1.5, near n / 8 at load 1.0; with block mode
 below it, the crossing moves to about n / 4: at n / 7.7 to n / 4 block mode took 0.45-0.97 of
-grouped mode's time in every cell tried).  Above n / 4 the crossing depends on the load: the moves
-are about (requests in the system) / K a step, while block mode costs about the same at every
-interval, so between n / 4 and n / 2 the kernel estimates the backlog from the trace alone (a fluid
-queue: `_fluid_backlog`) and takes grouped mode while it would move fewer than GROUPED_MOVES rows a
-step (at load 1.5, K = 5,000: block mode in 0.42-0.65 of grouped mode's time; at load 1.0, 1.08-1.25).
+grouped mode's time in every cell tried).  Above n / 4 the crossing depends on the trace: the moves
+are about (requests in the system) / K a step, block mode's marks about 2 sqrt(K) per finish, so
+between n / 4 and n the kernel estimates the backlog and the finishes from the trace alone (a fluid
+queue: `_fluid_backlog`) and compares the two (at load 1.5, K = 5,000: block mode in 0.42-0.65 of
+grouped mode's time; at load 1.0, 1.08-1.25; on backlogs of short requests, 1.4-3.0).
 Every aging interval runs here (`fast_nb` replays an interval above the trace's total work steps as
 fixed_priority).
 
@@ -186,12 +186,12 @@ BIG = 2**62
 # From this many requests on, a part's next answer is likely out of cache when it comes up (their rows
 # and state, about 300 bytes each, outgrow the caches), so a new answer's successor is prefetched too.
 COLD_AT = 1 << 16
-# Grouped mode (see the module docstring) from an interval of 1 / GROUPED_DIV of the requests on,
-# always from 1 / GROUPED_ALL_DIV on, and between the two while the trace's backlog (`_fluid_backlog`)
-# would move fewer than GROUPED_MOVES rows a step (about backlog / K: see `_grouped_mode`).
+# Grouped mode (see the module docstring) from an interval of 1 / GROUPED_DIV of the requests on: always
+# from the requests' number or GROUPED_ALL_SLOTS on, and between the two unless the trace's backlog
+# makes its moves dear, by GROUPED_RATIO (see `_grouped_mode`).
 GROUPED_DIV = 4
-GROUPED_ALL_DIV = 2
-GROUPED_MOVES = 0.25
+GROUPED_ALL_SLOTS = 2**18
+GROUPED_RATIO = 1.25
 # Below that, blocks of residues (see the module docstring) may be used from an interval of BLOCK_MIN
 # on, when the rule says (BLOCKS_*: never, by the cost counts of `_want_blocks`, always, every other
 # cycle: the last two for the tests).
@@ -831,12 +831,12 @@ def _compressed_priorities(priority, max_new_tokens, aging_interval):
 
 @njit(cache=True)
 def _fluid_backlog(arrival_step, max_new_tokens, required_blocks, capacity, order):
-    """The mean number of requests in the system over the steps that run, as a fluid queue sees it:
-    the work waiting (a step per prefill and per token) grows by a request's work at its arrival and
-    falls by one a step, and its mean over the busy steps, divided by the mean work of a request, is
-    the backlog (all n at once: n / 2).  Requests that can never be admitted (more blocks than the
-    capacity) are left out.  On the Azure trace at loads 1.0, 1.25 and 1.5 it gives 435, 2,260 and
-    3,482 where a replay holds 514, 2,845 and 3,940 on average."""
+    """(backlog, work): the mean number of requests in the system over the steps that run, as a fluid
+    queue sees it, and the mean work of a request.  The work waiting (a step per prefill and per token)
+    grows by a request's work at its arrival and falls by one a step; its mean over the busy steps,
+    divided by the mean work, is the backlog (all n at once: n / 2).  Requests that can never be
+    admitted (more blocks than the capacity) are left out.  On the Azure trace at loads 1.0, 1.25 and
+    1.5 it gives 439, 2,273 and 3,497 where a replay holds 514, 2,845 and 3,940 on average."""
     w = 0.0  # work waiting
     area = 0.0  # of w over the steps
     total = 0.0
@@ -856,24 +856,31 @@ def _fluid_backlog(arrival_step, max_new_tokens, required_blocks, capacity, orde
         total += x
         count += 1
     area += w * w / 2
-    return area * count / (total * total) if count > 0 else 0.0
+    if count == 0:
+        return 0.0, 0.0
+    return area * count / (total * total), total / count
 
 
 @njit(cache=True)
-def _grouped_mode(k, n, arrival_step, max_new_tokens, required_blocks, capacity, order, grouped_div, grouped_moves):
-    """Whether an interval k replays in grouped mode: from n / grouped_div on (never for 0), always from
-    n / GROUPED_ALL_DIV on, and between the two while the backlog (`_fluid_backlog`) is under
-    grouped_moves * k.  Grouped mode moves each row once a cycle, about backlog / k rows a step; below
-    that, the residues' slots in block mode cost about the same at every interval.  Measured on the
-    Azure trace (3 classes, SJF, all-distinct priorities; 2,000 and 16,000 blocks; block mode's time
-    / grouped mode's): at backlog / k = 0.09 (load 1.0, K = 5,000) 1.08-1.25 (all-distinct 0.60-0.74),
-    0.23 (1.5, 15,000) 0.96-1.54, 0.28 (1.25, 8,000) 0.55-1.02, 0.35 (1.5, 10,000) 0.66-1.09, 0.45
-    (1.25, 5,000) 0.41-0.73 and 0.79 (1.5, 5,000) 0.42-0.65."""
+def _grouped_mode(k, n, arrival_step, max_new_tokens, required_blocks, capacity, order, grouped_div, grouped_ratio):
+    """Whether interval k replays in grouped mode: never below n / grouped_div (nor for 0), always from
+    n or GROUPED_ALL_SLOTS on (slots for at most that many residues), and between them while
+    ``backlog * work / k**1.5`` (`_fluid_backlog`) is under grouped_ratio.  Grouped mode moves each
+    request in the system once a cycle, about backlog / k moves a step; block mode's cost per step
+    follows the finishes, one per `work` steps, each marking about 2 sqrt(k) slots: the ratio of the
+    two.  Measured (block mode's time / grouped mode's, best of 2, in one process), by that ratio: on
+    the Azure conversation trace (loads 1.0-3.0, 3 classes, SJF, all-distinct priorities, 2,000 and
+    16,000 blocks, k from n / 3.9 to n / 1.1) 0.26: 1.08-1.25 (all-distinct 0.60-0.74), 0.40-0.60:
+    0.96-1.54, 0.67-1.04: 0.55-1.09, 1.36-2.1: 0.41-0.73; Mooncake (loads 1.0-3.0) 0.02-0.26:
+    0.93-1.41, 1.03-1.12: 0.51-0.69, 1.58-7.9: 0.20-0.49; synthetic backlogs of short requests
+    (`backlog_trace`, 20,000 requests of 33 or 129 steps on average) 0.27-0.90: 1.43-2.98 (grouped
+    mode far ahead), 1.37-1.49: 0.49-1.04, 3.5: 0.32-0.60."""
     if grouped_div <= 0 or k < -(-n // grouped_div):
         return False
-    if k >= -(-n // GROUPED_ALL_DIV):
+    if k >= n or k >= GROUPED_ALL_SLOTS:
         return True
-    return _fluid_backlog(arrival_step, max_new_tokens, required_blocks, capacity, order) < grouped_moves * k
+    backlog, work = _fluid_backlog(arrival_step, max_new_tokens, required_blocks, capacity, order)
+    return backlog * work < grouped_ratio * k ** 1.5
 
 
 # Residues are mapped to slots (only non-empty residues hold one: at most min(K, n) at a time) by an
@@ -1962,13 +1969,13 @@ def _replay_loop(request_id, arrival_step, prompt_len, max_new_tokens, priority,
 
 
 def _make_replay_aging(stamp, big_at, small_at, grouped_div, block_min, block_rule, cold_at=COLD_AT,
-                       grouped_moves=GROUPED_MOVES):
+                       grouped_ratio=GROUPED_RATIO):
     """`replay_aging_nb`, closing over `stamp` so that an edit of a kernel it calls compiles it afresh,
     with parts in B+trees from `big_at` rows on and back in treaps below `small_at` (1 < small_at <
-    big_at), in grouped mode as `_grouped_mode` says for `grouped_div` and `grouped_moves`, else with
+    big_at), in grouped mode as `_grouped_mode` says for `grouped_div` and `grouped_ratio`, else with
     blocks of residues from an interval of `block_min` (at least 2) on, as `block_rule` (BLOCKS_*)
     says, prefetching ahead from `cold_at` requests on (BIG_AT, SMALL_AT, GROUPED_DIV, BLOCK_MIN,
-    BLOCKS_COUNTED, COLD_AT and GROUPED_MOVES but in the tests)."""
+    BLOCKS_COUNTED, COLD_AT and GROUPED_RATIO but in the tests)."""
     @njit(cache=True)
     def replay_aging_nb(request_id, arrival_step, prompt_len, max_new_tokens, priority, cache_hit,
                         required_blocks, deadline_step, has_deadline, preemptible, order,
@@ -1988,7 +1995,7 @@ def _make_replay_aging(stamp, big_at, small_at, grouped_div, block_min, block_ru
         # slot), so at most min(K, n) are in use; sized by that, not by K.  In grouped mode, two.
         m_res = min(k, np.int64(n) + 1)
         grouped = _grouped_mode(k, np.int64(n), arrival_step, max_new_tokens, required_blocks, free_kv_blocks, order,
-                                grouped_div, grouped_moves)
+                                grouped_div, grouped_ratio)
         blocked = not grouped and k >= block_min and block_rule != BLOCKS_NEVER  # (may go into block mode)
         # Block mode: residues in blocks of bw, a slot per block after the m_res of the residues.
         bw = max(np.int64(2), np.int64(np.sqrt(k))) if blocked else np.int64(1)

@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 
 import numpy as np
@@ -32,9 +33,9 @@ from decodesched.kernels.aging_nb import (
     BLOCKS_ON_NUM,
     COLD_AT,
     FRONT,
-    GROUPED_ALL_DIV,
+    GROUPED_ALL_SLOTS,
     GROUPED_DIV,
-    GROUPED_MOVES,
+    GROUPED_RATIO,
     HM_CAP,
     HM_HOT,
     HM_LO,
@@ -310,7 +311,7 @@ replay_aging_btree_nb = _make_replay_aging(SOURCE_STAMP, 3, 2, 0, 2, BLOCKS_NEVE
 replay_aging_residues_nb = _make_replay_aging(SOURCE_STAMP, BIG_AT, SMALL_AT, 0, 2, BLOCKS_NEVER)
 replay_aging_blocks_nb = _make_replay_aging(SOURCE_STAMP, 3, 2, 0, 2, BLOCKS_ALWAYS, 0)
 replay_aging_switching_nb = _make_replay_aging(SOURCE_STAMP, 3, 2, 0, 2, BLOCKS_ALTERNATE, 0)
-replay_aging_grouped_nb = _make_replay_aging(SOURCE_STAMP, 3, 2, 2**62, 2, BLOCKS_NEVER, 0, 2.0**62)
+replay_aging_grouped_nb = _make_replay_aging(SOURCE_STAMP, 3, 2, 2**62, 2, BLOCKS_NEVER, 0, math.inf)
 AGING_KERNELS = {"residues": replay_aging_btree_nb, "blocks": replay_aging_blocks_nb,
                  "switching": replay_aging_switching_nb, "grouped": replay_aging_grouped_nb, "real": replay_aging_nb}
 
@@ -959,17 +960,18 @@ def test_fluid_backlog_is_the_mean_number_of_requests_in_the_system():
     """`_fluid_backlog`: n requests arriving at once hold n / 2 on average; requests far apart, one
     at a time, 1 / 2; requests that can never be admitted count for nothing; and on random traces it
     is the mean over the busy steps of the work waiting, stepped one step at a time, divided by the
-    mean work of a request."""
+    mean work of a request (the second value)."""
     n = 10
     order = np.arange(n)
     ones = np.ones(n, np.int64)
     new = np.full(n, 9, np.int64)
-    assert _fluid_backlog(np.zeros(n, np.int64), new, ones, 5, order) == pytest.approx(n / 2)
-    assert _fluid_backlog(100 * order, new, ones, 5, order) == pytest.approx(0.5)
+    assert _fluid_backlog(np.zeros(n, np.int64), new, ones, 5, order) == pytest.approx((n / 2, 10))
+    assert _fluid_backlog(100 * order, new, ones, 5, order) == pytest.approx((0.5, 10))
     big = ones.copy()
     big[4:] = 6
-    assert _fluid_backlog(np.zeros(n, np.int64), new, big, 5, order) == pytest.approx(4 / 2)
-    assert _fluid_backlog(np.zeros(n, np.int64), new, big, 0, order) == 0.0
+    new[:4] = 3
+    assert _fluid_backlog(np.zeros(n, np.int64), new, big, 5, order) == pytest.approx((4 / 2, 4))
+    assert _fluid_backlog(np.zeros(n, np.int64), new, big, 0, order) == (0.0, 0.0)
     rng = np.random.default_rng(11)
     for _ in range(20):
         m = int(rng.integers(1, 200))
@@ -984,27 +986,27 @@ def test_fluid_backlog_is_the_mean_number_of_requests_in_the_system():
             backlog += int(x)
         area += backlog * (backlog - 1) // 2
         want = area / work.sum() / work.mean()
-        got = _fluid_backlog(arrival, new, np.ones(m, np.int64), 1, np.arange(m))
-        assert got == pytest.approx(want, rel=0.02, abs=0.6)
+        got, mean_work = _fluid_backlog(arrival, new, np.ones(m, np.int64), 1, np.arange(m))
+        assert got == pytest.approx(want, rel=0.02, abs=0.6) and mean_work == pytest.approx(work.mean())
 
 
-def test_grouped_mode_is_taken_from_n_over_4_only_with_a_light_backlog():
-    """Below n / GROUPED_DIV no grouped mode, from n / GROUPED_ALL_DIV always, and between them only
-    when the backlog would move fewer than GROUPED_MOVES rows a step; a replay equals the scan kernel's
+def test_grouped_mode_is_taken_from_n_over_4_unless_the_backlog_makes_its_moves_dear():
+    """No grouped mode below n / GROUPED_DIV, always from n (or GROUPED_ALL_SLOTS) on, and between
+    them only while backlog * work / K**1.5 is under GROUPED_RATIO; a replay equals the scan kernel's
     in either mode."""
     n = 40
     order = np.arange(n)
     ones = np.ones(n, np.int64)
     new = np.full(n, 9, np.int64)
-    at_once, apart = np.zeros(n, np.int64), 100 * order  # backlogs n / 2 and 1 / 2
+    at_once, apart = np.zeros(n, np.int64), 100 * order  # backlogs n / 2 and 1 / 2, work 10
 
-    def mode(k, arrival, div=GROUPED_DIV):
-        return _grouped_mode(k, n, arrival, new, ones, 5, order, div, GROUPED_MOVES)
+    def mode(k, arrival, div=GROUPED_DIV, m=n):
+        return _grouped_mode(k, m, arrival, new, ones, 5, order, div, GROUPED_RATIO)
 
-    assert GROUPED_ALL_DIV < GROUPED_DIV
     assert not mode(n // GROUPED_DIV - 1, apart) and not mode(10**9, apart, div=0)
-    assert mode(n // GROUPED_ALL_DIV, at_once) and mode(n // GROUPED_ALL_DIV, apart)
+    assert mode(n, at_once) and mode(n, apart) and mode(GROUPED_ALL_SLOTS, at_once, m=4 * GROUPED_ALL_SLOTS)
     k = n // 3
+    assert 0.5 * 10 < GROUPED_RATIO * k**1.5 < n / 2 * 10
     assert mode(k, apart) and not mode(k, at_once)
     for arrival in (at_once, apart):
         rows = [{"request_id": i, "arrival_step": int(arrival[i]), "prompt_len": 1 + i % 4,
