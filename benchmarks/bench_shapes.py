@@ -17,13 +17,15 @@ slowest cell and the number of cells at or under the 0.5 s target.
 
 The target is set at aging's default interval, 4; ``--aging-interval K`` runs the table at another
 (below K = n / 4, aging's cost grows with the number of non-empty residues, up to min(K, requests
-waiting), or with about sqrt(K) blocks of them; from there on, with the requests waiting / K moves
-a step of grouped mode: see `kernels/aging_nb.py`).
+waiting), or with about sqrt(K) blocks of them; from there on, grouped mode's requests in the
+system / K moves a step, when the kernel expects them to be cheaper: see `kernels/aging_nb.py`).
+``--source`` reshapes another raw trace the same way (an Azure 2023 CSV, or a Mooncake JSONL such
+as the Mooncake conversation trace, whose cache hits come from its hash ids).
 
 Usage (a few minutes on 2 busy cores)::
 
     python benchmarks/bench_shapes.py [--capacities 2000 8000 16000] [--loads 1.0 1.5] [--cap 5]
-                                      [--aging-interval 4]
+                                      [--aging-interval 4] [--source RAW_TRACE]
 """
 
 from __future__ import annotations
@@ -31,12 +33,14 @@ from __future__ import annotations
 import argparse
 import math
 import time
+from pathlib import Path
 
 import numpy as np
 
 import decodesched
-from decodesched.convert import bundled_trace_path, read_azure, to_trace
+from decodesched.convert import bundled_trace_path, read_raw, to_trace
 from decodesched.engine import POLICIES, policy_code, trace_arrays
+from decodesched.errors import UserError
 from decodesched.kernels import enums as E
 from decodesched.kernels.fast_nb import replay_fast_nb
 
@@ -76,13 +80,18 @@ def main() -> None:
     ap.add_argument("--probe", type=int, default=50_000, help="steps of the probe run")
     ap.add_argument("--cap", type=float, default=5.0, help="projected seconds above which a cell is estimated")
     ap.add_argument("--aging-interval", type=int, default=4, metavar="K", help="aging's interval (default 4)")
+    ap.add_argument("--source", metavar="PATH", help="another raw trace to reshape: an Azure 2023 CSV or a "
+                    "Mooncake JSONL (default: the bundled Azure conversation trace)")
     a = ap.parse_args()
     if a.aging_interval < 1:
         ap.error("--aging-interval takes a positive count")
     if min(a.capacities) < 0 or not all(0 < x < math.inf for x in a.loads) or a.repeats < 1 or a.probe < 1:
         ap.error("--capacities take counts >= 0, --loads positive numbers, --repeats and --probe positive counts")
 
-    raw = read_azure(bundled_trace_path())
+    try:
+        raw = read_raw(a.source or bundled_trace_path())
+    except (UserError, OSError) as exc:
+        ap.error(str(exc))
     traces = {(s, load): shaped(raw, s, load) for s in a.shapes for load in a.loads}
     work = max(t.work_steps for t in traces.values())
     events = np.empty((work, E.EV_NCOLS), np.int64)
@@ -90,7 +99,8 @@ def main() -> None:
     t = traces[(a.shapes[0], a.loads[0])]
     replay(trace_arrays(t.subset(np.arange(50))), 0, 100, -1, events)  # compile / load from cache
 
-    print(f"Azure 2023 conversation trace ({len(raw):,} requests), fast kernel, warm, event log recorded, "
+    name = Path(a.source).name if a.source else "Azure 2023 conversation trace"
+    print(f"{name} ({len(raw):,} requests), fast kernel, warm, event log recorded, "
           f"seconds per replay (best of {a.repeats}; ~ = projected from a {a.probe:,}-step probe), "
           f"aging interval {a.aging_interval}")
     width = max(11, 1 + max(map(len, a.policies)))
