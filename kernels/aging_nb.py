@@ -872,7 +872,8 @@ def _grouped_mode(k, n, arrival_step, max_new_tokens, required_blocks, capacity,
     the Azure conversation trace (loads 1.0-3.0, 3 classes, SJF, all-distinct priorities, 2,000 and
     16,000 blocks, k from n / 3.9 to n / 1.1) 0.26: 1.08-1.25 (all-distinct 0.60-0.74), 0.40-0.60:
     0.96-1.54, 0.67-1.04: 0.55-1.09, 1.36-2.1: 0.41-0.73; Mooncake (loads 1.0-3.0) 0.02-0.26:
-    0.93-1.41, 1.03-1.12: 0.51-0.69, 1.58-7.9: 0.20-0.49; synthetic backlogs of short requests
+    0.93-1.41, 1.03-1.12: 0.51-0.69, 1.58-7.9: 0.20-0.49; the Azure code trace (requests of 29 steps
+    on average, loads 1.0-1.5) 0.11-0.55: 1.19-2.30; synthetic backlogs of short requests
     (`backlog_trace`, 20,000 requests of 33 or 129 steps on average) 0.27-0.90: 1.43-2.98 (grouped
     mode far ahead), 1.37-1.49: 0.49-1.04, 3.5: 0.32-0.60."""
     if grouped_div <= 0 or k < -(-n // grouped_div):
