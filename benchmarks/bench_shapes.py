@@ -25,7 +25,7 @@ as the Mooncake conversation trace, whose cache hits come from its hash ids).
 Usage (a few minutes on 2 busy cores)::
 
     python benchmarks/bench_shapes.py [--capacities 2000 8000 16000] [--loads 1.0 1.5] [--cap 5]
-                                      [--aging-interval 4] [--source RAW_TRACE]
+                                      [--aging-interval 4] [--source RAW_TRACE [--format F]]
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 
 import decodesched
-from decodesched.convert import bundled_trace_path, read_raw, to_trace
+from decodesched.convert import FORMATS, bundled_trace_path, read_raw, to_trace
 from decodesched.engine import POLICIES, policy_code, trace_arrays
 from decodesched.errors import UserError
 from decodesched.kernels import enums as E
@@ -82,6 +82,7 @@ def main() -> None:
     ap.add_argument("--aging-interval", type=int, default=4, metavar="K", help="aging's interval (default 4)")
     ap.add_argument("--source", metavar="PATH", help="another raw trace to reshape: an Azure 2023 CSV or a "
                     "Mooncake JSONL (default: the bundled Azure conversation trace)")
+    ap.add_argument("--format", choices=FORMATS, help="--source's format (default: from its extension or content)")
     a = ap.parse_args()
     if a.aging_interval < 1:
         ap.error("--aging-interval takes a positive count")
@@ -89,7 +90,7 @@ def main() -> None:
         ap.error("--capacities take counts >= 0, --loads positive numbers, --repeats and --probe positive counts")
 
     try:
-        raw = read_raw(a.source or bundled_trace_path())
+        raw = read_raw(a.source or bundled_trace_path(), a.format)
     except (UserError, OSError) as exc:
         ap.error(str(exc))
     traces = {(s, load): shaped(raw, s, load) for s in a.shapes for load in a.loads}
