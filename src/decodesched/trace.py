@@ -12,9 +12,11 @@ import dataclasses
 import math
 import os
 import re
+import sys
+from collections.abc import Mapping, Set
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -26,6 +28,7 @@ from .kernels.fields import FILE_COLUMNS, TRACE_FIELDS
 TRACE_COLUMNS = FILE_COLUMNS
 INT_COLUMNS = tuple(n for n, dtype, in_file in TRACE_FIELDS if in_file and dtype == "int64" and n != "deadline_step")
 BOOL_COLUMNS = tuple(n for n, dtype, in_file in TRACE_FIELDS if in_file and dtype == "bool")
+_WANT = {c: "true/false values" if c in BOOL_COLUMNS else "integers" for c in TRACE_COLUMNS}  # for messages
 
 # Magnitude limits that keep every kernel sum, difference and key in int64 (see module docstring).
 MAX_LENGTH = 2**40  # prompt_len, max_new_tokens, required_blocks
@@ -178,7 +181,7 @@ def load_trace(source: Any, *, steps_per_second: float | None = None, name: str 
     """Read and validate a trace.
 
     `source` is a path to a canonical trace CSV (or ``.parquet``), a mapping of column name to
-    sequence (``deadline_step`` may hold None/NaN for none, or be a masked array), a pandas
+    sequence (``deadline_step`` may hold None, NaN or pandas NA for none, or be a masked array), a pandas
     DataFrame, a list of row dicts, or a `Trace` (returned unchanged).  Raises `TraceError` naming
     the row and column.  NumPy integer and boolean columns, and Parquet ones without nulls, are
     checked column-wise (a million rows in well under a second); other values one by one.
@@ -196,7 +199,8 @@ def load_trace(source: Any, *, steps_per_second: float | None = None, name: str 
             path = input_file(source, "trace file")
         except UserError as exc:
             raise TraceError(str(exc)) from None
-        label = name or path.stem
+        # (its file name's bytes that are not UTF-8 as \xNN: the name goes into tables and plots)
+        label = name or os.fsencode(path.stem).decode("utf-8", "backslashreplace")
         if steps_per_second is None:
             steps_per_second = _sidecar_time_scale(path)
         if path.suffix.lower() in (".parquet", ".pq"):
@@ -218,8 +222,7 @@ def load_trace(source: Any, *, steps_per_second: float | None = None, name: str 
         cols = {k: [r.get(k) for r in source] for k in keys}
         return _from_columns(cols, "<rows>", steps_per_second, name or "trace")
     if hasattr(source, "to_dict") and hasattr(source, "columns"):  # a pandas DataFrame
-        cols = {str(c): source[c].tolist() for c in source.columns}
-        return _from_columns(cols, "<dataframe>", steps_per_second, name or "trace")
+        return _from_columns(_frame_columns(source), "<dataframe>", steps_per_second, name or "trace")
     if isinstance(source, Mapping):
         return _from_columns(dict(source), "<arrays>", steps_per_second, name or "trace")
     raise TraceError(f"cannot read a trace from {type(source).__name__}; give a path, a mapping of columns or a Trace")
@@ -274,31 +277,33 @@ def _parquet_column(name: str, col):
     return col.to_pylist()
 
 
+def _frame_columns(frame) -> dict[str, Any]:
+    """A DataFrame's columns by name, each named once (a duplicated name would hide one of them)."""
+    names = [str(c) for c in frame.columns]
+    for c in names:
+        if names.count(c) > 1:
+            times = "twice" if names.count(c) == 2 else f"{names.count(c)} times"
+            raise TraceError(f"<dataframe>: column {c} appears {times}")
+    if hasattr(frame, "iloc"):  # pandas: by position, so that a column is a Series whatever its name
+        return {c: frame.iloc[:, j] for j, c in enumerate(names)}
+    return {str(c): frame[c] for c in frame.columns}
+
+
 def _from_csv(path: Path, steps_per_second: float | None, label: str) -> Trace:
     try:
         with open(path, newline="", encoding="utf-8-sig") as fh:  # -sig: a spreadsheet's BOM is accepted
             reader = csv.reader(fh)
-            try:
-                header = next(reader)
-            except StopIteration:
-                raise TraceError(f"{path}: empty file (expected the header {','.join(TRACE_COLUMNS)})") from None
-            except csv.Error as exc:
-                raise TraceError(f"{path}: line 1: {_csv_problem(exc)}") from None
+            header = _next_record(reader, path)
+            if header is None:
+                raise TraceError(f"{path}: empty file (expected the header {','.join(TRACE_COLUMNS)})")
             header = [h.strip() for h in header]
             _check_header(header, str(path))
             cols: dict[str, list] = {h: [] for h in header}
-            row = 0
-            while True:
-                try:
-                    rec = next(reader)
-                except StopIteration:
-                    break
-                except csv.Error as exc:
-                    raise TraceError(f"{path}: line {reader.line_num}: {_csv_problem(exc)}") from None
+            lines: list[int] = []  # each row's line, for the messages
+            while (rec := _next_record(reader, path)) is not None:
                 lineno = reader.line_num
-                if not rec or all(not x.strip() for x in rec):
-                    continue
-                row += 1
+                lines.append(lineno)
+                row = len(lines)
                 if len(rec) != len(header):
                     raise TraceError(f"{path}: row {row} (line {lineno}): {len(rec)} fields, expected {len(header)}")
                 for h, x in zip(header, rec):
@@ -308,7 +313,20 @@ def _from_csv(path: Path, steps_per_second: float | None, label: str) -> Trace:
                     cols[h].append(x.strip())
     except UnicodeDecodeError as exc:
         raise TraceError(f"{path}: not a UTF-8 text file ({exc.reason})") from None
-    return _from_columns(cols, str(path), steps_per_second, label, row_offset=1)
+    return _from_columns(cols, str(path), steps_per_second, label, lines=lines)
+
+
+def _next_record(reader, path: Path) -> list[str] | None:
+    """The next CSV record that is not blank (blank lines are skipped, before the header too); None at the end."""
+    while True:
+        try:
+            rec = next(reader)
+        except StopIteration:
+            return None
+        except csv.Error as exc:
+            raise TraceError(f"{path}: line {reader.line_num}: {_csv_problem(exc)}") from None
+        if any(x.strip() for x in rec):
+            return rec
 
 
 def _csv_problem(exc: csv.Error) -> str:
@@ -351,20 +369,64 @@ def _whole_ints(src) -> bool:
     return src.dtype.kind == "i" or src.size == 0 or int(src.max()) <= INT64_MAX
 
 
+def _is_pandas(v) -> bool:
+    """Whether `v` is a pandas Series, Index or array (pandas is optional: not loaded, `v` is none of them)."""
+    pd = sys.modules.get("pandas")
+    return pd is not None and isinstance(v, (pd.Series, pd.Index, pd.api.extensions.ExtensionArray))
+
+
+def _pandas_column(name: str, v):
+    """A pandas column as `_from_columns` takes it, like `_parquet_column`: of its column's type (a NumPy or
+    nullable integer dtype, or boolean for cache_hit and preemptible) and without NAs as a NumPy array, deadlines
+    with NAs as a masked array, dates and durations as NumPy arrays (refused whole), anything else as Python values
+    with None for NA, NaN and NaT.  Rows are taken by position, never by index label."""
+    s = sys.modules["pandas"].Series(v).reset_index(drop=True)
+    missing = s.isna().to_numpy(dtype=bool)
+    dtype = s.dtype if isinstance(s.dtype, np.dtype) else getattr(s.dtype, "numpy_dtype", None)
+    kind = dtype.kind if isinstance(dtype, np.dtype) else "O"
+    if (kind == "b") if name in BOOL_COLUMNS else (kind in "iu"):
+        if not missing.any():
+            return s.to_numpy(dtype=dtype)
+        if name == "deadline_step":
+            return np.ma.MaskedArray(s.to_numpy(dtype=dtype, na_value=0), mask=missing)
+    if kind in "mM":
+        return s.to_numpy()
+    values = s.to_numpy(dtype=object, copy=True)  # a copy: pandas may hand out a read-only view
+    values[missing] = None
+    return values
+
+
+def _column(name: str, v, where: str):
+    """One column as `_from_columns` checks it (pandas ones by `_pandas_column`); TraceError for anything that
+    is not a 1-D sequence of plain values."""
+    if _is_pandas(v):
+        v = _pandas_column(name, v)
+    if isinstance(v, (str, bytes)) or not hasattr(v, "__len__") or getattr(v, "ndim", 1) != 1:
+        what = f"an array of shape {v.shape}" if hasattr(v, "shape") else show(v)
+        raise TraceError(f"{where}, column {name}: expected a 1-D column of values, got {what}")
+    if isinstance(v, (Set, Mapping)) or not hasattr(v, "__getitem__"):
+        raise TraceError(f"{where}, column {name}: expected a sequence of {_WANT[name]}, got {type(v).__name__}")
+    if isinstance(v, np.ndarray) and v.dtype.kind in "mM":
+        raise TraceError(f"{where}, column {name}: expected {_WANT[name]}, got {v.dtype.name}")
+    return v
+
+
 def _is_missing(x) -> bool:
-    if x is None:
+    """None, a blank string, NaN of any float type, a masked NumPy value, or pandas' NA or NaT."""
+    if x is None or x is np.ma.masked:
         return True
     if isinstance(x, str):
         return x.strip() == ""
-    if isinstance(x, float) and math.isnan(x):
-        return True
-    return False
+    if isinstance(x, (float, np.floating)):
+        return bool(np.isnan(x))
+    pd = sys.modules.get("pandas")  # pandas is optional: if it is not loaded, x is none of its values
+    return pd is not None and (x is pd.NA or x is pd.NaT)
 
 
 def _parse_int(x, where: str, col: str) -> int:
     """One cell of an integer column as an int within int64; TraceError naming the cell otherwise."""
-    if isinstance(x, (bool, np.bool_)):
-        raise TraceError(f"{where}, column {col}: expected an integer, got {x!r}")
+    if isinstance(x, (bool, np.bool_, np.timedelta64)):  # NumPy's timedelta64 is an np.integer
+        raise TraceError(f"{where}, column {col}: expected an integer, got {show(x)}")
     if isinstance(x, (int, np.integer)):
         v = int(x)
     elif isinstance(x, (float, np.floating)):
@@ -394,14 +456,12 @@ def _parse_bool(x, where: str, col: str) -> bool:
     raise TraceError(f"{where}, column {col}: expected true/false (or 1/0), got {show(x)}")
 
 
-def _from_columns(cols: dict, where: str, steps_per_second: float | None, label: str, row_offset: int = 0) -> Trace:
+def _from_columns(cols: dict, where: str, steps_per_second: float | None, label: str,
+                  lines: list[int] | None = None) -> Trace:
+    """The checked trace; `lines` holds each row's line in a file, for the messages."""
     names = [str(c) for c in cols]
     _check_header(names, where)
-    for c in TRACE_COLUMNS:
-        v = cols[c]
-        if isinstance(v, (str, bytes)) or not hasattr(v, "__len__") or getattr(v, "ndim", 1) != 1:
-            what = f"an array of shape {v.shape}" if hasattr(v, "shape") else show(v)
-            raise TraceError(f"{where}, column {c}: expected a 1-D column of values, got {what}")
+    cols = {c: _column(c, cols[c], where) for c in TRACE_COLUMNS}
     lengths = {len(cols[c]) for c in TRACE_COLUMNS}
     if len(lengths) != 1:
         raise TraceError(f"{where}: columns have different lengths ({sorted(lengths)})")
@@ -410,7 +470,7 @@ def _from_columns(cols: dict, where: str, steps_per_second: float | None, label:
         raise TraceError(f"{where}: the trace is empty (no requests)")
 
     def loc(i: int) -> str:
-        return f"{where}: row {i + 1}" + (f" (line {i + 1 + row_offset})" if row_offset else "")
+        return f"{where}: row {i + 1}" + (f" (line {lines[i]})" if lines is not None else "")
 
     ints = {c: np.empty(n, dtype=np.int64) for c in INT_COLUMNS}
     bools = {c: np.empty(n, dtype=np.bool_) for c in BOOL_COLUMNS}
