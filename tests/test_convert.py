@@ -300,7 +300,7 @@ BAD_CONVERTS = [
     (["{azure}"], "--load"),
     (["{azure}", "--load", "0"], "positive"),
     (["{azure}", "--load", "-2"], "positive"),
-    (["{azure}", "--load", "x"], "invalid float"),
+    (["{azure}", "--load", "x"], "--load: expected a positive number"),
     (["{azure}", "--load", "1", "--block-size", "0"], "block-size"),
     (["{azure}", "--load", "1e-300"], "beyond 2**53"),
     (["{azure}", "--load", "1", "--seed", str(2**128)], "--seed: expected a whole number from 0 to 2**128 - 1"),

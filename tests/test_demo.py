@@ -69,7 +69,7 @@ def test_demo_reports_unservable_requests_without_failing(tmp_path, capsys):
     (["--load", "0"], "--load"),
     (["--load", "-1"], "--load"),
     (["--load", "nan"], "--load"),
-    (["--load", "fast"], "invalid float"),
+    (["--load", "fast"], "--load: expected a positive number"),
     (["--kv-blocks", "-5"], "--kv-blocks"),
     (["--requests", "1"], "--requests"),
     (["--aging-interval", "0"], "--aging-interval"),

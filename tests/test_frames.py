@@ -125,6 +125,18 @@ def test_a_result_as_parquet_never_replaces_its_trace(tmp_path):
     frames.to_parquet(decodesched.load_trace(path), path)  # a trace may rewrite its own file
 
 
+@pytest.mark.parametrize("name", ["t.csv", "t.json", "t", "-"])
+def test_parquet_is_written_under_a_parquet_name_only(tmp_path, name):
+    """Every reader takes a name's extension for its format: Parquet bytes under a .csv name would
+    turn a CSV (the trace's own source, say) into a file nothing reads."""
+    decodesched.load_trace(TRACE).to_csv(tmp_path / "t.csv")
+    trace = decodesched.load_trace(tmp_path / "t.csv")
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    with pytest.raises(UserError, match="a Parquet file is named .parquet or .pq"):
+        frames.to_parquet(trace, name if name == "-" else tmp_path / name)
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+
+
 def test_nan_latency_stays_nan(result):
     df = frames.requests_frame(result)
     unservable = df["status"] == "unservable"

@@ -466,3 +466,48 @@ def test_a_fifo_input_is_read(trace_csv, tmp_path, capsys):
     finally:
         writer.wait(timeout=60)
     assert "3 requests" in capsys.readouterr().out
+
+
+def test_a_command_that_fails_at_its_second_output_keeps_the_first_as_it_was(tmp_path, trace_csv, capsys):
+    """`--events A --requests B` where B cannot be written (a folder of /proc, where not even root
+    creates files): exit 2, and A still holds what it held (the files of one command appear together,
+    `_io.output_group`)."""
+    if not os.path.isdir("/proc/self"):
+        pytest.skip("needs Linux's /proc")
+    events = tmp_path / "events.csv"
+    events.write_text("OLD\n")
+    assert simulate(trace_csv, "--events", str(events), "--requests", "/proc/decodesched-test.csv") == 2
+    one_line(capsys.readouterr().err)
+    assert events.read_text() == "OLD\n" and no_temp_files(tmp_path)
+
+
+def test_an_output_group_renames_nothing_when_its_block_fails_and_everything_when_it_ends(tmp_path):
+    from decodesched._io import output_group
+
+    a, b = tmp_path / "a.txt", tmp_path / "b.txt"
+    a.write_text("old a\n")
+    with pytest.raises(KeyboardInterrupt):
+        with output_group():
+            with atomic_writer(a) as fh:
+                fh.write("new a\n")
+            assert a.read_text() == "old a\n"  # (written, not yet in place)
+            with atomic_writer(b) as fh:
+                fh.write("new b\n")
+            raise KeyboardInterrupt  # Ctrl-C after both were written, before the block ended
+    assert a.read_text() == "old a\n" and not b.exists() and no_temp_files(tmp_path)
+    with output_group():
+        with output_group():  # an inner group joins the outer one
+            with atomic_writer(a) as fh:
+                fh.write("new a\n")
+        assert a.read_text() == "old a\n"
+        with atomic_writer(b) as fh:
+            fh.write("new b\n")
+    assert a.read_text() == "new a\n" and b.read_text() == "new b\n" and no_temp_files(tmp_path)
+
+
+@pytest.mark.parametrize("length", [200, 245, 251])
+def test_the_longest_legal_output_names_are_written(tmp_path, trace_csv, capsys, length):
+    """A name of up to 255 bytes is legal; its temporary twin must stay under that limit too."""
+    name = tmp_path / ("e" * length + ".csv")
+    assert simulate(trace_csv, "--events", str(name)) == 0, capsys.readouterr().err
+    assert name.read_text().startswith("step,") and no_temp_files(tmp_path)

@@ -21,6 +21,15 @@ from decodesched import checkpoint as C
 from decodesched import convert as cv
 from decodesched import metrics as M
 from decodesched.cli import main
+from decodesched.errors import UserError
+from decodesched.trace import TRACE_COLUMNS
+
+TRACE_CSV = ",".join(TRACE_COLUMNS) + """
+1,0,4,3,0,false,2,,true
+2,0,2,2,5,true,3,10,true
+3,1,3,4,1,false,4,6,false
+-4,2,5,1,-2,false,1,,true
+"""
 
 
 def nan_equal(a, b) -> bool:
@@ -236,11 +245,45 @@ def test_local_sweep_equals_one_batch_and_resumes_after_an_interrupt(sweep, tmp_
     assert not ck.exists()
 
 
-def test_checkpoint_at_a_folder_is_refused_before_any_work(tmp_path):
-    """The file is opened with the first chunk, but a path that cannot be one fails at once."""
-    (tmp_path / "m.csv.partial.jsonl").mkdir()
-    with pytest.raises(IsADirectoryError):
-        C.Checkpoint(tmp_path / "m.csv.partial.jsonl", "k", 1, {})
+@pytest.mark.parametrize("occupant", ["folder", "file", "link", "dangling link"])
+def test_a_checkpoint_path_held_by_something_else_is_refused_before_any_work(sweep, tmp_path, monkeypatch, occupant):
+    """The sweep replaces and then removes its checkpoint: where another file, a folder or a link
+    sits at that path, it stops before the first chunk and leaves them as they were."""
+    traces, scenarios = sweep
+    ck = tmp_path / "m.csv.partial.jsonl"
+    precious = tmp_path / "precious.csv"
+    precious.write_text("keep me\n")
+    if occupant == "folder":
+        ck.mkdir()
+    elif occupant == "file":
+        ck.write_text("request_id,arrival_step\n")
+    else:
+        ck.symlink_to(precious if occupant == "link" else tmp_path / "nowhere")
+    calls = []
+    monkeypatch.setattr(B, "simulate_batch", lambda *a, **k: calls.append(1))
+    with pytest.raises(UserError, match="the sweep keeps its checkpoint here"):
+        C.run_local(traces, scenarios, chunk_size=5, checkpoint_path=ck)
+    assert not calls and precious.read_text() == "keep me\n"
+    assert ck.is_symlink() or ck.exists()
+    if occupant == "file":
+        assert ck.read_text() == "request_id,arrival_step\n"
+
+
+def test_sweep_cli_keeps_an_input_or_a_linked_file_at_its_checkpoint_path(tmp_path, capsys):
+    """`sweep X.partial.jsonl --out X`: the input trace is the checkpoint path; and a link there to
+    another file: both refused with one line, exit 2, nothing written."""
+    trace = tmp_path / "m.csv.partial.jsonl"
+    trace.write_text(TRACE_CSV)
+    assert main(["sweep", str(trace), "--policy", "aging", "--kv-blocks", "3", "--out", str(tmp_path / "m.csv")]) == 2
+    assert "the sweep keeps its checkpoint here" in capsys.readouterr().err
+    assert trace.read_text() == TRACE_CSV and not (tmp_path / "m.csv").exists()
+    src = tmp_path / "t.csv"
+    src.write_text(TRACE_CSV)
+    precious = tmp_path / "precious.csv"
+    precious.write_text(TRACE_CSV)
+    (tmp_path / "r.csv.partial.jsonl").symlink_to(precious)
+    assert main(["sweep", str(src), "--policy", "aging", "--kv-blocks", "3", "--out", str(tmp_path / "r.csv")]) == 2
+    assert precious.read_text() == TRACE_CSV and not (tmp_path / "r.csv").exists()
 
 
 def test_checkpoint_keeps_censored_and_missing_values(tmp_path):

@@ -11,7 +11,8 @@ Every file the project writes goes through `atomic_writer`.  Its rules (docs/fil
 - read-only file systems, missing folders, full disks, a closed pipe: `OutputError`, one line.
 
 `check_outputs` refuses, before any work, an output that is an input, an input's ``.meta.json``
-sidecar, or the same file as another output of the same command.
+sidecar, or the same file as another output of the same command.  Inside `output_group` the files
+of one command appear together: each is renamed into place only when every one was written.
 """
 
 from __future__ import annotations
@@ -235,7 +236,7 @@ def atomic_writer(path, mode: str = "w", encoding: str | None = "utf-8", newline
     target = output_target(path)
     parent = target.parent if str(target.parent) else Path(".")
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=parent)
+        fd, tmp = tempfile.mkstemp(prefix=temp_prefix(target.name), suffix=".tmp", dir=parent)
     except OSError as exc:
         raise OutputError(f"{path}: cannot write in {parent} ({_describe(exc)})") from None
     try:
@@ -247,6 +248,9 @@ def atomic_writer(path, mode: str = "w", encoding: str | None = "utf-8", newline
         with os.fdopen(fd, mode, **kwargs) as fh:
             yield fh
         os.chmod(tmp, mode_bits)
+        if _groups:  # renamed with the group's other files, when all of them are written
+            _groups[-1].append((tmp, target, path))
+            return
         output_target(path)  # it may have become a folder or a device meanwhile
         os.replace(tmp, target)
     except OSError as exc:
@@ -259,6 +263,77 @@ def atomic_writer(path, mode: str = "w", encoding: str | None = "utf-8", newline
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+# The temporary files of the open `output_group`s, innermost last: (temporary, target, path as given).
+_groups: list[list[tuple[str, Path, object]]] = []
+
+
+def temp_prefix(name: str) -> str:
+    """The prefix of a temporary file or folder beside `name`: hidden, and short enough that the
+    name with mkstemp's 8 random characters stays under the 255 bytes a file name may have."""
+    return f".{name[:64]}."
+
+
+@contextlib.contextmanager
+def output_group():
+    """The files `atomic_writer` writes inside this block appear together: each waits under its
+    temporary name, and all are renamed into place when the block ends without an error.  A failure
+    or Ctrl-C anywhere in the block (in a later file, or in the work between them) leaves every older
+    file as it was and no temporary file.  The renames themselves run with Ctrl-C held back, so that a
+    command is either all written or not at all.  Nested groups join the outer one."""
+    pending: list = []
+    _groups.append(pending)
+    try:
+        yield
+    except BaseException:
+        for tmp, _, _ in pending:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+        raise
+    finally:
+        _groups.remove(pending)
+    if _groups:
+        _groups[-1].extend(pending)
+        return
+    with _signals_held():
+        for i, (tmp, target, path) in enumerate(pending):
+            try:
+                output_target(path)  # it may have become a folder or a device meanwhile
+                os.replace(tmp, target)
+            except OSError as exc:
+                for later, _, _ in pending[i:]:
+                    with contextlib.suppress(OSError):
+                        os.unlink(later)
+                if isinstance(exc, OutputError):
+                    raise
+                raise OutputError(f"{path}: cannot write ({_describe(exc)})") from None
+
+
+@contextlib.contextmanager
+def _signals_held():
+    """Ctrl-C and UNWINDING_SIGNALS wait until the block ends, then act as they would have (in the main
+    thread; elsewhere a no-op)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    held = [signal.SIGINT, *_unwinding(signal)]
+    before = {sig: signal.getsignal(sig) for sig in held}
+    for sig in held:
+        if before[sig] not in (signal.SIG_IGN, None):
+            signal.signal(sig, lambda signum, frame: caught.append(signum))
+    try:
+        yield
+    finally:
+        for sig, handler in before.items():
+            if handler is not None:
+                signal.signal(sig, handler)
+        if caught:
+            signal.raise_signal(caught[0])
 
 
 # Signals that end a command the way Ctrl-C does, inside `terminate_like_interrupt`: SIGTERM (``kill``,

@@ -38,7 +38,7 @@ import numpy as np
 
 from . import metrics as _metrics
 from ._io import Progress, atomic_writer
-from .engine import ENGINES, SimulationResult, check_config, check_flag, event_capacity, trace_arrays
+from .engine import ENGINES, SimulationResult, check_config, check_flag, event_capacity, event_log_buffer, trace_arrays
 from .errors import UserError
 from .kernels import enums as E
 from .policy import Policy, policy_name
@@ -200,7 +200,9 @@ class BatchResult:
         return len(self.scenarios)
 
     def result(self, i: int) -> SimulationResult:
-        """Scenario `i` as a `SimulationResult` (equal to `simulate` run on it alone)."""
+        """Scenario `i` as a `SimulationResult` (equal to `simulate` run on it alone); a negative `i`
+        counts from the end, as in a list."""
+        i = self._index(i)
         sc = self.scenarios[i]
         state = self.request_state[self.req_start[i]:self.req_start[i + 1]]
         summary = self.summary[i]
@@ -211,8 +213,18 @@ class BatchResult:
         return SimulationResult(self.traces[sc.trace], policy_name(sc.policy), int(sc.free_kv_blocks),
                                 int(sc.aging_interval), sc.max_steps, events, state, summary)
 
+    def _index(self, i) -> int:
+        """`i` as a scenario index from 0, or a TypeError or IndexError that says what the batch holds."""
+        n = len(self.scenarios)
+        if isinstance(i, bool) or not isinstance(i, (int, np.integer)):
+            raise TypeError(f"a scenario is picked by its index, an integer; got {show(i)}")
+        if not -n <= i < n:
+            raise IndexError(f"scenario {int(i)} is out of range: the batch has {n} (0 to {n - 1})")
+        return int(i) % n
+
     def metrics(self, i: int) -> dict:
         """The aggregate metrics of scenario `i` (SPEC section 6), computed once."""
+        i = self._index(i)
         if i not in self._metrics:
             self._metrics[i] = self.result(i).metrics
         return self._metrics[i]
@@ -348,7 +360,7 @@ def simulate_batch(traces, scenarios: Sequence[Scenario], *, record_events: bool
     if record_events:
         caps = [event_capacity(traces[t], int(m)) for t, m in zip(sc_trace.tolist(), sc_max_steps.tolist())]
         event_start[1:] = np.cumsum(caps)
-    events = np.zeros((int(event_start[-1]), E.EV_NCOLS), np.int64)
+    events = event_log_buffer(int(event_start[-1]))
     req_out = np.zeros((int(req_start[-1]), E.RQ_NCOLS), np.int64)
     summary = np.zeros((n_sc, E.SM_NCOLS), np.int64)
     arrays = (*cols, trace_start, sc_trace, sc_policy, sc_capacity, sc_interval, sc_max_steps)

@@ -16,7 +16,6 @@ in a helper thread, see `batch.simulate_batch`) and keeps every finished chunk.
 from __future__ import annotations
 
 import contextlib
-import errno
 import hashlib
 import json
 import os
@@ -27,7 +26,8 @@ import numpy as np
 
 from ._io import Progress
 
-CHECKPOINT_FORMAT = "decodesched-sweep-checkpoint/2"
+CHECKPOINT_PREFIX = "decodesched-sweep-checkpoint/"
+CHECKPOINT_FORMAT = CHECKPOINT_PREFIX + "2"
 DEFAULT_LOCAL_CHUNK = 16
 
 
@@ -46,6 +46,33 @@ def sweep_key(traces, scenarios) -> str:
         h.update(repr((int(s.trace), policy, int(s.free_kv_blocks), int(s.aging_interval), s.max_steps,
                        int(s.replicate))).encode())
     return h.hexdigest()
+
+
+def is_checkpoint(path) -> bool:
+    """Whether `path` is a regular file (not a link) that starts as a checkpoint of some sweep."""
+    path = Path(path)
+    try:
+        if path.is_symlink() or not path.is_file():
+            return False
+        with open(path, "rb") as fh:
+            header = json.loads(fh.readline(4096) or b"null")
+    except (OSError, ValueError):
+        return False
+    return isinstance(header, dict) and str(header.get("format", "")).startswith(CHECKPOINT_PREFIX)
+
+
+def check_checkpoint_path(path) -> None:
+    """Refuse (UserError), before any work, a checkpoint path where something else lives: the sweep
+    replaces or removes the file there, so it must be a checkpoint already, or nothing."""
+    from .errors import UserError
+
+    path = Path(path)
+    if not path.is_symlink() and not path.exists():
+        return
+    if not is_checkpoint(path):
+        what = "a symbolic link" if path.is_symlink() else "a folder" if path.is_dir() else "not a sweep checkpoint"
+        raise UserError(f"{path}: the sweep keeps its checkpoint here, but this is {what}; move it away "
+                        "or choose another output name")
 
 
 def read_checkpoint(path, key: str, n_scenarios: int) -> dict[int, dict]:
@@ -83,14 +110,13 @@ class Checkpoint:
 
     def __init__(self, path, key: str, n_scenarios: int, resumed: dict[int, dict]):
         self.path = Path(path)
-        if self.path.is_dir():  # refused before any work, as opening it would be
-            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(self.path))
         self.header = None if resumed else {"format": CHECKPOINT_FORMAT, "sweep": key, "scenarios": n_scenarios}
         self.fh = None
 
     def _write(self, record: dict) -> None:
         if self.fh is None:
-            self.fh = open(self.path, "a" if self.header is None else "w", encoding="utf-8")
+            flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | (os.O_APPEND if self.header is None else os.O_TRUNC)
+            self.fh = os.fdopen(os.open(self.path, flags, 0o666), "w", encoding="utf-8")
             if self.header is not None:
                 self.fh.write(json.dumps(self.header) + "\n")
         self.fh.write(json.dumps(record) + "\n")
@@ -107,8 +133,8 @@ class Checkpoint:
 
 
 def finish(checkpoint_path) -> None:
-    """Remove a completed sweep's checkpoint."""
-    if checkpoint_path:
+    """Remove a completed sweep's checkpoint (only a checkpoint: never a file put there since)."""
+    if checkpoint_path and is_checkpoint(checkpoint_path):
         with contextlib.suppress(OSError):
             os.unlink(checkpoint_path)
 
@@ -128,6 +154,8 @@ def prepare(traces, scenarios: Sequence, chunk_size, checkpoint_path):
     if not traces or not scenarios:
         raise UserError("a sweep needs at least one trace and one scenario")
     check_scenarios(scenarios, len(traces))
+    if checkpoint_path:
+        check_checkpoint_path(checkpoint_path)
     key = sweep_key(traces, scenarios)
     done = read_checkpoint(checkpoint_path, key, len(scenarios)) if checkpoint_path else {}
     return traces, scenarios, key, done

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import csv
 import importlib
+import math
 import os
 import re
 import sys
@@ -53,6 +54,19 @@ def int_arg(text: str) -> int:
     except ValueError as exc:
         why = f" of at most {MAX_INT_DIGITS} digits" if str(exc) == "too many digits" else ""
         raise argparse.ArgumentTypeError(f"expected a whole number{why}, got {shorten(repr(text), 60)}") from None
+
+
+_DECIMAL_RE = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?", re.ASCII)
+
+
+def positive_float_arg(text: str) -> float:
+    """A positive, finite number option value, in ASCII decimal or exponent notation (no inf, nan,
+    digit separators or other scripts' digits, which `float` would take)."""
+    s = text.strip()
+    value = float(s) if _DECIMAL_RE.fullmatch(s) else math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {shorten(repr(text), 60)}")
+    return value
 
 
 def seed_arg(text: str) -> int:
@@ -104,10 +118,20 @@ def main(argv=None) -> int:
     (``-W`` or ``PYTHONWARNINGS``)."""
     from ._io import terminate_like_interrupt
 
+    _lenient_text_streams()
     with warnings.catch_warnings(), terminate_like_interrupt():
         if not sys.warnoptions:
             warnings.simplefilter("ignore")
         return _main(argv)
+
+
+def _lenient_text_streams() -> None:
+    """A file name that is not valid UTF-8 (its bytes kept as surrogates) is printed escaped, where a
+    strict UTF-8 stdout or stderr (a UTF-8 locale, PYTHONIOENCODING) would raise in the middle of the
+    output.  Streams that already take them (the C locale's surrogateescape) are left as they are."""
+    for stream in (sys.stdout, sys.stderr):
+        if getattr(stream, "errors", None) == "strict" and hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="backslashreplace")
 
 
 def _main(argv) -> int:

@@ -46,7 +46,6 @@ reported later (`load_trace` reads ``steps_per_second`` from it; `read_meta` rea
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
@@ -297,7 +296,11 @@ def steps_per_second_for_load(raw: RawTrace, load: float) -> float:
     if span <= 0:
         raise UserError("--load needs requests spread over time, but all arrive at the same instant; "
                         "give --steps-per-second instead")
-    return work_steps_of(raw) / (load * span)
+    steps_per_second = work_steps_of(raw) / (load * span)
+    if not (math.isfinite(steps_per_second) and steps_per_second > 0):
+        raise UserError(f"--load {load:g} is out of range for this trace (it gives {steps_per_second:g} steps per "
+                        "second); give a load nearer 1")
+    return steps_per_second
 
 
 def _is_real(x) -> bool:
@@ -383,8 +386,9 @@ def to_trace(
         weights = np.asarray(_real_numbers(priority_weights, "--priority-weights"), dtype=np.float64)
         if weights.size != classes.size:
             raise UserError(f"--priority-weights needs one weight per class ({classes.size}), got {weights.size}")
-        if not np.all(np.isfinite(weights)) or np.any(weights < 0) or weights.sum() <= 0:
+        if not np.all(np.isfinite(weights)) or np.any(weights < 0) or weights.max() <= 0:
             raise UserError(f"--priority-weights must be non-negative with a positive sum, got {weights.tolist()}")
+        weights = weights / weights.max()  # (a sum of huge weights would overflow)
         weights = weights / weights.sum()
     if not (_is_real(deadline_fraction) and 0.0 <= deadline_fraction <= 1.0):
         raise UserError(f"--deadline-fraction must be between 0 and 1, got {show(deadline_fraction)}")
@@ -446,45 +450,28 @@ def meta_path(trace_path: str | os.PathLike) -> Path:
 
 
 def write_trace(trace: Trace, out: str | os.PathLike, meta: dict) -> Path:
-    """Write `trace` as canonical CSV and its sidecar, each atomically; returns the sidecar path.
-
-    The sidecar is written first and removed again if the CSV cannot be written, so a failure
-    leaves neither file (an older pair at the same path stays intact).
-    """
-    from ._io import atomic_writer
+    """Write `trace` as canonical CSV and its sidecar, together (`output_group`); returns the sidecar
+    path.  A failure leaves neither file (an older pair at the same path stays intact)."""
+    from ._io import atomic_writer, output_group
 
     out = Path(out)
     side = meta_path(out)
-    old_side = side.read_bytes() if side.exists() else None
     body = dict(meta)
     body["steps_per_second"] = trace.steps_per_second
     body["requests"] = len(trace)
     try:
-        with atomic_writer(side) as fh:
-            json.dump(body, fh, indent=2, sort_keys=True)
-            fh.write("\n")
-        trace.to_csv(out)
+        with output_group():
+            with atomic_writer(side) as fh:
+                json.dump(body, fh, indent=2, sort_keys=True)
+                fh.write("\n")
+            trace.to_csv(out)
     except OutputError:  # already one line naming the file
-        _restore(side, old_side)
         raise
     except FileNotFoundError as exc:
-        _restore(side, old_side)
         raise UserError(f"{out}: cannot write: {exc}") from None
     except OSError as exc:
-        _restore(side, old_side)
         raise UserError(f"{out}: cannot write: {exc.strerror or exc}") from None
-    except BaseException:
-        _restore(side, old_side)
-        raise
     return side
-
-
-def _restore(side: Path, old: bytes | None) -> None:
-    with contextlib.suppress(OSError):
-        if old is None:
-            side.unlink(missing_ok=True)
-        else:
-            side.write_bytes(old)
 
 
 def read_meta(trace_path: str | os.PathLike) -> dict | None:

@@ -93,6 +93,30 @@ def event_capacity(trace: Trace, max_steps: int) -> int:
     return cap if max_steps < 0 else min(cap, max_steps)
 
 
+def _memory_bytes() -> int | None:
+    """This machine's physical memory, or None where the system does not say."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, OSError, ValueError):
+        return None
+
+
+def event_log_buffer(n_events: int) -> np.ndarray:
+    """The zeroed event-log array of `n_events` rows; a log that cannot fit in this machine's memory
+    is refused (UserError) before the replay, rather than failing (or swapping) in it."""
+    need = n_events * E.EV_NCOLS * 8
+    memory = _memory_bytes()
+    hint = ("record fewer steps (max_steps, --max-steps) or none (record_events=False; on the command line, "
+            "leave out --events)")
+    if memory is not None and need > memory:
+        raise UserError(f"the event log may need {n_events} rows ({need / 2**30:.3g} GiB), more than this machine's "
+                        f"memory ({memory / 2**30:.3g} GiB); {hint}")
+    try:
+        return np.zeros((n_events, E.EV_NCOLS), dtype=np.int64)
+    except MemoryError:
+        raise UserError(f"no memory for an event log of {n_events} rows ({need / 2**30:.3g} GiB); {hint}") from None
+
+
 def replay_kernel(engine: str, policy=None):
     """The replay kernel for `engine`, or a user `Policy`'s own kernel (which ignores `engine`)."""
     if engine not in ENGINES:
@@ -129,7 +153,7 @@ def simulate(trace, policy="fixed_priority", free_kv_blocks: int = 1_000_000, ag
     record_events = check_flag("record_events", record_events)
     kernel = replay_kernel(engine, policy)
     n_events = event_capacity(trace, limit) if record_events else 0
-    events = np.zeros((n_events, E.EV_NCOLS), dtype=np.int64)
+    events = event_log_buffer(n_events)
     req_out = np.zeros((len(trace), E.RQ_NCOLS), dtype=np.int64)
     summary = np.zeros(E.SM_NCOLS, dtype=np.int64)
     kernel(*trace_arrays(trace), code, capacity, interval, limit, events, req_out, summary)

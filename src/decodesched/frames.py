@@ -28,12 +28,14 @@ pandas and pyarrow are not needed by the simulator itself; install them with
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any, Mapping
 
 import numpy as np
 
 from ._io import atomic_writer, check_outputs
 from .errors import UserError
+from .tables_io import is_parquet
 
 INSTALL_HINT = "pip install 'decodesched[data]'"
 
@@ -160,6 +162,9 @@ def to_parquet(obj, path: str | os.PathLike, table: str | None = None) -> None:
     A `Trace` written this way (``to_parquet(trace, "t.parquet")``) is read back by
     `decodesched.load_trace`, time scale included.
     """
+    if not is_parquet(path):  # (a name that the readers would take for CSV)
+        got = f"'{Path(path).suffix}'" if Path(path).suffix else "no extension"
+        raise UserError(f"{path}: a Parquet file is named .parquet or .pq; got {got}")
     _, pq = _pyarrow()
     arrow = to_arrow(obj, table)
     # a result's table never replaces the file its trace was read from (nor that file's sidecar)

@@ -44,7 +44,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ._io import _describe, input_file
+from ._io import _describe, input_file, temp_prefix
 from .errors import UserError
 from .metrics import offered_load
 from .palette import POLICY_ORDER, policy_colors, policy_marker, policy_style, sorted_policies
@@ -856,7 +856,7 @@ def build_report(out_dir, *, results=None, trace=None, policies=None, kv_blocks=
             raise UserError("--trace needs --kv-blocks (the capacity to replay it with)")
         scenario_kv = _lower_median(sorted({r["kv_blocks"] for r in rows}))
     try:
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=parent))
+        tmp = Path(tempfile.mkdtemp(prefix=temp_prefix(out_dir.name), dir=parent))
     except OSError as exc:
         raise UserError(f"{out_dir}: cannot write in {parent} ({_describe(exc)})") from None
     try:

@@ -21,7 +21,7 @@ import numpy as np
 
 from .. import convert as cv
 from .._io import _describe
-from ..cli import int_arg, seed_arg
+from ..cli import int_arg, positive_float_arg, seed_arg
 from ..errors import UserError
 
 # Full trace at load 0.8 with 2,000 KV blocks: policies differ clearly in tail TTFT, starvation and
@@ -51,7 +51,7 @@ def add_parser(subparsers) -> None:
                     "DIR/summary.csv. Priorities, deadlines and preemptibility come from the seeded rules of "
                     "`decodesched trace convert` (see its --help).",
     )
-    p.add_argument("--load", type=float, default=DEFAULT_LOAD, metavar="L",
+    p.add_argument("--load", type=positive_float_arg, default=DEFAULT_LOAD, metavar="L",
                    help="offered load, work steps per step of wall time (default %(default)s; near 1.0 the "
                         "backlog, and the run time, grow sharply)")
     p.add_argument("--kv-blocks", type=int_arg, default=DEFAULT_KV_BLOCKS, metavar="N",
@@ -136,21 +136,18 @@ def run(args) -> int:
     png = render_ttft_cdf({p: r.requests["ttft"] for p, r in results.items()}, sps, title)
     summary = summary_csv(metrics, seconds, sps)
 
-    from .._io import atomic_writer, check_outputs
+    from .._io import atomic_writer, check_outputs, output_group
 
     png_path, csv_path = out / "ttft_cdf.png", out / "summary.csv"
     created = [p for p in (out, *out.parents) if not p.exists()]
     out.mkdir(parents=True, exist_ok=True)
     try:
         check_outputs([png_path, csv_path])
-        with atomic_writer(png_path, "wb") as fh:
-            fh.write(png)
-        try:
+        with output_group():  # both files or neither
+            with atomic_writer(png_path, "wb") as fh:
+                fh.write(png)
             with atomic_writer(csv_path) as fh:
                 fh.write(summary)
-        except BaseException:
-            png_path.unlink(missing_ok=True)  # both files or neither
-            raise
     except BaseException:
         for p in created:  # the folders this run made, innermost first
             with contextlib.suppress(OSError):

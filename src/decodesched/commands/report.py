@@ -6,9 +6,9 @@ replayed here under each ``--policy`` for the per-request figures.  See `decodes
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
+from ..cli import int_arg, positive_float_arg
 from ..engine import POLICIES
 from ..errors import UserError
 from ..policy import resolve_policy
@@ -45,18 +45,18 @@ def add_parser(sub) -> None:
                         f"naming a decodesched.Policy (default all: {', '.join(POLICIES)})")
     p.add_argument("--timeline-policy", default=None, metavar="P",
                    help="policy of the KV/queue and Gantt figures (default the first --policy)")
-    p.add_argument("--kv-blocks", type=int, default=None, metavar="N",
+    p.add_argument("--kv-blocks", type=int_arg, default=None, metavar="N",
                    help="capacity: the cut of the sweep figures and the replay of --trace (default: the "
                         "sweep's lower-median capacity)")
-    p.add_argument("--aging-interval", type=int, default=None, metavar="K",
+    p.add_argument("--aging-interval", type=int_arg, default=None, metavar="K",
                    help="aging interval: the cut of the sweep figures and the replay (default 4)")
-    p.add_argument("--load", type=float, default=None, metavar="L",
+    p.add_argument("--load", type=positive_float_arg, default=None, metavar="L",
                    help="show only the traces at this offered load in the P99-against-capacity figure (default all)")
     p.add_argument("--loads", type=_loads, default=None, metavar="NAME=L[,..]",
                    help="offered load of each sweep trace, by its name in the CSV")
     p.add_argument("--trace-dir", action="append", default=[], metavar="DIR",
                    help="where to look for the sweep's trace files (repeatable)")
-    p.add_argument("--gantt-requests", type=int, default=30, metavar="N",
+    p.add_argument("--gantt-requests", type=int_arg, default=30, metavar="N",
                    help="requests shown in the Gantt timeline (default %(default)s)")
     p.set_defaults(func=run)
 
@@ -76,14 +76,12 @@ def _loads(text: str) -> dict[str, float]:
     out = {}
     for item in _names(text):
         name, sep, value = item.rpartition("=")
-        try:
-            out[name] = float(value)
-        except ValueError:
-            name = ""
         if not sep or not name:
             raise argparse.ArgumentTypeError(f"expected NAME=LOAD, got {item!r}")
-        if not (math.isfinite(out[name]) and out[name] > 0):
-            raise argparse.ArgumentTypeError(f"a load must be a positive number, got {item!r}")
+        try:
+            out[name] = positive_float_arg(value)
+        except argparse.ArgumentTypeError:
+            raise argparse.ArgumentTypeError(f"a load must be a positive number, got {item!r}") from None
     return out
 
 

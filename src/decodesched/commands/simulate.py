@@ -37,7 +37,7 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from .._io import STDOUT, check_outputs, immediate_interrupt
+    from .._io import STDOUT, check_outputs, immediate_interrupt, output_group
     from .._numba_cache import compile_notice, early_compile_notice
     from ..tables_io import table_format
 
@@ -60,10 +60,11 @@ def run(args) -> int:
         result = simulate(trace, policy, args.kv_blocks, args.aging_interval, args.max_steps,
                           record_events=args.events is not None, engine=args.engine)
     elapsed = time.perf_counter() - start
-    if args.events:
-        result.write_events(args.events)
-    if args.requests:
-        result.write_requests(args.requests)
+    with output_group():  # both files or neither
+        if args.events:
+            result.write_events(args.events)
+        if args.requests:
+            result.write_requests(args.requests)
     out = sys.stderr if STDOUT in (args.events, args.requests) else sys.stdout  # keep a streamed table clean
     print(f"{trace.name}: {len(trace)} requests, policy {result.policy}, {args.kv_blocks} KV blocks, "
           f"aging interval {args.aging_interval}; {result.n_events} steps in {elapsed:.2f} s ({result.stop_reason})",

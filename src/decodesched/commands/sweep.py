@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 
 from ..batch import BACKENDS, convert_rules, grid, replicate_traces, write_metrics_csv
+from ..cli import int_arg
 from ..engine import ENGINES, POLICIES, check_config
 from ..errors import UserError
 from ..policy import resolve_policy
@@ -66,17 +67,19 @@ def add_parser(sub) -> None:
     p.add_argument("--kv-blocks", required=True, type=_ints, metavar="N[,N..]", help="free KV blocks, comma-separated")
     p.add_argument("--aging-interval", type=_ints, default=[4], metavar="K[,K..]",
                    help="aging intervals, comma-separated (default 4)")
-    p.add_argument("--replicates", type=int, default=1, metavar="N",
+    p.add_argument("--replicates", type=int_arg, default=1, metavar="N",
                    help="replay each trace N times, redrawing its seeded classes and deadlines (default 1)")
-    p.add_argument("--max-steps", type=int, default=None, metavar="N", help="stop each replay after N steps that ran")
-    p.add_argument("--threads", type=int, default=None, metavar="N", help="CPU threads (default: all Numba threads)")
+    p.add_argument("--max-steps", type=int_arg, default=None, metavar="N",
+                   help="stop each replay after N steps that ran")
+    p.add_argument("--threads", type=int_arg, default=None, metavar="N",
+                   help="CPU threads (default: all Numba threads)")
     p.add_argument("--backend", choices=BACKENDS, default="cpu", help="cpu (default) or cuda (one GPU thread per "
                                                                       "scenario)")
     p.add_argument("--engine", choices=ENGINES, default="fast", help="CPU kernel: fast (default) or the scan baseline")
     # For the RESEARCH helper's distributed sweeps (decodesched.distributed, optional dependency).
     p.add_argument("--dask", metavar="ADDRESS", default=None,
                    help="run on a Dask cluster (scheduler address, or 'local') via decodesched.distributed")
-    p.add_argument("--chunk-size", type=int, default=None, metavar="N",
+    p.add_argument("--chunk-size", type=int_arg, default=None, metavar="N",
                    help="scenarios per chunk, each checkpointed as it finishes (default: with --dask 64, "
                         "else 4 per thread, at least 16)")
     p.add_argument("--out", required=True, metavar="metrics.csv",
@@ -94,10 +97,7 @@ def _names(text: str) -> list[str]:
 def _ints(text: str) -> list[int]:
     out = []
     for x in _names(text):
-        try:
-            out.append(int(x))
-        except ValueError:
-            raise _arg_error(f"{x!r} is not an integer") from None
+        out.append(int_arg(x))
     return out
 
 

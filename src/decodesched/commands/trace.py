@@ -10,7 +10,7 @@ import numpy as np
 
 from .. import convert as cv
 from .._io import check_outputs
-from ..cli import int_arg, seed_arg
+from ..cli import int_arg, positive_float_arg, seed_arg
 from ..errors import UserError
 from ..trace import load_trace, parse_decimal, show
 
@@ -54,8 +54,10 @@ def add_parser(subparsers) -> None:
                                                  "JSONL; 'bundled' means the shipped Azure conversation trace")
     c.add_argument("--format", choices=cv.FORMATS, help="source format (default: from the extension or content)")
     scale = c.add_mutually_exclusive_group()
-    scale.add_argument("--load", type=float, metavar="L", help="target offered load (work steps per step), e.g. 1.0")
-    scale.add_argument("--steps-per-second", type=float, metavar="S", help="time scale: scheduler steps per second")
+    scale.add_argument("--load", type=positive_float_arg, metavar="L",
+                       help="target offered load (work steps per step), e.g. 1.0")
+    scale.add_argument("--steps-per-second", type=positive_float_arg, metavar="S",
+                       help="time scale: scheduler steps per second")
     c.add_argument("--block-size", type=int_arg, default=cv.DEFAULT_BLOCK_SIZE, metavar="N",
                    help="tokens per KV block (default %(default)s)")
     c.add_argument("--seed", type=seed_arg, default=0, help="seed of the priority/deadline draws (default %(default)s)")
