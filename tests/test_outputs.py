@@ -511,3 +511,11 @@ def test_the_longest_legal_output_names_are_written(tmp_path, trace_csv, capsys,
     name = tmp_path / ("e" * length + ".csv")
     assert simulate(trace_csv, "--events", str(name)) == 0, capsys.readouterr().err
     assert name.read_text().startswith("step,") and no_temp_files(tmp_path)
+
+
+def test_a_name_that_ends_in_a_slash_is_a_folder_not_a_file(tmp_path, trace_csv, capsys):
+    """`--events out.csv/` asks for a folder; pathlib would quietly write the file out.csv."""
+    target = str(tmp_path / "out.csv") + "/"
+    assert simulate(trace_csv, "--events", target) == 2
+    assert "names a folder" in one_line(capsys.readouterr().err)
+    assert not (tmp_path / "out.csv").exists() and no_temp_files(tmp_path)

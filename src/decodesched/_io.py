@@ -98,6 +98,8 @@ def output_target(path) -> Path:
     """
     if isinstance(path, str) and not path.strip():
         raise OutputError(f"{path!r}: an empty file name")
+    if isinstance(path, str) and path.endswith(("/", os.sep)):  # (Path would drop the slash: a file, not a folder)
+        raise OutputError(f"{path}: names a folder (it ends in /); give a file name")
     path = Path(path)
     target = path
     try:
