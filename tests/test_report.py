@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import html
 import math
 import re
 
@@ -306,3 +307,60 @@ def test_every_subset_and_order_of_policies_renders(sweep_dir, tmp_path):
             head = re.findall(r"<th>([a-z_]+)</th>", table)
             assert sorted(h for h in head if h in POLICIES) == sorted(subset)
             assert len(re.findall(r"<tr><td>", table)) == len(LOADS)  # every trace, every policy a cell
+
+
+def _renamed(sweep_dir, tmp_path, policy_name: str):
+    """The sweep CSV with policy aging renamed (a user Policy's name may hold any printable character)."""
+    with open(sweep_dir / "metrics.csv", newline="") as fh:
+        table = list(csv.DictReader(fh))
+    for r in table:
+        r["policy"] = policy_name if r["policy"] == "aging" else r["policy"]
+    path = tmp_path / "renamed.csv"
+    with open(path, "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(table[0]))
+        w.writeheader()
+        w.writerows(table)
+    return path
+
+
+@pytest.mark.parametrize("name", ['x"><img src=x onerror=alert(1)>', "sjf/v2", "a%20b#1", r"sjf$\sqrt$", "$x$"])
+def test_a_policy_name_is_text_in_the_page_and_never_a_path_or_markup(sweep_dir, tmp_path, name):
+    """Names go into figure files, HTML ids and links: a file name of safe characters, the name
+    escaped everywhere it is shown, and drawn as given (no mathtext, which fails on '$\\sqrt$')."""
+    out = tmp_path / "r"
+    plots = build_report(out, results=_renamed(sweep_dir, tmp_path, name))
+    interval = next(p for p in plots if p.name == f"interval_{name}")
+    assert re.fullmatch(r"[A-Za-z0-9_.-]+\.png", interval.file) and (out / interval.file).is_file()
+    assert sorted(f.name for f in out.iterdir()) == sorted([p.file for p in plots] + ["index.html"])
+    page = (out / "index.html").read_text()
+    assert "<img src=x" not in page and f'src="{interval.file}"' in page and f'id="{interval.slug}"' in page
+    assert name in html.unescape(page)  # shown, as text
+
+
+def test_the_sweeps_own_results_are_never_taken_for_its_trace(tmp_path, capsys):
+    """`sweep traces/study.csv --out study.csv`, then `report study.csv`: the trace named study is
+    not the results file beside it."""
+    (tmp_path / "traces").mkdir()
+    raw = cv.read_azure(cv.bundled_trace_path()).head(12)
+    cv.to_trace(raw, load=1.0).to_csv(tmp_path / "traces" / "study.csv")
+    results = tmp_path / "study.csv"
+    assert main(["sweep", str(tmp_path / "traces" / "study.csv"), "--policy", "aging,fcfs", "--kv-blocks", "60,120",
+                 "--out", str(results)]) == 0
+    for extra in ([], ["--trace-dir", str(tmp_path / "traces")]):
+        assert main(["report", str(results), "--out", str(tmp_path / "rep"), *extra]) == 0, capsys.readouterr().err
+    assert (tmp_path / "rep" / "index.html").is_file()
+
+
+def test_a_report_that_cannot_replace_one_file_replaces_none(sweep_dir, tmp_path, capsys):
+    out = tmp_path / "r"
+    assert main(["report", str(sweep_dir / "metrics.csv"), "--out", str(out)]) == 0
+    before = {f.name: f.read_bytes() for f in out.iterdir() if f.is_file()}
+    (out / "latency_vs_load.png").unlink()
+    (out / "latency_vs_load.png").mkdir()  # a folder where a figure goes
+    capsys.readouterr()
+    assert main(["report", str(sweep_dir / "metrics.csv"), "--out", str(out), "--kv-blocks", "60"]) == 2
+    err = capsys.readouterr().err
+    assert "latency_vs_load.png: is a directory" in err and ".r." not in err
+    after = {f.name: f.read_bytes() for f in out.iterdir() if f.is_file()}
+    assert after == {k: v for k, v in before.items() if k != "latency_vs_load.png"}
+    assert sorted(f.name for f in tmp_path.iterdir()) == ["r"]  # no temporary folder left

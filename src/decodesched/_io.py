@@ -298,7 +298,7 @@ def output_group():
     if _groups:
         _groups[-1].extend(pending)
         return
-    with _signals_held():
+    with signals_held():
         for i, (tmp, target, path) in enumerate(pending):
             try:
                 output_target(path)  # it may have become a folder or a device meanwhile
@@ -313,7 +313,7 @@ def output_group():
 
 
 @contextlib.contextmanager
-def _signals_held():
+def signals_held():
     """Ctrl-C and UNWINDING_SIGNALS wait until the block ends, then act as they would have (in the main
     thread; elsewhere a no-op)."""
     import signal

@@ -34,9 +34,11 @@ counts every request, so it ends below 1 when some never finished.  One colour p
 from __future__ import annotations
 
 import csv
+import hashlib
 import html
 import math
 import os
+import re
 import shutil
 import tempfile
 from dataclasses import dataclass, field
@@ -44,7 +46,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ._io import _describe, input_file, temp_prefix
+from ._io import _describe, _same_file, input_file, output_target, signals_held, temp_prefix
 from .errors import UserError
 from .metrics import offered_load
 from .palette import POLICY_ORDER, policy_colors, policy_marker, policy_style, sorted_policies
@@ -67,8 +69,26 @@ class Plot:
     legend: list[str] = field(default_factory=list)
 
     @property
+    def slug(self) -> str:
+        """The name as a file name and HTML id: letters, digits, '_', '.', '-' kept, anything else (a
+        policy's '/', quotes, '#', spaces) as '_', with a short hash of the name when one was replaced,
+        so that two names never share a file."""
+        safe = re.sub(r"[^A-Za-z0-9_.-]", "_", self.name).lstrip(".")[:80]
+        if safe == self.name:
+            return safe
+        return f"{safe}_{hashlib.sha256(self.name.encode('utf-8', 'surrogatepass')).hexdigest()[:8]}"
+
+    @property
     def file(self) -> str:
-        return f"{self.name}.png"
+        return f"{self.slug}.png"
+
+
+def _plain_text():
+    """Text drawn as given: a policy or trace name with '$' in it is not mathtext (which would draw
+    '$x$' as math, and fail on '$\\sqrt$')."""
+    import matplotlib
+
+    return matplotlib.rc_context({"text.parse_math": False})
 
 
 def _figure(nrows: int = 1, ncols: int = 1, width: float = 6.4, height: float = 4.2, **kw):
@@ -175,10 +195,12 @@ class TraceInfo:
     family: str | None = None
 
 
-def _find_trace_file(name: str, dirs: list[Path]) -> Path | None:
+def _find_trace_file(name: str, dirs: list[Path], results_path=None) -> Path | None:
+    """The first of NAME, NAME.csv, NAME.parquet in `dirs` that is a file, but the sweep's own results
+    (a sweep of ``study.csv`` written to ``study.csv`` beside it is a natural choice)."""
     for d in dirs:
         for candidate in (d / name, d / f"{name}.csv", d / f"{name}.parquet"):
-            if candidate.is_file():
+            if candidate.is_file() and not (results_path is not None and _same_file(candidate, Path(results_path))):
                 return candidate
     return None
 
@@ -213,7 +235,7 @@ def trace_info(rows: list[dict], results_path=None, *, loads: dict | None = None
     info = {}
     for name in names:
         mine = [r for r in rows if r["trace"] == name]
-        path = _find_trace_file(name, dirs)
+        path = _find_trace_file(name, dirs, results_path)
         meta = read_meta(path) if path else None
         sps = _number(mine[0].get("steps_per_second")) or (_number(meta.get("steps_per_second")) if meta else None)
         load = float(loads[name]) if name in loads else _number(mine[0].get("offered_load"))
@@ -463,8 +485,6 @@ def sweep_plots(rows, info, out: Path, *, kv_blocks=None, aging_interval=None, l
 
 
 def _classes(rows) -> list[int]:
-    import re
-
     found = {int(m.group(1)) for k in rows[0] if (m := re.fullmatch(r"ttft_p99_class(-?\d+)", k))}
     return sorted(found)
 
@@ -815,9 +835,9 @@ def write_html(out: Path, plots: list[Plot], notes: list[str], title: str) -> No
     for note in notes:
         parts.append(note if note.startswith("<") else f"<p>{html.escape(note)}</p>")  # "<": built as HTML here
     if plots:
-        parts.append("<ul>" + "".join(f'<li><a href="#{p.name}">{html.escape(p.name)}</a></li>' for p in plots) + "</ul>")
-    for p in plots:
-        parts.append(f'<figure id="{p.name}"><a href="{p.file}"><img src="{p.file}" alt="{html.escape(p.caption)}">'
+        parts.append("<ul>" + "".join(f'<li><a href="#{p.slug}">{html.escape(p.name)}</a></li>' for p in plots) + "</ul>")
+    for p in plots:  # (slug and file are made of safe characters only)
+        parts.append(f'<figure id="{p.slug}"><a href="{p.file}"><img src="{p.file}" alt="{html.escape(p.caption)}">'
                      f"</a><figcaption>{html.escape(p.caption)}</figcaption></figure>")
     parts.append("</body></html>")
     (out / "index.html").write_text("\n".join(parts) + "\n", encoding="utf-8")
@@ -861,21 +881,25 @@ def build_report(out_dir, *, results=None, trace=None, policies=None, kv_blocks=
         raise UserError(f"{out_dir}: cannot write in {parent} ({_describe(exc)})") from None
     try:
         plots, notes = [], []
-        if rows is not None:
-            info = trace_info(rows, results, loads=loads, trace_dirs=trace_dirs)
-            p, n = sweep_plots(rows, info, tmp, kv_blocks=kv_blocks, aging_interval=aging_interval, load=load)
-            plots += p
-            notes += n
-        if loaded is not None:
-            p, n = scenario_plots(loaded, tmp, policies=policies, kv_blocks=scenario_kv,
-                                  aging_interval=aging_interval if aging_interval is not None else 4,
-                                  timeline_policy=timeline_policy, gantt_requests=gantt_requests)
-            plots += p
-            notes += n
+        with _plain_text():
+            if rows is not None:
+                info = trace_info(rows, results, loads=loads, trace_dirs=trace_dirs)
+                p, n = sweep_plots(rows, info, tmp, kv_blocks=kv_blocks, aging_interval=aging_interval, load=load)
+                plots += p
+                notes += n
+            if loaded is not None:
+                p, n = scenario_plots(loaded, tmp, policies=policies, kv_blocks=scenario_kv,
+                                      aging_interval=aging_interval if aging_interval is not None else 4,
+                                      timeline_policy=timeline_policy, gantt_requests=gantt_requests)
+                plots += p
+                notes += n
         write_html(tmp, plots, notes, "decodesched report")
         out_dir.mkdir(exist_ok=True)
-        for f in sorted(tmp.iterdir()):
-            os.replace(f, out_dir / f.name)
+        files = sorted(tmp.iterdir())
+        targets = [output_target(out_dir / f.name) for f in files]  # all checked before the first is replaced
+        with signals_held():
+            for f, target in zip(files, targets):
+                os.replace(f, target)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return plots

@@ -95,6 +95,11 @@ def run(args) -> int:
             raise UserError(f"--trace-dir {d}: not a folder")
     policies = [resolve_policy(p) for p in args.policy] if args.policy else None  # names, or module:attr
     timeline = resolve_policy(args.timeline_policy) if args.timeline_policy else None
+    if args.trace is not None:  # its scenarios replay on the fast kernel: say so if it must compile first
+        from .._numba_cache import compile_notice
+        from ..engine import replay_kernel
+
+        compile_notice(replay_kernel("fast"), "the replay kernel")
     plots = build_report(args.out, results=args.results, trace=args.trace, policies=policies,
                          kv_blocks=args.kv_blocks, aging_interval=args.aging_interval, loads=args.loads,
                          trace_dirs=args.trace_dir, load=args.load, timeline_policy=timeline,
