@@ -364,3 +364,22 @@ def test_a_report_that_cannot_replace_one_file_replaces_none(sweep_dir, tmp_path
     after = {f.name: f.read_bytes() for f in out.iterdir() if f.is_file()}
     assert after == {k: v for k, v in before.items() if k != "latency_vs_load.png"}
     assert sorted(f.name for f in tmp_path.iterdir()) == ["r"]  # no temporary folder left
+
+
+@pytest.mark.parametrize("value", ["0", "2001"])
+def test_gantt_requests_out_of_range_is_one_line(sweep_dir, tmp_path, capsys, value):
+    """A row per request: beyond 2,000 the figure is an image no viewer opens (Pillow calls it a bomb)."""
+    assert main(["report", "--trace", str(sweep_dir / "azure_load1.0.csv"), "--kv-blocks", "60",
+                 "--gantt-requests", value, "--out", str(tmp_path / "r")]) == 2
+    assert "--gantt-requests must be from 1 to 2000" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("command", ["report", "demo"])
+def test_an_output_folder_that_is_a_broken_link_is_refused_before_any_work(sweep_dir, tmp_path, capsys, command):
+    link = tmp_path / "out"
+    link.symlink_to(tmp_path / "nowhere")
+    args = (["report", str(sweep_dir / "metrics.csv")] if command == "report" else ["demo", "--requests", "20"])
+    assert main([*args, "--out", str(link)]) == 2
+    assert "is a broken symbolic link" in capsys.readouterr().err
+    assert link.is_symlink() and not (tmp_path / "nowhere").exists()

@@ -54,6 +54,8 @@ from .trace import show
 
 LATENCY_LABELS = {"queue_wait": "queue wait", "ttft": "TTFT", "e2e": "end-to-end latency", "tpot": "TPOT"}
 LOAD_LABEL = "offered load (work steps per step)"
+# Rows of the Gantt figure at most: about 22 px each, so 2,000 make a 44,000-pixel-tall image.
+MAX_GANTT_REQUESTS = 2000
 CENSORED_NOTE = ("A triangle at a panel's top edge marks a censored value (inf: too many requests never "
                  "finished for the statistic to exist).")
 
@@ -851,9 +853,11 @@ def build_report(out_dir, *, results=None, trace=None, policies=None, kv_blocks=
     """
     if results is None and trace is None:
         raise UserError("give a sweep metrics CSV, a --trace, or both")
-    if gantt_requests < 1:
-        raise UserError(f"--gantt-requests must be at least 1, got {gantt_requests}")
+    if not 1 <= gantt_requests <= MAX_GANTT_REQUESTS:
+        raise UserError(f"--gantt-requests must be from 1 to {MAX_GANTT_REQUESTS} (a row each), got {gantt_requests}")
     out_dir = Path(out_dir)
+    if out_dir.is_symlink() and not out_dir.exists():
+        raise UserError(f"{out_dir}: is a broken symbolic link; --out names a folder")
     if out_dir.exists() and not out_dir.is_dir():
         raise UserError(f"{out_dir}: exists and is not a folder")
     parent = out_dir.parent if str(out_dir.parent) else Path(".")

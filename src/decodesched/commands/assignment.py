@@ -11,6 +11,8 @@ release (`decodesched.grader.release`). Nothing is ever written into the install
 
 from __future__ import annotations
 
+import shlex
+
 from ..errors import UserError
 
 
@@ -34,7 +36,8 @@ def run(args) -> int:
 
         written = init_course(args.dir)
         root = written[0].parent
-        print(f"course folder: {root} ({len(written)} files); next: cd {root} && decodesched assignment build")
+        print(f"course folder: {root} ({len(written)} files); next: cd {shlex.quote(str(root))} && "
+              "decodesched assignment build")
         return 0
     if command == "build":
         from ..grader.release import build_release

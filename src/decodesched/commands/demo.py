@@ -80,6 +80,8 @@ def check_args(args) -> Path:
     if args.aging_interval <= 0:
         raise UserError(f"--aging-interval must be > 0, got {args.aging_interval}")
     out = Path(args.out)
+    if out.is_symlink() and not out.exists():
+        raise UserError(f"{out}: is a broken symbolic link; --out names a folder")
     if out.exists() and not out.is_dir():
         raise UserError(f"{out}: exists and is not a folder; --out names a folder")
     anc = out
