@@ -4,13 +4,15 @@ Stdlib only; run as ``python -I -S _launcher.py SPEC_JSON STATUS_FD``. It is sta
 `decodesched.grader.sandbox.run_isolated` as the leader of a new session. It
 
 1. (as root, or without root in a user namespace of its own, when asked) enters a private mount
-   namespace, covers every non-system top-level folder with an empty one, binds back what the
-   command needs (its folder writable, the interpreter and the venv read-only) and mounts a trap
-   tmpfs over every path in ``hide`` (the course, the gradebook, other students, the output folder);
+   namespace and a System V IPC namespace (`_private_ipc`), covers every non-system top-level folder
+   with an empty one, binds back what the command needs (its folder writable, the interpreter and
+   the venv read-only) and mounts a trap tmpfs over every path in ``hide`` (the course, the
+   gradebook, other students, the output folder);
 2. makes itself a *child subreaper*, so every orphaned descendant of the untrusted command is
    re-parented to this launcher instead of init, and can be found and killed;
 3. forks; the child sets the resource limits, drops to the sandbox uid/gid (as root), moves
-   into ``cwd`` and execs the command with the scrubbed environment;
+   into ``cwd`` and execs the command with the scrubbed environment and the descriptors of
+   ``pass_fds`` (which the launcher itself then closes);
 4. waits for the command, then kills every descendant still alive (background processes that
    would outlive the kernel), reaps them, and writes one JSON status line to STATUS_FD:
    ``{"returncode": int|None, "signal": int|None, "cpu_s": float, "leftovers": int}``.
@@ -34,6 +36,7 @@ PR_SET_PDEATHSIG = 1
 CLONE_NEWNS = 0x00020000
 CLONE_NEWPID = 0x20000000
 CLONE_NEWUSER = 0x10000000
+CLONE_NEWIPC = 0x08000000
 MS_RDONLY = 1
 MS_NOSUID = 2
 MS_NODEV = 4
@@ -47,6 +50,7 @@ MS_NODIRATIME = 2048
 MS_RELATIME = 1 << 21
 # All the covers of `_cover` together: at most this much data and this many files.
 COVER_OPTIONS = b"size=512m,nr_inodes=65536,mode=0755"
+SHM_BYTES = 64 * 1024 * 1024  # System V shared memory of one run, all segments together (`_private_ipc`)
 
 
 @functools.lru_cache(maxsize=1)
@@ -113,6 +117,20 @@ def _unshare(user=False):
                 fh.write(text)
     if libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None) != 0:
         raise OSError(ctypes.get_errno(), "mount --make-rprivate / failed")
+
+
+def _private_ipc():
+    """A System V IPC namespace of the command's own. Its shared memory segments are RAM that no process's
+    resident memory shows and that outlives every process; here they die with the run, and hold SHM_BYTES
+    at most where the namespace's limits can be set (as root; in a user namespace, on recent kernels)."""
+    if _libc().unshare(CLONE_NEWIPC) != 0:
+        return  # best effort: as before this namespace existed
+    for name, value in (("shmmax", SHM_BYTES), ("shmall", SHM_BYTES // os.sysconf("SC_PAGE_SIZE"))):
+        try:
+            with open(f"/proc/sys/kernel/{name}", "w") as fh:
+                fh.write(str(value))
+        except OSError:
+            pass
 
 
 def _hide(paths, kinds):
@@ -286,6 +304,7 @@ def launch(spec, status_fd, start=_exec):
         hide = spec.get("hide", [])
         kinds = {p: ("dir" if os.path.isdir(p) else "file" if os.path.exists(p) else None) for p in hide}
         _unshare(user=userns)
+        _private_ipc()
         _cover(spec.get("cover", []), [spec["cwd"]] + spec.get("expose", []), writable=[spec["cwd"]])
         traps = _hide(hide, kinds)
         _expose(spec.get("expose", []))
@@ -337,6 +356,11 @@ def launch(spec, status_fd, start=_exec):
             finally:
                 os._exit(127)
 
+    for fd in spec.get("pass_fds", []):  # the command's channels (`run_isolated(pass_fds=...)`), not ours
+        try:
+            os.close(fd)
+        except OSError:
+            pass
     returncode = sig = None
     cpu_s = 0.0
     while True:

@@ -16,10 +16,13 @@ from __future__ import annotations
 import contextlib
 import shutil
 import sqlite3
+import tempfile
 import threading
 from pathlib import Path
 
 from . import spec
+from .harness import strip_magics
+from .sandbox import scratch_root
 from .notebook import _cell_source, _nbgrader_meta, _plain_file
 
 CANARY_TAG = "decodesched-grader-canary"
@@ -91,7 +94,7 @@ def static_evidence(sources) -> list[str]:
 
     found = set()
     for source in sources:
-        text = "\n".join("pass" if line.lstrip().startswith(("%", "!")) else line for line in source.split("\n"))
+        text = strip_magics(source)  # as the harness and IPython do: magics at statement starts only
         try:
             with _AST_LOCK:  # CPython 3.11's ast.parse is not thread-safe ("recursion depth mismatch")
                 tree = ast.parse(text)
@@ -133,11 +136,22 @@ def static_evidence(sources) -> list[str]:
     return sorted(found)
 
 
+CANARY_BUILTINS = "_decodesched_canary_builtins"
+
+
 def canary_cell(nonce: str) -> dict:
+    """The canary, run last in the student's kernel. It reaches every builtin through the `builtins` module
+    (an ``import`` looks up ``__import__`` in the real builtins, never in the namespace), so a name the
+    student's cells rebound (``for type in ...``, ``str = ...``) cannot make it fail: only builtins that were
+    really altered, or asserts that no longer fail, change what it prints."""
+    b = CANARY_BUILTINS
     src = (
         f"# {CANARY_TAG}: checks that asserts, comparisons and builtins still work in this kernel\n"
-        f"print({nonce!r}, 1 == 2, [3, 1, 2] == [3, 1, 2], sorted([3, 1, 2]), len('abc'), isinstance(1, int), "
-        f"isinstance('a', int), type(True).__name__, str(7), abs(-2))\n"
+        f"import builtins as {b}\n"
+        f"{b}.print({nonce!r}, 1 == 2, [3, 1, 2] == [3, 1, 2], {b}.sorted([3, 1, 2]), {b}.len('abc'), "
+        f"{b}.isinstance(1, {b}.int), {b}.isinstance('a', {b}.int), {b}.type(True).__name__, {b}.str(7), "
+        f"{b}.abs(-2))\n"
+        f"del {b}\n"
         f"assert 1 == 2, {nonce!r}\n"
     )
     return {"cell_type": "code", "execution_count": None, "id": "decodesched-canary", "metadata": {},
@@ -161,10 +175,16 @@ def _error_outputs(nb) -> list[tuple[int, dict]]:
 
 def _inspect_gradebook_copy(db: Path, student_id: str) -> list[str]:
     """Evidence that code other than nbgrader wrote to the private gradebook copy."""
-    evidence = []
     if not _plain_file(db, 256 * 1024 * 1024):
         return ["the gradebook copy was deleted or replaced"]
-    snap = db.with_name("inspect.db")
+    # The snapshot goes to a folder of the grader's own: the run's folder is the student's, and a link planted
+    # there under the snapshot's name would have root write the gradebook wherever it points.
+    with tempfile.TemporaryDirectory(prefix="dsched-inspect-", dir=scratch_root()) as private:
+        return _query_gradebook(db, Path(private) / "inspect.db", student_id)
+
+
+def _query_gradebook(db: Path, snap: Path, student_id: str) -> list[str]:
+    evidence = []
     try:
         shutil.copyfile(db, snap)
         con = sqlite3.connect(f"file:{snap}?mode=ro", uri=True)

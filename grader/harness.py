@@ -2,12 +2,14 @@
 
 Usage (started by `decodesched.grader.observe`, inside `grader.sandbox.run_isolated`)::
 
-    python -I -S harness.py IN.json OUT.jsonl
+    python -I -S harness.py IN.json
 
 ``IN.json`` is ``{"solution_source": str, "scenarios": [{"id": str, "ops": [...]}, ...],
-"sys_path": [str, ...], "scenario_timeout_s": float, "memory_mb": int}``.  The harness executes the
-solution cell in a fresh module, then runs every scenario's operations on the student's `DecodeSchedulerSim`
-and writes one JSON line per scenario to ``OUT.jsonl`` as soon as it is done (so a crash or a
+"sys_path": [str, ...], "scenario_timeout_s": float, "memory_mb": int, "out_fd": int}``.  The harness
+executes the solution cell in a fresh module, then runs every scenario's operations on the student's
+`DecodeSchedulerSim` and writes one JSON line per scenario to the descriptor ``out_fd`` (an anonymous
+file of the grader's, inherited: no name in the folder, which the solution can write, stands for it;
+by hand, without ``out_fd``: ``harness.py IN.json OUT.jsonl``) as soon as it is done (so a crash or a
 timeout later still leaves the earlier observations)::
 
     {"load": "ok"} | {"load": "error", "error": "..."}
@@ -15,13 +17,15 @@ timeout later still leaves the earlier observations)::
     ...
     {"done": N}
 
-With ``"serve": FIFO`` in the job, the harness then reads more batches of scenarios from that FIFO
-(one JSON list per line) and answers each with its result lines and ``{"batch": K}``, until EOF.
+With ``"serve_fd": N`` in the job (the read end of the grader's pipe), the harness then reads more
+batches of scenarios from it (one JSON list per line) and answers each with its result lines and
+``{"batch": K}``, until EOF.
 
 Every observed value is normalised with strict types: ``None``, ``bool``, ``int``, ``str`` and
 lists/dicts of them (exact types, so an object whose ``==`` is always true cannot pass).  Anything
-else becomes the string ``"<bad type: Name>"``, which the judge treats as wrong (and, when the
-object's class overrides comparison, as evidence of tampering).
+else becomes the string ``"<bad type: Name>"``, which the judge treats as wrong (and, when a class
+of the solution's own defines comparisons, as evidence of tampering; a value of a well-known type,
+a NumPy scalar, an ``Enum``, a ``Fraction``, is just wrong: `_bad`).
 
 This file contains no reference solution and judges nothing: the grading process compares the
 observations with the reference model.  It is also imported by the grader to run the very same
@@ -215,19 +219,67 @@ def _numpy_scalar(x):
     return False, None
 
 
+_HEAPTYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class made at run time (a class statement, type()), not in C
+# Read through `type`'s own descriptors, so that a metaclass cannot answer for the class.
+_type_flags = type.__dict__["__flags__"].__get__
+_type_mro = type.__dict__["__mro__"].__get__
+_type_dict = type.__dict__["__dict__"].__get__
+_type_name = type.__dict__["__name__"].__get__
+
+
+def _known_classes():
+    """Well-known Python classes of the standard library whose comparisons are honest, each with its comparison
+    methods as captured here, before any student code runs (a class patched later is no longer known)."""
+    out = []
+    for module, names in (("enum", ("Enum", "IntEnum", "Flag", "IntFlag", "ReprEnum", "StrEnum")),
+                          ("numbers", ("Number", "Complex", "Real", "Rational", "Integral")),
+                          ("fractions", ("Fraction",)), ("decimal", ("Decimal",)),
+                          ("collections", ("Counter", "OrderedDict", "UserDict", "UserList", "UserString"))):
+        try:
+            mod = __import__(module)
+        except ImportError:
+            continue
+        for name in names:
+            klass = getattr(mod, name, None)
+            if isinstance(klass, type):
+                own = _type_dict(klass)
+                out.append((klass, [own.get(m) for m in COMPARISON_METHODS]))
+    return out
+
+
+_KNOWN = _known_classes()
+
+
+def _honest_comparisons(klass):
+    """Whether `klass`'s own comparison methods can be trusted: a class implemented in C (CPython's builtins,
+    NumPy's scalars: Python code cannot make one), or a known class of the standard library, unchanged."""
+    if not _type_flags(klass) & _HEAPTYPE:
+        return True
+    own = _type_dict(klass)
+    for known, methods in _KNOWN:
+        if known is klass:
+            for i in _range(_len(COMPARISON_METHODS)):
+                if own.get(COMPARISON_METHODS[i]) is not methods[i]:  # identity: a patched method may lie
+                    return False
+            return True
+    return False
+
+
 def _bad(x):
+    """The "<bad type: ...>" of a value that is not plain data. "overrides comparison" (tamper evidence) only
+    when a class of its own defines comparisons: a NumPy float, an Enum or a Fraction is merely the wrong type."""
     t = _type(x)
     name = "?"
     try:
-        name = t.__name__ if _type(t.__name__) is _str else "?"
+        name = _type_name(t)
     except _BaseException:
         pass
     suspicious = False
     try:
-        for klass in t.__mro__:
-            if klass.__module__ == "builtins":
+        for klass in _type_mro(t):
+            if _honest_comparisons(klass):
                 continue
-            own = klass.__dict__
+            own = _type_dict(klass)
             if "__dataclass_fields__" in own and "__eq__" in own and klass is t:
                 # A dataclass instance: honest code may return one by mistake; its == is generated.
                 continue
@@ -401,15 +453,61 @@ def run_scenario(ns, ops, budget_s=None):
     return obs
 
 
-def _strip_magics(source):
-    """IPython line magics and shell escapes are not Python; turn them into ``pass``."""
-    lines = []
-    for line in source.split("\n"):
-        stripped = line.lstrip()
-        if stripped.startswith(("%", "!")):
-            lines.append(line[: _len(line) - _len(stripped)] + "pass")
-        else:
-            lines.append(line)
+def _scan_line(line, state):
+    """Carry `state` (open brackets, the open string's quote, a backslash at the end) over one physical line."""
+    depth, quote = state[0], state[1]
+    j, n, cont = 0, _len(line), False
+    while j < n:
+        ch = line[j]
+        if quote:
+            if ch == "\\":
+                cont = j + 1 >= n
+                j += 2
+                continue
+            if line.startswith(quote, j):
+                j += _len(quote)
+                quote = None
+                continue
+            j += 1
+            continue
+        if ch == "#":
+            break
+        if ch == "'" or ch == '"':
+            quote = line[j:j + 3] if line[j:j + 3] in ("'''", '"""') else ch
+            j += _len(quote)
+            continue
+        if ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth = depth - 1 if depth > 0 else 0
+        elif ch == "\\" and j == n - 1:
+            cont = True
+        j += 1
+    if quote and _len(quote) == 1 and not cont:
+        quote = None  # an unterminated one-line string ends with its line (a syntax error either way)
+    state[0], state[1], state[2] = depth, quote, cont
+
+
+def strip_magics(source):
+    """IPython line magics and shell escapes are not Python; turn them into ``pass``, as IPython does: only a
+    ``%`` or ``!`` that starts a statement, not a line inside brackets, a string or after a backslash (a
+    continuation line such as ``!= 'decode'`` stays code); a magic's own continuation lines go with it."""
+    lines = source.split("\n")
+    state = [0, None, False]  # open brackets, open string quote, the last line ended with a backslash
+    in_magic = False
+    for k in _range(_len(lines)):
+        line = lines[k]
+        body = line[:-1] if line.endswith("\r") else line
+        if in_magic:
+            in_magic = body.endswith("\\")
+            lines[k] = ""
+            continue
+        stripped = body.lstrip()
+        if state[0] == 0 and state[1] is None and not state[2] and stripped.startswith(("%", "!")):
+            lines[k] = body[: _len(body) - _len(stripped)] + "pass"
+            in_magic = body.endswith("\\")
+            continue
+        _scan_line(body, state)
     return "\n".join(lines)
 
 
@@ -444,7 +542,7 @@ def load_solution(source, namespace, budget_s, skip_lines=(), timed_out_lines=No
 
     errors = []
     try:
-        tree = ast.parse(_strip_magics(source), "<solution cell>")
+        tree = ast.parse(strip_magics(source), "<solution cell>")
     except SyntaxError as exc:
         return ["SyntaxError: %s (line %s)" % (exc.msg, exc.lineno)]
     except _BaseException as exc:  # noqa: BLE001
@@ -491,11 +589,21 @@ def _alarm(signum, _frame):
     raise ScenarioTimeout()
 
 
+def _channel(job, key):
+    """A descriptor the grader passed (``"out_fd"``, ``"serve_fd"``), kept from the processes the solution starts."""
+    fd = job.get(key)
+    if _type(fd) is not _int:
+        return None
+    os.set_inheritable(fd, False)
+    return fd
+
+
 def main(argv):
-    in_path, out_path = argv[1], argv[2]
-    with open(in_path, encoding="utf-8") as fh:
+    with open(argv[1], encoding="utf-8") as fh:
         job = json.load(fh)
-    fd = os.open(out_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    fd = _channel(job, "out_fd")
+    if fd is None:  # by hand: python -I -S harness.py IN.json OUT.jsonl
+        fd = os.open(argv[2], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     harness_pid = _getpid()
 
     def emit(obj):
@@ -568,10 +676,10 @@ def main(argv):
         return count
 
     emit({"done": run_all(job["scenarios"])})
-    serve = job.get("serve")
-    if serve:
-        # More batches (shrinking a failing trace) arrive on a FIFO, one JSON list of scenarios per line;
-        # each answered by its result lines and {"batch": N}. The grader closes the FIFO to end us.
+    serve = _channel(job, "serve_fd")
+    if serve is not None:
+        # More batches (shrinking a failing trace) arrive down a pipe, one JSON list of scenarios per line;
+        # each answered by its result lines and {"batch": N}. The grader closes its end to end us.
         with open(serve, encoding="utf-8") as more:
             batch = 0
             for text in more:

@@ -2,14 +2,30 @@
 
 `collect_observations` runs every scenario and restarts the harness after a check that killed it,
 so one crash or hang loses only its own checks. Budgets are CPU time (`grader.limits`).
+
+The harness's folder is writable by the untrusted code, so the grader (root, outside the sandbox)
+opens nothing in it by name: a link, FIFO or device planted there would be followed or waited on.
+The harness's channels are file descriptors made here and inherited by the child: its output is an
+anonymous file (`os.memfd_create`: a regular file no name can stand for, capped like any file by the
+sandbox's ``RLIMIT_FSIZE``) that the grader reads through its own descriptor, and a session's further
+scenarios go down a pipe. Links and FIFOs left at the top of the folder, and writes into the hidden
+folders' traps, are tamper evidence. What the grader reads and parses is bounded (`_Output`,
+`_parse`): ``MAX_OUTPUT_BYTES`` per batch, ``MAX_LINE_BYTES`` per line and ``MAX_CONTAINERS`` JSON
+objects and arrays per batch, each far above what an honest harness writes (a batch of every check:
+under 1 MiB, lines under 10 KiB, about 5 000 containers); a result line over them fails its check,
+and any other line over them is forged (the harness writes no other long line).
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
+import re
+import select
 import shutil
+import stat
 import sys
 import tempfile
 import threading
@@ -20,6 +36,11 @@ from pathlib import Path
 from .limits import Limits
 
 HARNESS = Path(__file__).with_name("harness.py")
+MAX_OUTPUT_BYTES = 16 * 2**20  # read per batch of output (an honest first batch: about 0.8 MiB)
+MAX_LINE_BYTES = 2 * 2**20  # one line (honest: under 10 KiB)
+MAX_CONTAINERS = 400_000  # JSON objects and arrays parsed per batch (honest: about 5 000): ~30 MB of Python objects
+_PREFIX = 512  # what is kept of a line too large to parse: enough for its scenario id
+_RESULT_START = re.compile(rb'\{"id":("(?:[^"\\]|\\.){0,400}"),"obs":')
 
 def _numpy_dir() -> str | None:
     spec = importlib.util.find_spec("numpy")
@@ -36,29 +57,136 @@ class HarnessRun:
     outcome: object | None
     wall_s: float
     forged: list = field(default_factory=list)  # signs that the output file was written by someone else
+    evidence: list = field(default_factory=list)  # planted links or FIFOs, writes into hidden folders (`_evidence`)
     builtins_changed: list = field(default_factory=list)  # builtins the solution replaced (restored by the harness)
     slow_lines: list = field(default_factory=list)  # top-level statements of the cell that timed out
     session: object | None = None  # a HarnessSession still serving (run_harness(serve=True)); caller closes
 
 
-def _parse(raw: bytes, scenarios: list[dict]):
-    """The harness's output lines, strictly: (load line, done?, obs by id, forged, builtins changed, slow lines)."""
-    lines, forged = [], []
-    for chunk in raw.split(b"\n"):
+class _TooLarge(bytes):
+    """The start of an output line that is never parsed: longer than MAX_LINE_BYTES, or with more containers
+    than its batch has left of MAX_CONTAINERS."""
+
+
+def _anonymous_file() -> int:
+    """A regular file with no name (the harness's output): nothing in any folder can stand for it."""
+    with contextlib.suppress(AttributeError, OSError):  # memfd_create: Linux 3.17; else a file deleted at once
+        return os.memfd_create("dsched-harness-out", os.MFD_CLOEXEC)
+    fd, path = tempfile.mkstemp(prefix="dsched-harness-out-")
+    os.unlink(path)
+    return fd
+
+
+class _Output:
+    """The harness's output as the grader reads it: through the grader's own descriptor of the anonymous file,
+    from where the last read stopped, whole lines only, at most `budget` bytes per call."""
+
+    def __init__(self):
+        self.fd = _anonymous_file()
+        self.pos = 0
+        self._partial = b""  # the start of a line not finished yet
+        self._long = False  # that line is past MAX_LINE_BYTES: only its start is kept, the rest skipped
+
+    def lines(self, budget: int = MAX_OUTPUT_BYTES, final: bool = False) -> tuple[list, int]:
+        """(new whole lines, bytes read); a line over MAX_LINE_BYTES comes as `_TooLarge`. With `final` (the
+        harness has ended), an unfinished line that is already too long comes too (it never ends)."""
+        out, used = [], 0
+        while used < budget:
+            try:
+                data = os.pread(self.fd, min(2**20, budget - used), self.pos)
+            except OSError:
+                break
+            if not data:
+                break
+            self.pos += len(data)
+            used += len(data)
+            self._split(data, out)
+        if final and self._long:
+            out.append(_TooLarge(self._partial))
+            self._partial, self._long = b"", False
+        return out, used
+
+    def _split(self, data: bytes, out: list) -> None:
+        start = 0
+        while True:
+            nl = data.find(b"\n", start)
+            piece = data[start:] if nl < 0 else data[start:nl]
+            if self._long:
+                pass
+            elif len(self._partial) + len(piece) > MAX_LINE_BYTES:
+                self._partial, self._long = (self._partial + piece[:_PREFIX])[:_PREFIX], True
+            else:
+                self._partial += piece
+            if nl < 0:
+                return
+            out.append(_TooLarge(self._partial) if self._long else self._partial)
+            self._partial, self._long = b"", False
+            start = nl + 1
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+def _result_id(chunk: bytes):
+    """The scenario id at the start of a harness result line (as `to_json` writes it), or None."""
+    m = _RESULT_START.match(chunk)
+    if m is None:
+        return None
+    try:
+        sid = json.loads(m.group(1).decode("ascii"))
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return sid if isinstance(sid, str) else None
+
+
+def _decode(chunks: list) -> tuple[list, list]:
+    """Parse the lines of one batch within MAX_CONTAINERS: (JSON values, forged). A result line that is too
+    large becomes a failed observation of its scenario; any other is forged."""
+    lines, forged, containers = [], [], 0
+    for chunk in chunks:
         if not chunk.strip():
+            continue
+        if not isinstance(chunk, _TooLarge):
+            n = chunk.count(b"{") + chunk.count(b"[")
+            if containers + n > MAX_CONTAINERS:  # not parsed (and not counted: later lines still are)
+                chunk = _TooLarge(chunk[:_PREFIX])
+            containers += 0 if isinstance(chunk, _TooLarge) else n
+        if isinstance(chunk, _TooLarge):
+            sid = _result_id(chunk)
+            if sid is None:
+                forged.append("an oversized line in the harness output")
+            else:
+                lines.append({"id": sid, "obs": [{"killed": "its observations were too large to read"}]})
             continue
         try:
             lines.append(json.loads(chunk.decode("ascii")))
-        except (ValueError, UnicodeDecodeError):
+        except (ValueError, UnicodeDecodeError, RecursionError):
             forged.append("unreadable line in the harness output")
+    return lines, forged
+
+
+def _parse(chunks: list, scenarios: list[dict], first: bool = True):
+    """The harness's output lines, strictly: (load line, done?, obs by id, forged, builtins changed, slow lines).
+
+    `chunks` are the lines of one batch (`_Output.lines`). In the `first` batch the load line comes before any
+    result, and the done line counts every scenario: the harness loads the cell, then runs every check."""
+    lines, forged = _decode(chunks)
     load = next((ln for ln in lines if isinstance(ln, dict) and "load" in ln), None)
     done = any(isinstance(ln, dict) and ("done" in ln or "batch" in ln) for ln in lines)
     known = {s["id"] for s in scenarios}
     obs, seen = {}, set()
     patched = sorted({str(n)[:40] for ln in lines if isinstance(ln, dict) and isinstance(ln.get("builtins_changed"), list)
                       for n in ln["builtins_changed"]})
+    loaded = not first
     for ln in lines:
-        if isinstance(ln, dict) and "id" in ln:
+        if not isinstance(ln, dict):
+            continue
+        loaded = loaded or "load" in ln
+        if not loaded and ("id" in ln or "done" in ln or "batch" in ln):
+            forged.append("results before the solution cell had loaded")
+        if first and "done" in ln and ln["done"] != len(scenarios):
+            forged.append(f"a count of {str(ln['done'])[:20]} checks done, of {len(scenarios)}")
+        if "id" in ln:
             sid = ln.get("id")
             if sid not in known or sid in seen or not isinstance(ln.get("obs"), list):
                 forged.append(f"unexpected result line for {str(sid)[:40]!r}")
@@ -69,7 +197,51 @@ def _parse(raw: bytes, scenarios: list[dict]):
     return load, done, obs, forged, patched, slow
 
 
-def _prepare(source: str, scenarios: list[dict], limits: Limits, skip_lines, serve: bool) -> str:
+def _planted(folder: str) -> list[str]:
+    """Links, FIFOs and devices at the top of the harness's folder. The grader opens nothing there, and an
+    honest solution has no reason to make them: they are aimed at the grader's files (tamper evidence)."""
+    found = []
+    try:
+        with os.scandir(folder) as entries:
+            for k, entry in enumerate(entries):
+                if k >= 10_000:
+                    break
+                try:
+                    mode = entry.stat(follow_symlinks=False).st_mode
+                except OSError:
+                    continue
+                if stat.S_ISLNK(mode) or stat.S_ISFIFO(mode) or stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+                    found.append(entry.name[:40])
+    except OSError:
+        return []
+    return sorted(found)
+
+
+def _planted_note(folder: str) -> list[str]:
+    planted = _planted(folder)
+    return ["links or FIFOs planted in the checks' folder: " + ", ".join(planted[:3])] if planted else []
+
+
+def _evidence(folder: str, outcome) -> list[str]:
+    """Tamper evidence a finished harness run left: planted links or FIFOs, writes into hidden folders."""
+    found = _planted_note(folder)
+    writes = list(getattr(outcome, "protected_writes", None) or [])
+    if writes:
+        found.append("wrote into protected folders: " + ", ".join(writes[:3]))
+    return found
+
+
+@dataclass
+class _Prepared:
+    """A harness run's folder and channels: the grader's ends, and the copies the child inherits."""
+
+    tmp: str
+    out: _Output
+    child_fds: tuple  # closed by `run_isolated` once the child has them
+    more_w: int | None  # the write end of the session's pipe
+
+
+def _prepare(source: str, scenarios: list[dict], limits: Limits, skip_lines, serve: bool) -> _Prepared:
     from .sandbox import scratch_root
 
     tmp = tempfile.mkdtemp(prefix="dsched-verdict-", dir=scratch_root())
@@ -82,19 +254,23 @@ def _prepare(source: str, scenarios: list[dict], limits: Limits, skip_lines, ser
         os.mkdir(lib)
         os.symlink(np_dir, os.path.join(lib, "numpy"))
         sys_path.append(lib)
+    out = _Output()
+    child_fds = [os.dup(out.fd)]
+    more_w = None
     job = {"solution_source": source, "sys_path": sys_path, "scenario_timeout_s": limits.scenario_cpu_s,
            "load_timeout_s": limits.scenario_cpu_s * 1.5, "memory_mb": limits.memory_mb,
-           "skip_lines": sorted(skip_lines),
+           "skip_lines": sorted(skip_lines), "out_fd": child_fds[0],
            "scenarios": [{"id": s["id"], "ops": s["ops"]} for s in scenarios]}
     if serve:
-        os.mkfifo(os.path.join(tmp, "more.fifo"), 0o600)
-        job["serve"] = "more.fifo"
+        more_r, more_w = os.pipe()
+        child_fds.append(more_r)
+        job["serve_fd"] = more_r
     with open(os.path.join(tmp, "in.json"), "w", encoding="utf-8") as fh:
         json.dump(job, fh)
-    return tmp
+    return _Prepared(tmp, out, tuple(child_fds), more_w)
 
 
-ARGV = [sys.executable, "-I", "-S", "harness.py", "in.json", "out.jsonl"]
+ARGV = [sys.executable, "-I", "-S", "harness.py", "in.json"]
 
 
 def run_harness(source: str, scenarios: list[dict], *, limits: Limits | None = None, hide=(),
@@ -106,107 +282,108 @@ def run_harness(source: str, scenarios: list[dict], *, limits: Limits | None = N
     """
     limits = limits or Limits()
     start = time.monotonic()
-    tmp = _prepare(source, scenarios, limits, skip_lines, serve)
+    prep = _prepare(source, scenarios, limits, skip_lines, serve)
     if serve:
-        session = HarnessSession(tmp, limits, hide)
-        raw = session.wait_for(b'\n{"done":')
-        load, done, obs, forged, patched, slow = _parse(raw, scenarios)
+        session = HarnessSession(prep, limits, hide)
+        try:
+            load, done, obs, forged, patched, slow = _parse(session.wait_for(b'{"done":'), scenarios)
+        except BaseException:
+            session.close()  # its sandbox ends and its folder goes, whatever went wrong here
+            raise
         if not session.alive() or not done:
             session.close()
-            session_out, session = session.outcome, None
+            evidence, session_out, session = session.evidence, session.outcome, None
         else:
+            evidence = _planted_note(prep.tmp)  # so far: the rest is `session.evidence` once it is closed
             session_out = None  # still serving: it got through every scenario within its limits
         return HarnessRun(load=load, obs=obs, done=done, outcome=session_out, wall_s=time.monotonic() - start,
-                          forged=forged, builtins_changed=patched, slow_lines=slow, session=session)
+                          forged=forged, evidence=evidence, builtins_changed=patched, slow_lines=slow,
+                          session=session)
     try:
-        outcome = _run_sandboxed(ARGV, tmp, limits, hide)
-        try:
-            with open(os.path.join(tmp, "out.jsonl"), "rb") as fh:
-                raw = fh.read(64 * 1024 * 1024)
-        except OSError:
-            raw = b""
-        load, done, obs, forged, patched, slow = _parse(raw, scenarios)
+        outcome = _run_sandboxed(ARGV, prep.tmp, limits, hide, prep.child_fds)
+        load, done, obs, forged, patched, slow = _parse(prep.out.lines(final=True)[0], scenarios)
         return HarnessRun(load=load, obs=obs, done=done, outcome=outcome, wall_s=time.monotonic() - start,
-                          forged=forged, builtins_changed=patched, slow_lines=slow)
+                          forged=forged, evidence=_evidence(prep.tmp, outcome), builtins_changed=patched,
+                          slow_lines=slow)
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        prep.out.close()
+        shutil.rmtree(prep.tmp, ignore_errors=True)
 
 
 class HarnessSession:
-    """A sandboxed harness kept alive after its first batch: shrinking sends it more scenarios through a
-    FIFO instead of starting a fresh sandboxed process per round (each start cost more than the round)."""
+    """A sandboxed harness kept alive after its first batch: shrinking sends it more scenarios down a pipe
+    instead of starting a fresh sandboxed process per round (each start cost more than the round).
 
-    def __init__(self, tmp: str, limits: Limits, hide):
-        self.tmp = tmp
+    ``evidence`` holds the tamper evidence found once it has ended (`close`)."""
+
+    def __init__(self, prep: _Prepared, limits: Limits, hide):
+        self.tmp = prep.tmp
         self.outcome = None
-        self._out = os.path.join(tmp, "out.jsonl")
-        self._pos = 0
-        self._wfd = None
+        self.evidence: list = []
+        self._out = prep.out
+        self._wfd = prep.more_w
+        os.set_blocking(self._wfd, False)
         self._batches = 0
-        self._thread = threading.Thread(target=self._run, args=(limits, hide), daemon=True)
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, args=(limits, hide, prep.child_fds), daemon=True)
         self._thread.start()
 
-    def _run(self, limits, hide):
-        self.outcome = _run_sandboxed(ARGV, self.tmp, limits, hide)
+    def _run(self, limits, hide, child_fds):
+        self.outcome = _run_sandboxed(ARGV, self.tmp, limits, hide, child_fds)
 
     def alive(self) -> bool:
         return self._thread.is_alive()
 
-    def _read(self) -> bytes:
-        try:
-            with open(self._out, "rb") as fh:
-                fh.seek(self._pos)
-                data = fh.read(64 * 1024 * 1024)
-        except OSError:
-            return b""
-        end = data.rfind(b"\n") + 1  # only whole lines
-        self._pos += end
-        return data[:end]
-
-    def wait_for(self, needle: bytes) -> bytes:
-        """Output lines until one contains `needle`, or the process ended."""
-        raw = b""
+    def wait_for(self, needle: bytes) -> list:
+        """This batch's output lines until one starts with `needle`, the process ended, or the batch read
+        MAX_OUTPUT_BYTES (the rest of an output that large is never read)."""
+        chunks, used = [], 0
         while True:
             alive = self.alive()
-            raw += self._read()
-            if needle in raw or not alive:
-                return raw
+            more, n = self._out.lines(MAX_OUTPUT_BYTES - used, final=not alive)
+            chunks += more
+            used += n
+            if not alive or used >= MAX_OUTPUT_BYTES or any(c.startswith(needle) for c in more):
+                return chunks
             time.sleep(0.003)
 
     def run(self, scenarios: list[dict]) -> dict:
         """Observations (id -> obs) of more scenarios; those it did not finish are missing."""
-        if not self._open_writer():
-            return {}
-        try:
-            os.write(self._wfd, (json.dumps([{"id": s["id"], "ops": s["ops"]} for s in scenarios]) + "\n").encode())
-        except OSError:
+        data = (json.dumps([{"id": s["id"], "ops": s["ops"]} for s in scenarios]) + "\n").encode()
+        if self._closed or not self._send(data):
             return {}
         self._batches += 1
-        raw = self.wait_for(b'\n{"batch":%d}' % self._batches)
-        return _parse(raw, scenarios)[2]
+        return _parse(self.wait_for(b'{"batch":%d}' % self._batches), scenarios, first=False)[2]
 
-    def _open_writer(self, patience_s: float = 10.0) -> bool:
-        deadline = time.monotonic() + patience_s
-        while self._wfd is None and self.alive() and time.monotonic() < deadline:
+    def _send(self, data: bytes, patience_s: float = 60.0) -> bool:
+        """Write `data` down the pipe without ever blocking on a harness that does not read it."""
+        view, deadline = memoryview(data), time.monotonic() + patience_s
+        while view and self.alive() and time.monotonic() < deadline:
             try:
-                self._wfd = os.open(os.path.join(self.tmp, "more.fifo"), os.O_WRONLY | os.O_NONBLOCK)
-                os.set_blocking(self._wfd, True)
-            except OSError:  # ENXIO: the harness has not opened its end yet
-                time.sleep(0.002)
-        return self._wfd is not None
+                view = view[os.write(self._wfd, view):]
+            except BlockingIOError:
+                select.select([], [self._wfd], [], 0.05)
+            except OSError:  # EPIPE: the harness has gone
+                return False
+        return not view
 
     def close(self) -> None:
-        """End the harness (EOF on its FIFO), wait for its sandbox to finish, remove its folder."""
-        if self._open_writer():
-            os.close(self._wfd)
+        """End the harness (EOF on its pipe), wait for its sandbox to finish, note its tamper evidence,
+        remove its folder."""
+        if self._closed:
+            return
+        self._closed = True
+        os.close(self._wfd)
         self._thread.join()
+        self.evidence = _evidence(self.tmp, self.outcome)
+        self._out.close()
         shutil.rmtree(self.tmp, ignore_errors=True)
 
 
-def _run_sandboxed(argv, cwd, limits: Limits, hide):
+def _run_sandboxed(argv, cwd, limits: Limits, hide, child_fds=()):
     from .sandbox import run_isolated
 
-    return run_isolated(argv, cwd=cwd, **{**limits.kwargs(), "hide": tuple(hide)})
+    return run_isolated(argv, cwd=cwd, **{**limits.kwargs(), "hide": tuple(hide)}, pass_fds=child_fds)
 
 
 def _package_paths() -> list[str]:

@@ -14,12 +14,26 @@ def _fmt(x: float) -> str:
     return f"{x:g}"
 
 
+_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+
+
+def csv_cell(value) -> str:
+    """A CSV cell a spreadsheet shows as text: one that starts like a formula (``=``, ``+``, ``-``, ``@``, tab,
+    carriage return: a student id taken from a file name can) gets a leading ``'`` (OWASP's rule), and a
+    carriage return is written ``\\r`` (the csv module would leave it unquoted, splitting the row)."""
+    text = str(value)
+    text = "'" + text if text.startswith(_FORMULA_START) else text
+    return text.replace("\r", "\\r")
+
+
 def grades_csv_text(results: list) -> str:
+    """grades.csv: one row per result, sorted by student id; every cell through `csv_cell`."""
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(["student_id", "score", "max_score", "status", *spec.CELL_IDS])
     for r in sorted(results, key=lambda r: r.student_id):
-        w.writerow([r.student_id, _fmt(r.score), _fmt(r.max_score), r.status, *(_fmt(r.cells[c]) for c in spec.CELL_IDS)])
+        row = [r.student_id, _fmt(r.score), _fmt(r.max_score), r.status, *(_fmt(r.cells[c]) for c in spec.CELL_IDS)]
+        w.writerow([csv_cell(x) for x in row])
     return buf.getvalue()
 
 

@@ -19,7 +19,8 @@ For every submission, in parallel (``jobs`` worker threads, each driving sandbox
    submission keeps only what its honest code earned in the verdict child.
 7. **Outputs** (`grader.outputs`, `grader.feedback`), written only after every sandboxed process has
    ended: ``DIR/grades.csv`` (``student_id, score, max_score, status`` and one column per graded
-   cell, sorted by student id), ``DIR/feedback/<student_id>.html`` (from verdict lines only: no
+   cell, sorted by student id; no cell starts a spreadsheet formula: `outputs.csv_cell`),
+   ``DIR/feedback/<student_id>.html`` (from verdict lines only: no
    hidden test source, no hidden tracebacks), and the instructor's gradebook (``COURSE/gradebook.db``),
    so ``nbgrader export`` agrees with grades.csv (written by the fork server, which has nbgrader
    imported already). Regrading the same folder gives the same grades.csv.

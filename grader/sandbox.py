@@ -16,6 +16,14 @@ small stdlib-only launcher (``_launcher.py``) and returns an `Outcome`. What it 
   ``RLIMIT_CORE`` = 0, a wall-clock backstop (timeout_s, stretched by the measured load while the run
   lasts; only a run that makes no progress should ever meet it), and as root ``RLIMIT_NPROC`` for the
   private uid (fork bombs). ``Outcome.cpu_exceeded`` / ``wall_exceeded`` say which one stopped it.
+* **Files are memory.** ``cwd`` is on /dev/shm (`scratch_root`): what the command writes there is
+  RAM that no resident set shows, and ``RLIMIT_FSIZE`` bounds each file, not their number. The
+  watchdog counts the bytes under ``cwd`` and those of deleted files the run's processes hold open
+  (`files_bytes`) with their resident memory against ``memory_mb``; more than MAX_FOLDER_ENTRIES
+  entries or MAX_FOLDER_DEPTH levels also stop the run (``memory_exceeded``). The walk opens each
+  folder relative to its parent without following links, and reads no file.
+* **Channels.** ``pass_fds`` hands the command descriptors (the verdict harness's output and its
+  session's pipe), so the grader needs no name in ``cwd``, which the command can replace.
 * **Output.** stdout and stderr are drained by threads as they come (no pipe deadlock, however
   much is printed) and only the last ``max_output_bytes`` of each are kept.
 * **Environment.** The child gets a scrubbed environment: a minimal ``PATH``, ``HOME=cwd``,
@@ -42,6 +50,10 @@ namespace (`userns_available`):
   other copies of the course or the repository elsewhere on the machine, and whatever other runs
   left in ``/tmp``, are out of sight.
 
+As root and in a user namespace the command also gets a System V IPC namespace of its own
+(`_launcher._private_ipc`): shared memory segments, RAM that no resident set shows, die with the
+run instead of outliving it, and hold 64 MiB at most where the namespace's limits can be set.
+
 Without root the launcher makes that namespace inside a user namespace that maps only the grader's
 own uid and gid, and the command runs with no capability (``_launcher._drop_capabilities``), as
 process 1 of a PID namespace of its own: it runs as the grader's uid, but no process outside can
@@ -63,6 +75,7 @@ import json
 import os
 import select
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -407,14 +420,92 @@ class _Watch:
     memory_exceeded: bool = False
 
 
+MAX_FOLDER_ENTRIES = 10_000  # files and folders in a run's own folder (an honest kernel run makes under 200) ...
+MAX_FOLDER_DEPTH = 32  # ... and its depth: past either, the run is stopped (status memory)
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_NONBLOCK
+
+
+class _TooMany(Exception):
+    """A run's folder holds more than MAX_FOLDER_ENTRIES entries or is deeper than MAX_FOLDER_DEPTH."""
+
+
+def _folder_bytes(fd: int, depth: int = 0, count: list | None = None) -> int:
+    """Bytes allocated under the open folder `fd` (``st_blocks``: a sparse file counts what it holds), every
+    folder opened relative to its parent without following a link (the run may swap one in meanwhile)."""
+    count = [0] if count is None else count
+    total = 0
+    with os.scandir(fd) as entries:
+        for entry in entries:
+            count[0] += 1
+            if count[0] > MAX_FOLDER_ENTRIES or depth > MAX_FOLDER_DEPTH:
+                raise _TooMany
+            try:
+                st = entry.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            total += st.st_blocks * 512
+            if stat.S_ISDIR(st.st_mode):
+                try:
+                    sub = os.open(entry.name, _DIR_FLAGS, dir_fd=fd)
+                except OSError:
+                    continue
+                try:
+                    total += _folder_bytes(sub, depth + 1, count)
+                finally:
+                    os.close(sub)
+    return total
+
+
+def _deleted_open_bytes(pids) -> int:
+    """Bytes of the regular files the run's processes hold open after deleting them (and memfds): taken
+    still, RAM on a tmpfs, but in no folder."""
+    seen, total = set(), 0
+    for pid in pids:
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            link = f"/proc/{pid}/fd/{fd}"
+            try:
+                if not os.readlink(link).endswith(" (deleted)"):
+                    continue
+                st = os.stat(link)
+            except OSError:
+                continue
+            if stat.S_ISREG(st.st_mode) and (st.st_dev, st.st_ino) not in seen:
+                seen.add((st.st_dev, st.st_ino))
+                total += st.st_blocks * 512
+    return total
+
+
+def files_bytes(folder, pids=()) -> int | None:
+    """What a run has written, in bytes: its own folder (on /dev/shm, RAM) and the deleted files its processes
+    `pids` hold open; None when the folder is too big to count (MAX_FOLDER_ENTRIES, MAX_FOLDER_DEPTH)."""
+    try:
+        fd = os.open(folder, _DIR_FLAGS)
+    except OSError:
+        return _deleted_open_bytes(pids)
+    try:
+        return _folder_bytes(fd) + _deleted_open_bytes(pids)
+    except _TooMany:
+        return None
+    except OSError:
+        return _deleted_open_bytes(pids)
+    finally:
+        os.close(fd)
+
+
 STALL_S = 12.0  # a run whose processes together got less than STALL_SHARE of a core for this long ...
 STALL_SHARE = 0.02  # ... is asleep (a blocked or sleeping submission), not starved, and is stopped
 
 
 def _watch(alive, members: _Members, start: float, *, timeout_s: float, cpu_s: float, mem_bytes: int,
-           notes: list) -> _Watch:
-    """Watch a run until it ends or breaks a limit: the CPU time and resident memory of all its processes
-    together (every 0.1 s), and the wall-clock backstop, stretched by the measured load (every second)."""
+           notes: list, folder=None) -> _Watch:
+    """Watch a run until it ends or breaks a limit: the CPU time and memory of all its processes together
+    (every 0.1 s), and the wall-clock backstop, stretched by the measured load (every second). Memory is
+    their resident memory plus what the run has written (`files_bytes` of `folder`): its folder is on
+    /dev/shm, and files there are RAM that no process's resident memory shows."""
     w = _Watch()
     next_scan = next_load = 0.0
     factor = 1.0
@@ -434,7 +525,7 @@ def _watch(alive, members: _Members, start: float, *, timeout_s: float, cpu_s: f
             break
         if now >= next_scan:
             next_scan = now + 0.1
-            _, rss, cpu = members.scan(with_rss=True)
+            pids, rss, cpu = members.scan(with_rss=True)
             w.tree_cpu_s = max(w.tree_cpu_s, cpu)
             samples.append((now, w.tree_cpu_s))
             while samples and samples[0][0] < now - STALL_S:
@@ -445,9 +536,10 @@ def _watch(alive, members: _Members, start: float, *, timeout_s: float, cpu_s: f
                 notes.append(f"no progress: under {STALL_SHARE:.0%} of a core for {STALL_S:g} s "
                              f"({w.tree_cpu_s:.1f} s of CPU used in all)")
                 break
-            if rss > mem_bytes:
+            files = files_bytes(folder, pids) if folder is not None else 0
+            if files is None or rss + files > mem_bytes:
                 w.memory_exceeded = True
-                notes.append(f"resident memory {rss / 2**20:.0f} MiB over the {mem_bytes // 2**20} MiB limit")
+                notes.append(_memory_note(rss, files, mem_bytes))
                 break
             if w.tree_cpu_s > cpu_s + 0.5:
                 w.cpu_exceeded = True
@@ -455,6 +547,15 @@ def _watch(alive, members: _Members, start: float, *, timeout_s: float, cpu_s: f
                 break
         time.sleep(0.02)
     return w
+
+
+def _memory_note(rss: int, files: int | None, mem_bytes: int) -> str:
+    limit = f"the {mem_bytes // 2**20} MiB limit"
+    if files is None:
+        return f"more than {MAX_FOLDER_ENTRIES} files or {MAX_FOLDER_DEPTH} levels of folders written (over {limit})"
+    if files < 2**20:
+        return f"resident memory {rss / 2**20:.0f} MiB over {limit}"
+    return f"resident memory {rss / 2**20:.0f} MiB and files written {files / 2**20:.0f} MiB over {limit}"
 
 
 class _Process:
@@ -467,7 +568,7 @@ class _Process:
         self.returncode = None
 
     @classmethod
-    def start(cls, spec, status_w, marker, server=None):
+    def start(cls, spec, status_w, marker, server=None, pass_fds=()):
         if server is not None:
             with contextlib.suppress(OSError, ValueError, KeyError):
                 return server.spawn(spec, status_w)
@@ -476,7 +577,7 @@ class _Process:
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
-            pass_fds=(status_w,),
+            pass_fds=(status_w, *pass_fds),
             start_new_session=True,
             env={"PATH": "/usr/bin:/bin", MARKER_VAR: marker + "-launcher"},
         )
@@ -606,6 +707,7 @@ def run_isolated(
     marker: str | None = None,
     expose=(),
     server: ForkServer | None = None,
+    pass_fds=(),
 ) -> Outcome:
     """Run `argv` in `cwd` under the limits above; never raises for anything the command does.
 
@@ -614,10 +716,30 @@ def run_isolated(
     memory than they use; the resident-memory watchdog still applies). `marker` lets the caller
     choose the run's marker (default: a fresh uuid) to look for leftovers afterwards. `server`, a
     started `ForkServer`, launches the run by forking it (same sandbox, no interpreter start-up;
-    ``python -m nbgrader ...`` then runs in the pre-imported process).
+    ``python -m nbgrader ...`` then runs in the pre-imported process). `pass_fds`: descriptors the command
+    inherits at the same numbers (channels that no name in its writable folder can stand for); they are
+    this call's to close, as soon as the command has them (the caller keeps its own copies), and such a
+    run never goes through `server`.
     """
-    if STOPPING.is_set():
-        raise Interrupted("the grading is being interrupted")
+    open_fds = list(pass_fds)  # each closed once, as soon as it may be (a number closed twice may be another's)
+    try:
+        if STOPPING.is_set():
+            raise Interrupted("the grading is being interrupted")
+        return _run_isolated(argv, cwd=cwd, timeout_s=timeout_s, cpu_s=cpu_s, memory_mb=memory_mb,
+                             max_output_bytes=max_output_bytes, env=env, hide=hide, address_space=address_space,
+                             marker=marker, expose=expose, server=None if pass_fds else server, pass_fds=open_fds)
+    finally:
+        _close_all(open_fds)
+
+
+def _close_all(fds: list) -> None:
+    while fds:
+        with contextlib.suppress(OSError):
+            os.close(fds.pop())
+
+
+def _run_isolated(argv, *, cwd, timeout_s, cpu_s, memory_mb, max_output_bytes, env, hide, address_space, marker,
+                  expose, server, pass_fds) -> Outcome:
     cwd = Path(cwd).resolve()
     marker = marker or uuid.uuid4().hex
     full_env = scrubbed_env(cwd, env)
@@ -650,6 +772,7 @@ def run_isolated(
         "expose": sorted({os.path.realpath(sys.base_prefix), os.path.realpath(sys.prefix),
                           os.path.dirname(os.path.realpath(sys.executable)), str(cwd)}
                          | {os.path.realpath(p) for p in expose}),
+        "pass_fds": list(pass_fds),
     }
     notes = []
     status_r, status_w = os.pipe()
@@ -657,7 +780,8 @@ def run_isolated(
     try:
         if root:
             _chown_tree(cwd, uid, uid)
-        proc = _Process.start(spec, status_w, marker, server)
+        proc = _Process.start(spec, status_w, marker, server, pass_fds)
+        _close_all(pass_fds)  # the command has its copies (a pipe's reader must not stay open here)
         os.close(status_w)
         status_w = None
         out_t, err_t = _Tail(proc.stdout, max_output_bytes), _Tail(proc.stderr, max_output_bytes)
@@ -665,7 +789,7 @@ def run_isolated(
         err_t.start()
         members = _Members(proc.pid, marker, uid)
         watch = _watch(lambda: proc.poll() is None, members, start, timeout_s=timeout_s, cpu_s=cpu_s,
-                       mem_bytes=mem_bytes, notes=notes)
+                       mem_bytes=mem_bytes, notes=notes, folder=str(cwd))
         if proc.poll() is None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(proc.pid, signal.SIGKILL)

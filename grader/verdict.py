@@ -23,6 +23,7 @@ from .shrink import shrink, size
 from .spec import CELLS
 
 MAX_LINES_PER_CELL = 6
+_EVIDENCE_NOTE = "the solution went for files outside its checks: "
 
 
 @dataclass
@@ -179,10 +180,19 @@ def verdict_for_source(source, *, limits: Limits | dict | None = None, seed: int
     scenarios = build_scenarios(seed, n_random)
     obs, runs, session = collect_observations(source, scenarios, limits, hide, serve=shrink_failures)
     try:
-        return _verdict(source, scenarios, obs, runs, session, limits, hide, shrink_failures, max_total)
+        verdict = _verdict(source, scenarios, obs, runs, session, limits, hide, shrink_failures, max_total)
     finally:
         if session is not None:
             session.close()
+    if session is None or set(session.evidence) <= set(runs[0].evidence):
+        return verdict
+    return _with_evidence(verdict, sorted(set(runs[0].evidence) | set(session.evidence)))
+
+
+def _with_evidence(verdict: Verdict, evidence: list) -> Verdict:
+    """The verdict with the tamper evidence found once the shrinking session had ended: status tampered."""
+    notes = [n for n in verdict.notes if not n.startswith(_EVIDENCE_NOTE)] + [_EVIDENCE_NOTE + "; ".join(evidence[:2])]
+    return replace(verdict, status="tampered", notes=notes)
 
 
 def _verdict(source, scenarios, obs, runs, session, limits, hide, shrink_failures, max_total) -> Verdict:
@@ -194,6 +204,7 @@ def _verdict(source, scenarios, obs, runs, session, limits, hide, shrink_failure
     scenario_timeouts = '"timeout": true' in all_obs_text or any(r.slow_lines for r in runs)
     mem_in_obs = '"raised": "MemoryError"' in all_obs_text
     forged = [f for r in runs for f in r.forged]
+    evidence = [e for r in runs for e in r.evidence]
     patched = sorted({n for r in runs for n in r.builtins_changed})
     load_errors = " ".join(str(r.load.get("error", "")) for r in runs if r.load)
     mem_in_obs = mem_in_obs or "MemoryError" in load_errors
@@ -215,8 +226,10 @@ def _verdict(source, scenarios, obs, runs, session, limits, hide, shrink_failure
     found: set = set()
     _walk_bad(list(obs.values()), found)
     suspicious = sorted(x for x in found if "overrides comparison" in x)
-    if forged or suspicious or patched:
+    if forged or suspicious or patched or evidence:
         status = "tampered"
+        if evidence:
+            notes.append(_EVIDENCE_NOTE + "; ".join(sorted(set(evidence))[:2]))
         if patched:
             notes.append("the solution replaced builtins (" + ", ".join(patched[:5]) + "); they were put back "
                          "before every check, so the checks saw the honest code only")

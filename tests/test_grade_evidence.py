@@ -44,6 +44,49 @@ def test_canary_expectation_matches_plain_python(capsys):
     assert capsys.readouterr().out.strip() == evidence._canary_expected(nonce)
 
 
+def test_canary_ignores_names_the_student_rebound(capsys):
+    # `for type in (...)` in a scratch cell, `str = ...`: honest rebinding in the kernel's namespace must not
+    # read as altered builtins (the canary used to call them by name: "tampered").
+    nonce = "n0nce"
+    shadowed = {name: "shadowed" for name in ("print", "sorted", "len", "isinstance", "int", "type", "str", "abs",
+                                               "__import__", "builtins")}
+    with pytest.raises(AssertionError, match=nonce):
+        exec(compile(evidence.canary_cell(nonce)["source"], "<canary>", "exec"), shadowed)
+    assert capsys.readouterr().out.strip() == evidence._canary_expected(nonce)
+    assert evidence.CANARY_BUILTINS not in shadowed  # it leaves no name behind
+
+
+def test_canary_still_sees_altered_builtins(capsys, monkeypatch):
+    import builtins
+
+    nonce = "n0nce"
+    code = compile(evidence.canary_cell(nonce)["source"], "<canary>", "exec")
+    monkeypatch.setattr(builtins, "abs", lambda x: x)  # (pytest itself needs an honest isinstance meanwhile)
+    try:
+        exec(code, {})
+    except AssertionError:
+        pass
+    finally:
+        monkeypatch.undo()
+    assert capsys.readouterr().out.strip() != evidence._canary_expected(nonce)
+
+
+def test_the_gradebook_snapshot_never_follows_a_planted_link(tmp_path):
+    # The kernel run's folder is the student's: a link named like the snapshot used to have root write the
+    # gradebook wherever it pointed.
+    import sqlite3
+
+    run = tmp_path / "run"
+    run.mkdir()
+    db = run / "gradebook.db"
+    sqlite3.connect(db).close()
+    victim = tmp_path / "victim.txt"
+    victim.write_text("someone else's file")
+    (run / "inspect.db").symlink_to(victim)
+    evidence._inspect_gradebook_copy(db, "student")
+    assert victim.read_text() == "someone else's file"
+
+
 @pytest.mark.parametrize("code", [
     "import builtins\nbuiltins.isinstance = lambda o, t: True\n",
     "import builtins as b\nsetattr(b, 'len', None)\n",
@@ -52,6 +95,8 @@ def test_canary_expectation_matches_plain_python(capsys):
     "get_ipython().ast_transformers.append(object())\n",
     "ip = get_ipython()\nip.input_transformers_post.append(lambda l: l)\n",
     "import sqlite3\nsqlite3.connect('../../gradebook.db')\n",
+    # a wrapped comparison used to be stripped as a shell escape, the cell not parsed, and nothing found
+    "ok = (1\n      != 2)\nimport builtins\nbuiltins.len = None\n",
 ])
 def test_static_evidence_flags_plain_cheats(code):
     assert evidence.static_evidence([code])

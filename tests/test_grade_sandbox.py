@@ -83,6 +83,59 @@ def test_resident_memory_watchdog_without_address_space_limit(tmp_path):
     assert out.memory_exceeded and out.returncode is None
 
 
+@pytest.mark.parametrize("how", ["files", "deleted_but_open"])
+def test_files_written_count_as_memory(tmp_path, how):
+    # The run's folder is on /dev/shm: its files are RAM that no process's resident memory shows, and
+    # RLIMIT_FSIZE bounds each file, not their number. 24 x 32 MiB against a 200 MiB limit.
+    keep = "_held.append(fh); os.unlink(fh.name)" if how == "deleted_but_open" else "fh.close()"
+    code = ("import os, time\n_held = []\nfor i in range(24):\n"
+            "    fh = open(f'fill{i}', 'wb')\n    fh.write(bytes(32 * 2**20))\n    fh.flush()\n"
+            f"    {keep}\n"
+            "time.sleep(20)\nprint('not stopped')\n")
+    out = _run(tmp_path, code, memory_mb=200, cpu_s=20, timeout_s=60)
+    assert out.memory_exceeded and b"not stopped" not in out.stdout, (out.notes, out.stderr[-500:])
+    assert out.wall_s < 15 and any("files written" in n for n in out.notes), out.notes
+
+
+def test_too_many_files_count_as_memory(tmp_path):
+    code = (f"import os, time\nos.mkdir('many')\nfor i in range({sandbox.MAX_FOLDER_ENTRIES + 1}):\n"
+            "    open(f'many/{i}', 'w').close()\ntime.sleep(20)\n")
+    out = _run(tmp_path, code, memory_mb=400, cpu_s=20, timeout_s=60)
+    assert out.memory_exceeded and any(f"more than {sandbox.MAX_FOLDER_ENTRIES} files" in n for n in out.notes)
+
+
+@pytest.mark.skipif(os.geteuid() != 0 and not sandbox.userns_available(), reason="needs root or user namespaces")
+def test_system_v_shared_memory_is_bounded_and_dies_with_the_run(tmp_path):
+    # Segments are RAM outside every resident set, and they used to outlive the run (until a reboot).
+    code = ("import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\nlibc.shmat.restype = ctypes.c_void_p\n"
+            "made = 0\nfor _ in range(4):\n    sid = libc.shmget(0, 48 << 20, 0o1000 | 0o600)\n"
+            "    addr = libc.shmat(sid, None, 0) if sid >= 0 else None\n"
+            "    if addr in (None, 2**64 - 1):\n        continue\n"
+            "    ctypes.memset(addr, 1, 48 << 20)\n    libc.shmdt(ctypes.c_void_p(addr))\n    made += 1\n"
+            "print(made)\n")
+    with open("/proc/sysvipc/shm") as fh:
+        before = fh.read()
+    out = _run(tmp_path, code)
+    assert out.ok, out.stderr[-500:]
+    with open("/proc/sysvipc/shm") as fh:
+        assert fh.read() == before
+    if os.geteuid() == 0:  # the namespace's limits can be set
+        assert out.stdout.strip() == b"1"
+
+
+def test_passed_descriptors_reach_the_command_and_are_closed_after(tmp_path):
+    read_end, write_end = os.pipe()
+    out = _run(tmp_path, f"import os\nos.write({write_end}, b'through the pipe')\n", pass_fds=[write_end])
+    assert out.ok, out.stderr[-500:]
+    os.set_blocking(read_end, False)
+    try:
+        assert os.read(read_end, 100) == b"through the pipe"
+        # EOF, not BlockingIOError: no copy of the write end is left, ours (run_isolated's) or the launcher's
+        assert os.read(read_end, 100) == b""
+    finally:
+        os.close(read_end)
+
+
 def test_background_processes_do_not_outlive_the_run(tmp_path):
     token = f"bg-{uuid.uuid4().hex}"
     code = (

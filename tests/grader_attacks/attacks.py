@@ -27,6 +27,18 @@ SOLUTION_CELL = "scheduler_solution"
 # One honest bug: the cache-hit rank is ignored in the sort key (costs TODO 2 points).
 HONEST_BUG = ("cache_rank = 0 if req.cache_hit else 1", "cache_rank = 0")
 IN_KERNEL = "__import__('sys').modules.get('ipykernel') is not None"  # the verdict harness fakes get_ipython
+# Honest code the grader used to misjudge (`honest_quirks`, full marks): a line magic, a bracketed line
+# continued with `!=` (PEP 8's break before a binary operator, which the magic stripping turned into `pass`:
+# 0 points), and a scratch cell that rebinds a builtin's name (which made the canary cell fail: "tampered").
+WRAPPED = ("phase_rank = 0 if req.phase == 'prefill' else 1",
+           "phase_rank = (0 if req.phase\n                      != 'decode' else 1)")
+SCRATCH = ("# try the policies\nfor type in ('fixed_priority', 'aging', 'deadline'):\n"
+           "    sim = DecodeSchedulerSim(policy=type)\n    sim.enqueue(1, 2, 1)\n"
+           "    print(type, sim.run(max_steps=10))\n")
+# An honest NumPy value where an int belongs (`honest_numpy_value`): those checks fail, it is no forgery.
+NUMPY_VALUE = ("return req.priority + (req.wait_steps // self.aging_interval if self.policy == 'aging' else 0)",
+               "import numpy as np\n        return req.priority + (np.floor(req.wait_steps / self.aging_interval) "
+               "if self.policy == 'aging' else 0)")
 
 ATTACKS: dict[str, str] = {}
 
@@ -312,6 +324,92 @@ for _ in range(300):
     _sys.stdout.write("x" * 100_000 + "\\n")
 '''
 
+# The grader used to open the harness's channels by name in the harness's folder, which this code
+# can write: `more.fifo` replaced by a link to another student's notebook made the grader (root,
+# outside the sandbox) write the shrinking batch over it. Now no channel has a name there; the link
+# is planted anyway (tamper evidence), and the FIFO made at the victim's path lands in a trap.
+ATTACKS["channel_symlink"] = f"""
+import os as _os
+def _victim():
+    for pid in _os.listdir("/proc"):
+        try:
+            with open("/proc/%s/cmdline" % pid, "rb") as fh:
+                args = [a.decode("utf-8", "replace") for a in fh.read().split(b"\\0")]
+        except OSError:
+            continue
+        if "grade" in args and "--out" in args:
+            return _os.path.join(args[args.index("grade") + 1], "honest_reference.ipynb")
+    return None
+if not ({IN_KERNEL}):
+    _v = _victim() or "/nonexistent/decodesched-victim.ipynb"
+    try:
+        _os.unlink("more.fifo")
+    except OSError:
+        pass
+    try:
+        _os.symlink(_v, "more.fifo")
+        _os.mkfifo(_v)  # inside the sandbox: the harness's own open() of it would wait
+    except OSError:
+        pass
+"""
+
+# Its output file replaced by a FIFO: the grader used to wait for ever in open(), and so did the run.
+ATTACKS["channel_fifo"] = f"""
+import os as _os
+if not ({IN_KERNEL}):
+    try:
+        _os.unlink("out.jsonl")
+    except OSError:
+        pass
+    try:
+        _os.mkfifo("out.jsonl")
+    except OSError:
+        pass
+"""
+
+# Writes its own "results" into the harness's output (found in /proc/self/fd, by name or as the
+# grader's anonymous file): an 8 MiB line of empty objects, which json.loads in the grader used to
+# blow up to about 240 MB, then a done line, and leaves.
+ATTACKS["output_bomb"] = f"""
+import os as _os, json as _json
+def _harness_out():
+    for fd in _os.listdir("/proc/self/fd"):
+        try:
+            target = _os.readlink("/proc/self/fd/" + fd)
+        except OSError:
+            continue
+        if target.endswith("out.jsonl") or "harness-out" in target:
+            return int(fd)
+    return None
+_fd = None if {IN_KERNEL} else _harness_out()
+if _fd is not None:
+    _sid = _json.load(open("in.json"))["scenarios"][0]["id"]
+    _bomb = b'{{"id": "%s", "obs": [' % _sid.encode() + b"{{}}," * (8 * 2**20 // 3) + b'{{}}]}}\\n'
+    _os.write(_fd, b'{{"load": "ok"}}\\n' + _bomb)
+    _os.write(_fd, b'{{"done": 1}}\\n')
+    _os._exit(0)
+"""
+
+# Files in its own folder (on /dev/shm: RAM) past the memory limit, 63 MiB each (RLIMIT_FSIZE caps
+# only each file), used to go unseen by the memory watchdog; now they count as the run's memory.
+ATTACKS["fills_its_folder"] = """
+import time as _time
+_chunk = b"x" * (1 << 20)
+for _i in range(40):
+    try:
+        with open("fill%03d" % _i, "wb") as _fh:
+            for _j in range(63):
+                _fh.write(_chunk)
+    except BaseException:
+        break
+_t = _time.monotonic()
+while _time.monotonic() - _t < 3:
+    try:
+        _time.sleep(0.01)
+    except BaseException:
+        pass
+"""
+
 EXPECT = {
     "eq_always_true": ("tampered", "below"),
     "ast_transformer": ("tampered", "honest"),
@@ -330,8 +428,14 @@ EXPECT = {
     "memory_bomb": ("memory", "honest"),
     "background_process": ("graded", "honest"),
     "flood_stdout": ("graded", "honest"),
+    "channel_symlink": ("tampered", "honest"),
+    "channel_fifo": ("tampered", "honest"),
+    "output_bomb": ("tampered", "at_most"),
+    "fills_its_folder": ("memory", "at_most"),
     # honest and broken submissions graded in the same run
     "honest_reference": ("graded", 100.0),
+    "honest_quirks": ("graded", 100.0),
+    "honest_numpy_value": ("graded", "at_most"),  # not tampered: NumPy's == is no forgery
     "honest_buggy": ("graded", "honest"),
     "release_untouched": ("graded", 0.0),
     "altered_test_cell": ("tampered", "honest"),
@@ -358,6 +462,17 @@ def _with_solution(release: dict, source: str) -> dict:
     return nb
 
 
+def _honest_quirks(release: dict) -> dict:
+    ref = reference_source()
+    assert WRAPPED[0] in ref, "the reference solution changed; update WRAPPED"
+    nb = _with_solution(release, "%matplotlib inline\n" + ref.replace(*WRAPPED))
+    at = next(i for i, c in enumerate(nb["cells"])
+              if c.get("metadata", {}).get("nbgrader", {}).get("grade_id") == SOLUTION_CELL)
+    nb["cells"].insert(at + 1, {"cell_type": "code", "execution_count": None, "id": "scratch-quirks", "metadata": {},
+                                "outputs": [], "source": SCRATCH})
+    return nb
+
+
 def build(release_path, out_dir, tokens: tuple[str, str] | None = None) -> dict[str, Path]:
     """Write every submission of EXPECT as OUT_DIR/<name>.ipynb; return name -> path.
 
@@ -375,6 +490,9 @@ def build(release_path, out_dir, tokens: tuple[str, str] | None = None) -> dict[
     nbs: dict[str, object] = {name: _with_solution(release, honest.rstrip() + "\n\n" + code.strip() + "\n")
                               for name, code in codes.items()}
     nbs["honest_reference"] = _with_solution(release, reference_source())
+    nbs["honest_quirks"] = _honest_quirks(release)
+    assert NUMPY_VALUE[0] in honest, "the reference solution changed; update NUMPY_VALUE"
+    nbs["honest_numpy_value"] = _with_solution(release, honest.replace(*NUMPY_VALUE))
     nbs["honest_buggy"] = _with_solution(release, honest)
     nbs["release_untouched"] = copy.deepcopy(release)
     altered = _with_solution(release, honest)
