@@ -85,6 +85,54 @@ def test_a_request_does_not_hit_on_its_own_blocks(tmp_path):
     assert cv.read_mooncake(p, cache_min_blocks=2).cache_hit.tolist() == [False]
 
 
+def test_mooncake_cache_hits_follow_arrival_not_file_order(tmp_path, capsys):
+    """"Earlier" is earlier arrival (timestamp, then line for equal ones): in a file whose timestamps are
+    not sorted, the request that arrives first cannot hit on a prefix that only arrives later.  The
+    rows stay in file order."""
+    p = write_mooncake(tmp_path / "m.jsonl", [
+        {"timestamp": 3000, "input_length": 10, "output_length": 3, "hash_ids": [0, 1]},  # arrives second: hit
+        {"timestamp": 0, "input_length": 20, "output_length": 5, "hash_ids": [0, 1]},  # arrives first: miss
+        {"timestamp": 3000, "input_length": 30, "output_length": 3, "hash_ids": [5]},  # ties with line 1: after it
+        {"timestamp": 3000, "input_length": 40, "output_length": 3, "hash_ids": [5, 0]},  # 5 from the line above
+    ])
+    raw = cv.read_mooncake(p, cache_min_blocks=1)
+    assert raw.cache_hit.tolist() == [True, False, False, True]
+    assert raw.prompt_tokens.tolist() == [10, 20, 30, 40] and raw.arrival_seconds.tolist() == [3, 0, 3, 3]
+    assert cv.read_mooncake(p, cache_min_blocks=2).cache_hit.tolist() == [True, False, False, True]
+    out = tmp_path / "m.csv"
+    assert main(["trace", "convert", str(p), "--load", "1", "--cache-min-blocks", "1", "--out", str(out)]) == 0
+    t = decodesched.load_trace(out)
+    assert t.request_id.tolist() == [0, 1, 2, 3] and t.cache_hit.tolist() == [True, False, False, True]
+
+
+def _line_order_hits(path, k):
+    """The hits by file order (the rule before arrival order), for files whose timestamps are sorted."""
+    seen, hits = set(), []
+    for line in Path(path).read_text(encoding="utf-8").splitlines():
+        if line.strip():
+            blocks = json.loads(line).get("hash_ids") or []
+            hits.append(len(blocks[:k]) == k and all(b in seen for b in blocks[:k]))
+            seen.update(blocks)
+    return hits
+
+
+def test_mooncake_files_with_sorted_timestamps_keep_their_hits(tmp_path):
+    """In a sorted file arrival order is file order (ties included), so the hits are those of the line
+    rule: the shared Mooncake trace, which is sorted, converts exactly as before."""
+    rng = np.random.default_rng(3)
+    stamps = np.sort(rng.integers(0, 20, 200)) * 500
+    p = write_mooncake(tmp_path / "sorted.jsonl", [
+        {"timestamp": int(t), "input_length": 5, "output_length": 1, "hash_ids": rng.integers(0, 8, 3).tolist()}
+        for t in stamps])
+    paths = [p]
+    shared = Path(__file__).resolve().parents[1].parent / "shared" / "traces" / "mooncake_conversation.jsonl"
+    if shared.is_file():
+        paths.append(shared)
+    for path in paths:
+        for k in (1, 2, 3):
+            assert cv.read_mooncake(path, cache_min_blocks=k).cache_hit.tolist() == _line_order_hits(path, k)
+
+
 @pytest.mark.parametrize("body, words", [
     ("", "no requests"),
     ("not json\n", "line 1"),

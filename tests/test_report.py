@@ -383,3 +383,22 @@ def test_an_output_folder_that_is_a_broken_link_is_refused_before_any_work(sweep
     assert main([*args, "--out", str(link)]) == 2
     assert "is a broken symbolic link" in capsys.readouterr().err
     assert link.is_symlink() and not (tmp_path / "nowhere").exists()
+
+
+def test_two_policies_of_one_name_are_refused_before_any_replay(sweep_dir, tmp_path, capsys, monkeypatch):
+    """The figures know a policy by its name: two different files that both say Policy("sjf") would
+    be drawn as one (and --timeline-policy would take the other's replay)."""
+    import decodesched.engine
+
+    a = write_sjf_module(tmp_path / "a.py", "sjf")
+    b = tmp_path / "b.py"
+    b.write_text(a.read_text().replace("r.max_new_tokens - r.generated_len", "r.prompt_len"))  # another order
+    monkeypatch.setattr(decodesched.engine, "simulate", lambda *a, **k: pytest.fail("replayed"))
+    trace = str(sweep_dir / "azure_load1.0.csv")
+    cases = [(["--policy", f"{a}:SJF,{b}:SJF"], "two different policies are named 'sjf'"),
+             (["--policy", f"fcfs,{a}:SJF", "--timeline-policy", f"{b}:SJF"], "two different policies are named"),
+             (["--policy", "fcfs,fcfs"], "policy 'fcfs' is given twice")]
+    for extra, message in cases:
+        assert main(["report", "--trace", trace, "--kv-blocks", "60", *extra, "--out", str(tmp_path / "r")]) == 2
+        assert message in capsys.readouterr().err
+        assert not (tmp_path / "r").exists()

@@ -22,7 +22,8 @@ The conversion rules (also printed by ``decodesched trace convert --help``):
   ``required_blocks = ceil((prompt_len + max_new_tokens) / block_size)`` (``block_size`` 16 by default).
 - **cache_hit.** Azure: false (the trace has no prefix information).  Mooncake: a request hits when
   its first ``cache_min_blocks`` prompt blocks (``hash_ids``, 512 tokens each) were all seen in earlier
-  requests (``cache_min_blocks=1`` is SPEC's "first block seen before").  The default is
+  requests, earlier by arrival: timestamp, then line (``cache_min_blocks=1`` is SPEC's "first block seen
+  before").  The default is
   ``DEFAULT_CACHE_MIN_BLOCKS = 2``: in the Mooncake conversation trace every request shares block 0
   (a common system prompt), so with 1 all but the first request hit (99.99%), which says nothing.
   Measured on ``mooncake_conversation.jsonl``: K=1 99.99%, K=2 38.7%, K=3 34.1%, K=4 31.3%, K=8 24.7%
@@ -210,9 +211,11 @@ def _parse_timestamps(stamps: list[str], path: Path) -> np.ndarray:
 def read_mooncake(path: str | os.PathLike, cache_min_blocks: int = DEFAULT_CACHE_MIN_BLOCKS) -> RawTrace:
     """Read a Mooncake trace (JSON lines: ``timestamp`` in ms, ``input_length``, ``output_length``,
     ``hash_ids``).  A request is a cache hit when its first `cache_min_blocks` hash_ids were all
-    seen in earlier lines (1 = SPEC's "first block seen before"; the default 2 skips the system prompt
+    seen in earlier requests (1 = SPEC's "first block seen before"; the default 2 skips the system prompt
     that every request of the conversation trace shares, see the module docstring); a request with
-    fewer blocks than that, or none, is a miss.
+    fewer blocks than that, or none, is a miss.  "Earlier" is by arrival (timestamp, then line for equal
+    timestamps), not by line alone: in a file whose timestamps are not sorted, the request that arrives
+    first cannot hit on a prefix that only arrives later.  The rows stay in file order.
     """
     path = Path(path)
     _check_file(path)
@@ -221,8 +224,8 @@ def read_mooncake(path: str | os.PathLike, cache_min_blocks: int = DEFAULT_CACHE
     ms: list[float] = []
     prompts: list[int] = []
     outputs: list[int] = []
-    hits: list[bool] = []
-    seen: set = set()
+    heads: list[list] = []  # per request, its first cache_min_blocks hash_ids
+    blocks_of: list[list] = []  # per request, all its hash_ids
     try:
         with open(path, encoding="utf-8-sig") as fh:
             for lineno, line in enumerate(fh, start=1):
@@ -250,9 +253,9 @@ def read_mooncake(path: str | os.PathLike, cache_min_blocks: int = DEFAULT_CACHE
                 if not isinstance(blocks, list):
                     raise UserError(f"{path}: line {lineno}, field hash_ids: expected a list")
                 try:
-                    head = blocks[:cache_min_blocks]
-                    hits.append(len(head) == cache_min_blocks and all(b in seen for b in head))
-                    seen.update(blocks)
+                    set(blocks)  # ids that cannot be compared are refused at their line, before the hits
+                    blocks_of.append(blocks)
+                    heads.append(blocks[:cache_min_blocks])
                 except TypeError:
                     raise UserError(f"{path}: line {lineno}, field hash_ids: ids must be numbers or strings") from None
     except UnicodeDecodeError as exc:
@@ -260,8 +263,14 @@ def read_mooncake(path: str | os.PathLike, cache_min_blocks: int = DEFAULT_CACHE
     if not ms:
         raise UserError(f"{path}: no requests (empty file)")
     t = np.asarray(ms, np.float64)
+    hits = np.zeros(len(ms), np.bool_)
+    seen: set = set()
+    for i in np.argsort(t, kind="stable"):  # arrival order; equal timestamps keep their line order
+        head = heads[i]
+        hits[i] = len(head) == cache_min_blocks and all(b in seen for b in head)
+        seen.update(blocks_of[i])
     return RawTrace((t - t.min()) / 1000.0, np.asarray(prompts, np.int64), np.asarray(outputs, np.int64),
-                    np.asarray(hits, np.bool_), str(path), "mooncake")
+                    hits, str(path), "mooncake")
 
 
 def _finite(x) -> bool:

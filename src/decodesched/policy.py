@@ -95,6 +95,9 @@ class Policy:
     def _setup(self, name, key, effective_priority, builtin_code, interval):
         if not isinstance(name, str) or not name.strip():
             raise UserError(f"a Policy needs a non-empty name (str), got {name!r}")
+        if not name.isprintable():  # a newline or ESC would break the summary tables, which print it raw
+            raise UserError(f"policy name {name!r} holds a character that is not printable (a control "
+                            "character such as a newline, tab or escape); choose a name without one")
         if builtin_code is None and name in POLICY_NAMES:
             raise UserError(f"policy name {name!r} is a built-in's; choose another name "
                             f"(built-ins: {', '.join(POLICY_NAMES)}; decodesched.policy.builtin gives them as Policy)")
@@ -203,6 +206,12 @@ def _check_function(name, what, fn):
     if not isinstance(fn, CPUDispatcher):
         raise UserError(f"policy {name!r}: {what} must be a @numba.njit function of (r, clock), "
                         f"got {type(fn).__name__}")
+    # An object-mode function (numba.jit(forceobj=True)) is a CPUDispatcher too, and even answers the
+    # sample call; only the nopython kernel cannot call it, so it would fail at the first replay.
+    options = getattr(fn, "targetoptions", {})
+    if options.get("forceobj") or options.get("nopython") is False:
+        raise UserError(f"policy {name!r}: {what} must be a @numba.njit function of (r, clock), "
+                        "got an object-mode numba.jit function (forceobj=True)")
     code = fn.py_func.__code__
     if code.co_argcount != 2:
         raise UserError(f"policy {name!r}: {what} must take exactly (r, clock), "
@@ -212,6 +221,17 @@ def _check_function(name, what, fn):
 def _first_line(exc: BaseException) -> str:
     lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
     return lines[0] if lines else type(exc).__name__
+
+
+def _numba_line(exc: BaseException) -> str:
+    """The informative line of a Numba compile error: its first line ("Failed in nopython mode pipeline
+    (step: ...)") names only the stage, so the line after it, without terminal colours, if there is one."""
+    import re
+
+    lines = [re.sub(r"\x1b\[[0-9;]*m", "", ln).strip() for ln in str(exc).splitlines()]
+    lines = [ln for ln in lines if ln]
+    useful = [ln for ln in lines if not ln.startswith("Failed in ")]
+    return useful[0] if useful else lines[0] if lines else type(exc).__name__
 
 
 def _sample_view():
@@ -226,6 +246,7 @@ def _sample_view():
 def _check_results(policy: Policy) -> None:
     """Compile both functions for a `RequestView` and check what they return on a sample request."""
     import numpy as np
+    from numba.core.errors import NumbaError
 
     r = _sample_view()
     for what, fn, want in (("key", policy.key, "a tuple of integers"),
@@ -233,13 +254,34 @@ def _check_results(policy: Policy) -> None:
         try:
             value = fn(r, np.int64(0))
         except Exception as exc:
-            raise UserError(f"policy {policy.name!r}: {what}(r, clock) failed on a sample request: "
-                            f"{_first_line(exc)}") from None
+            line = _numba_line(exc) if isinstance(exc, NumbaError) else _first_line(exc)
+            raise UserError(f"policy {policy.name!r}: {what}(r, clock) failed on a sample request: {line}") \
+                from None
+        if what == "effective_priority" and _returns_uint64(fn, (r, np.int64(0))):
+            # The kernel's effective priorities are int64 (a request that need not preempt has 0): Numba
+            # unifies int64 with uint64 into float64, which rounds values above 2**53, and the schedule
+            # would then differ from the model's.  Key elements are only compared with the same
+            # element of another key, of the same type, so a uint64 there is exact and allowed.
+            raise UserError(f"policy {policy.name!r}: effective_priority(r, clock) returns an unsigned 64-bit "
+                            "integer; return a signed integer: uint64 mixes with int64 into a float in Numba "
+                            "(e.g. wrap it in np.int64(...))")
         integer = (int, np.integer)
         ok = (isinstance(value, tuple) and all(isinstance(v, integer) and not isinstance(v, bool) for v in value)
               if what == "key" else isinstance(value, integer) and not isinstance(value, bool))
         if not ok:
             raise UserError(f"policy {policy.name!r}: {what}(r, clock) must return {want}, got {value!r}")
+
+
+def _returns_uint64(fn, args) -> bool:
+    """Whether dispatcher `fn`, compiled for `args`, returns uint64 (the Python value is an int either way).
+    With explicit signatures the call may have used another overload: then any overload returning uint64
+    counts."""
+    from numba.core import types
+
+    argtypes = tuple(fn.typeof_pyval(a) for a in args)
+    compiled = fn.overloads.get(argtypes)
+    results = [compiled] if compiled is not None else list(fn.overloads.values())
+    return any(c.signature.return_type == types.uint64 for c in results)
 
 
 def _user_frame(exc: BaseException) -> str:
@@ -278,8 +320,9 @@ class _CompileNotice:
         except Exception as exc:
             from numba.core.errors import NumbaError
 
-            if isinstance(exc, NumbaError):  # compiling failed: not the policy's doing at run time
-                raise
+            if isinstance(exc, NumbaError):  # compiling the kernel around the policy's functions failed
+                raise UserError(f"policy {self.name!r}: its replay kernel does not compile: "
+                                f"{_numba_line(exc)}") from exc
             raise UserError(f"policy {self.name!r} raised {type(exc).__name__} during the replay: "
                             f"{_first_line(exc)}{_user_frame(exc)}") from exc
 
@@ -342,6 +385,40 @@ def policy_name(policy) -> str:
     return policy.name if isinstance(policy, Policy) else policy
 
 
+def _describe(policy) -> str:
+    """How an error line names one policy among several: where it came from, else its repr."""
+    if isinstance(policy, Policy) and policy.spec:
+        return policy.spec
+    return repr(policy)
+
+
+def check_distinct(policies, *, repeats: bool = False) -> None:
+    """Refuse a list of policies (names or `Policy`) in which one name stands for two entries.
+
+    Results, tables and the report know a policy only by its name, so two different policies of one
+    name (two files that both say ``Policy("mine", ...)``) would give rows that cannot be told apart and
+    that the report merges as one scenario; the same policy given twice only duplicates rows.  Either
+    is one `UserError` line, raised before any work.  A user policy is "the same" when its
+    `Policy.fingerprint` is (same name and code); a built-in, given as a name or as `builtin`, is known
+    by its name (the grid gives it its aging interval).  With `repeats`, the same policy may come
+    more than once (a report's timeline policy, also one of its policies).
+    """
+    seen: dict[str, tuple[object, str]] = {}
+    for policy in policies:
+        name = policy_name(policy)
+        same = policy.fingerprint() if isinstance(policy, Policy) and not policy.is_builtin else name
+        if name not in seen:
+            seen[name] = (policy, same)
+            continue
+        first, first_same = seen[name]
+        if first_same == same:
+            if repeats:
+                continue
+            raise UserError(f"policy {name!r} is given twice; give each policy once")
+        raise UserError(f"two different policies are named {name!r} ({_describe(first)} and {_describe(policy)}); "
+                        "their results could not be told apart: give them different names")
+
+
 def resolve_policy(spec):
     """A policy from a command line: a built-in name is returned unchanged; ``module:attr`` or
     ``path/to/file.py:attr`` is imported and must be a `Policy`.  Anything else: `UserError`."""
@@ -370,7 +447,7 @@ def resolve_policy(spec):
 def _importable_spec(policy: Policy) -> str | None:
     """``module:attr`` for a user policy held at the top level of an importable module, else None."""
     module = getattr(policy.key.py_func, "__module__", None)
-    if not module or module == "__main__" or module.startswith("decodesched_user_policy_"):
+    if not module or module == "__main__" or module.startswith(_FILE_MODULE_PREFIX):
         return None
     held = sys.modules.get(module)
     for attr, value in vars(held).items() if held is not None else ():
@@ -379,15 +456,87 @@ def _importable_spec(policy: Policy) -> str | None:
     return None
 
 
+# A policy file given as path.py:attr is loaded as a module of this prefix and a hash of its path.
+_FILE_MODULE_PREFIX = "decodesched_user_policy_"
+_no_disk_cache_lock = threading.Lock()
+_no_disk_cache_installed = False
+
+
+def _no_disk_cache_for_policy_files() -> None:
+    """Make ``cache=True`` a no-op for functions of the policy files `_import` loads (once per process).
+
+    Numba's disk cache is keyed by source file, function and line, but each entry records the module
+    name that wrote it and imports that module when it is loaded.  A file loaded here under a private
+    name (`_FILE_MODULE_PREFIX`) shares its entries with a plain ``import`` of the same file, so after
+    one the other fails ("No module named ..."), or imports a second copy of the file.  So such
+    functions get Numba's `NullCache` from the start: they never load nor write an entry and compile
+    once per process, as user policies' kernels do anyway.  Every other function keeps Numba's rules.
+    This must act when the decorator runs (a function with an explicit signature compiles there), hence
+    the wrapped ``enable_caching`` rather than a change to the dispatchers after the import.
+    """
+    global _no_disk_cache_installed
+    with _no_disk_cache_lock:
+        if _no_disk_cache_installed:
+            return
+        try:  # (Numba's internals: a version without them keeps its own rules, and the clash above)
+            from numba.core.caching import NullCache
+            from numba.core.ccallback import CFunc
+            from numba.core.dispatcher import Dispatcher
+        except ImportError:
+            _no_disk_cache_installed = True
+            return
+        for cls in (Dispatcher, CFunc):
+            if not hasattr(cls, "enable_caching"):
+                continue
+
+            def enable_caching(self, _enable=cls.enable_caching):
+                py = getattr(self, "py_func", None) or getattr(self, "_pyfunc", None)
+                if (getattr(py, "__module__", None) or "").startswith(_FILE_MODULE_PREFIX):
+                    self._cache = NullCache()
+                else:
+                    _enable(self)
+
+            cls.enable_caching = enable_caching
+        _no_disk_cache_installed = True
+
+
+def _import_module(where: str, spec: str):
+    """Import ``module`` of ``module:attr``, also from the current folder, which ``python -m`` puts on
+    sys.path but an installed console script does not: it is added at the end, so that it never shadows
+    an installed package, and for this import only."""
+    try:
+        here = os.getcwd()
+    except OSError:  # the current folder was removed
+        here = None
+    added = here is not None and not any(os.path.abspath(p or os.curdir) == here for p in sys.path)
+    if added:
+        sys.path.append(here)
+    try:
+        return importlib.import_module(where)
+    except ModuleNotFoundError as exc:
+        if exc.name is None or not (where == exc.name or where.startswith(exc.name + ".")):
+            raise  # the module is there, but something it imports is not
+        folder = f"in the current folder ({here}) or " if here is not None else ""
+        raise UserError(f"policy {spec!r}: cannot import {where}: no module {exc.name!r} {folder}"
+                        "on Python's path (sys.path); give a file as path/to/file.py:attr") from None
+    finally:
+        if added:
+            for i in range(len(sys.path) - 1, -1, -1):
+                if sys.path[i] == here:
+                    del sys.path[i]
+                    break
+
+
 def _import(where: str, spec: str):
     try:
         if where.endswith(".py"):
             path = Path(where).resolve()
             if not path.is_file():
                 raise UserError(f"policy {spec!r}: no such file {where}")
-            name = f"decodesched_user_policy_{hashlib.sha1(str(path).encode()).hexdigest()[:12]}"
+            name = f"{_FILE_MODULE_PREFIX}{hashlib.sha1(str(path).encode()).hexdigest()[:12]}"
             if name in sys.modules:
                 return sys.modules[name]
+            _no_disk_cache_for_policy_files()
             loader = importlib.util.spec_from_file_location(name, path)
             module = importlib.util.module_from_spec(loader)
             sys.modules[name] = module
@@ -397,11 +546,9 @@ def _import(where: str, spec: str):
                 del sys.modules[name]
                 raise
             return module
-        return importlib.import_module(where)
+        return _import_module(where, spec)
     except UserError:
         raise
-    except ModuleNotFoundError as exc:
-        raise UserError(f"policy {spec!r}: cannot import {where}: {_first_line(exc)}") from None
     except SystemExit as exc:  # (a module that ends the program on import; Ctrl-C still stops us)
         raise UserError(f"policy {spec!r}: importing {where} called sys.exit({exc.code!r})") from None
     except Exception as exc:

@@ -870,6 +870,11 @@ def build_report(out_dir, *, results=None, trace=None, policies=None, kv_blocks=
 
         loaded = load_trace(trace)
         policies = list(policies or POLICY_ORDER)
+        from .policy import check_distinct
+
+        check_distinct(policies)  # the figures know a policy by its name
+        if timeline_policy is not None:
+            check_distinct(policies + [timeline_policy], repeats=True)
         from .engine import check_config
 
         for p in policies + ([timeline_policy] if timeline_policy else []):

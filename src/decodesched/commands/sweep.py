@@ -3,7 +3,9 @@
 
 The grid (`decodesched.batch.grid`) is trace x replicate x policy x capacity x aging interval, the
 interval varying only for policies whose result depends on it (built-in: aging).  A policy is a
-built-in name or ``module:attr`` naming a `decodesched.Policy`.  ``--replicates N`` replays each
+built-in name or ``module:attr`` naming a `decodesched.Policy`; rows know a policy by its name, so a
+name given twice, or two different policies of one name, is refused (`policy.check_distinct`).
+``--replicates N`` replays each
 trace N times: replicate 0 as it is, replicate r with its priority classes, deadlines and
 preemptibility redrawn by the seeded rules of ``trace convert`` at seed ``seed + r`` (seed and rules
 from the trace's ``.meta.json``, else the defaults; `batch.replicate_traces`).
@@ -32,7 +34,7 @@ from ..batch import BACKENDS, convert_rules, grid, replicate_traces, write_metri
 from ..cli import int_arg
 from ..engine import ENGINES, POLICIES, check_config
 from ..errors import UserError
-from ..policy import resolve_policy
+from ..policy import check_distinct, resolve_policy
 from ..trace import load_trace
 
 # Columns of the printed table: (header, row key).
@@ -131,6 +133,7 @@ def run(args) -> int:
     if args.chunk_size is not None and args.chunk_size < 1:
         raise UserError(f"--chunk-size must be at least 1, got {args.chunk_size}")
     policies = [resolve_policy(p) for p in args.policy]
+    check_distinct(policies)  # rows are known by the policy's name: one name, one policy, once
     # Validate the whole grid before loading anything heavy or running anything.
     for policy in policies:
         for blocks in args.kv_blocks:
@@ -178,11 +181,15 @@ def run(args) -> int:
 def _run_local(args, traces, scenarios, checkpoint):
     import numba
 
-    from ..batch import _check_threads
+    from ..batch import _check_threads, _cpu_kernel, _user_policy
     from ..checkpoint import DEFAULT_LOCAL_CHUNK, run_local
 
     threads = _check_threads(args.threads) or numba.get_num_threads()
     chunk = args.chunk_size or max(DEFAULT_LOCAL_CHUNK, 4 * threads)
+    if args.backend == "cpu" and not all(_user_policy(sc.policy) for sc in scenarios):
+        from .._numba_cache import compile_notice
+
+        compile_notice(_cpu_kernel(args.engine), "the batch replay kernel")  # (built-in policies run there)
     rows = run_local(traces, scenarios, chunk_size=chunk, checkpoint_path=checkpoint, threads=threads,
                      engine=args.engine, backend=args.backend, progress=None)
     return rows, f"{args.backend}, {threads} thread{'s' if threads != 1 else ''}"

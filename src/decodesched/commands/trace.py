@@ -25,7 +25,8 @@ conversion rules (seeded: the same source, options and --seed give the same trac
   max_new_tokens  = output tokens (0 tokens counts as 1: the model needs at least one)
   required_blocks = ceil((prompt_len + max_new_tokens) / --block-size)
   cache_hit       = azure: false (no prefix data). mooncake: the request's first
-                    --cache-min-blocks hash_ids were all seen in earlier requests (default 2:
+                    --cache-min-blocks hash_ids were all seen in earlier requests (earlier by
+                    timestamp, then by line, whatever the file's order; default 2:
                     every request of the Mooncake conversation trace shares block 0, so 1, the plain
                     "first block seen before", makes 99.99% hits; 2 gives 38.7%).
   priority        = drawn from --priority-classes with --priority-weights
