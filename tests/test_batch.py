@@ -253,7 +253,7 @@ def exit_code(argv) -> int:
     "extra, message",
     [
         (["--policy", "aging,lifo", "--kv-blocks", "4"], "unknown policy"),
-        (["--policy", "aging", "--kv-blocks", "4,x"], "not an integer"),
+        (["--policy", "aging", "--kv-blocks", "4,x"], "--kv-blocks: expected a whole number, got 'x'"),
         (["--policy", "aging", "--kv-blocks", "-1"], "free_kv_blocks"),
         (["--policy", "aging", "--kv-blocks", "4", "--aging-interval", "0"], "aging_interval"),
         (["--policy", "aging", "--kv-blocks", "4", "--threads", "0"], "threads"),
