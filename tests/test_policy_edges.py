@@ -376,3 +376,21 @@ def test_a_name_that_is_not_printable_is_refused(name):
 def test_printable_names_are_kept_as_given():
     for name in (" spaced ", "SJF", "sjf/v2", "délai"):
         assert Policy(name, key=phase_key, effective_priority=business).name == name
+
+
+def test_what_a_policy_module_prints_at_import_stays_out_of_a_streamed_table(tmp_path, capfd):
+    """`--events -` streams the log on stdout; a module that prints on import must not open it."""
+    import subprocess
+    import sys
+
+    from oracle import write_sjf_module
+
+    module = write_sjf_module(tmp_path / "loud.py", "loud")
+    module.write_text("print('hello from import')\n" + module.read_text())
+    trace = tmp_path / "t.csv"
+    trace.write_text("request_id,arrival_step,prompt_len,max_new_tokens,priority,cache_hit,required_blocks,"
+                     "deadline_step,preemptible\n1,0,4,3,0,false,2,,true\n")
+    proc = subprocess.run([sys.executable, "-m", "decodesched.cli", "simulate", str(trace), "--policy",
+                           f"{module}:SJF", "--kv-blocks", "4", "--events", "-"], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("step,") and "hello from import" in proc.stderr

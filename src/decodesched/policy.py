@@ -38,6 +38,7 @@ This module imports Numba only when a policy is built or run, so ``import decode
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib
 import importlib.util
@@ -528,25 +529,28 @@ def _import_module(where: str, spec: str):
 
 
 def _import(where: str, spec: str):
+    """The module of a policy spec.  What it prints while it is imported goes to stderr: standard
+    output may be a table the command streams (``--events -``)."""
     try:
-        if where.endswith(".py"):
-            path = Path(where).resolve()
-            if not path.is_file():
-                raise UserError(f"policy {spec!r}: no such file {where}")
-            name = f"{_FILE_MODULE_PREFIX}{hashlib.sha1(str(path).encode()).hexdigest()[:12]}"
-            if name in sys.modules:
-                return sys.modules[name]
-            _no_disk_cache_for_policy_files()
-            loader = importlib.util.spec_from_file_location(name, path)
-            module = importlib.util.module_from_spec(loader)
-            sys.modules[name] = module
-            try:
-                loader.loader.exec_module(module)
-            except BaseException:
-                del sys.modules[name]
-                raise
-            return module
-        return _import_module(where, spec)
+        with contextlib.redirect_stdout(sys.stderr):
+            if where.endswith(".py"):
+                path = Path(where).resolve()
+                if not path.is_file():
+                    raise UserError(f"policy {spec!r}: no such file {where}")
+                name = f"{_FILE_MODULE_PREFIX}{hashlib.sha1(str(path).encode()).hexdigest()[:12]}"
+                if name in sys.modules:
+                    return sys.modules[name]
+                _no_disk_cache_for_policy_files()
+                loader = importlib.util.spec_from_file_location(name, path)
+                module = importlib.util.module_from_spec(loader)
+                sys.modules[name] = module
+                try:
+                    loader.loader.exec_module(module)
+                except BaseException:
+                    del sys.modules[name]
+                    raise
+                return module
+            return _import_module(where, spec)
     except UserError:
         raise
     except SystemExit as exc:  # (a module that ends the program on import; Ctrl-C still stops us)

@@ -41,6 +41,7 @@ import os
 import re
 import shutil
 import tempfile
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -110,7 +111,9 @@ def _save(fig, out: Path, plot: Plot) -> Plot:
         legend = ax.get_legend()
         if legend is not None:
             plot.legend += [t.get_text() for t in legend.get_texts() if t.get_text() not in plot.legend]
-    fig.savefig(out / plot.file, dpi=100)
+    with warnings.catch_warnings():  # (a long name in a title: the layout gives up, the figure is still drawn)
+        warnings.filterwarnings("ignore", message="constrained_layout not applied")
+        fig.savefig(out / plot.file, dpi=100)
     return plot
 
 
