@@ -402,3 +402,18 @@ def test_two_policies_of_one_name_are_refused_before_any_replay(sweep_dir, tmp_p
         assert main(["report", "--trace", trace, "--kv-blocks", "60", *extra, "--out", str(tmp_path / "r")]) == 2
         assert message in capsys.readouterr().err
         assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--policy", "fcfs"], "--policy chooses the replays of --trace; give --trace TRACE too"),
+    (["--timeline-policy", "aging"], "--timeline-policy chooses the replays of --trace"),
+])
+def test_replay_options_without_a_trace_are_refused_not_ignored(sweep_dir, tmp_path, capsys, extra, message):
+    assert main(["report", str(sweep_dir / "metrics.csv"), *extra, "--out", str(tmp_path / "r")]) == 2
+    assert message in capsys.readouterr().err and not (tmp_path / "r").exists()
+
+
+def test_an_empty_timeline_policy_is_refused(sweep_dir, tmp_path, capsys):
+    assert main(["report", "--trace", str(sweep_dir / "azure_load1.0.csv"), "--kv-blocks", "60",
+                 "--timeline-policy", " ", "--out", str(tmp_path / "r")]) == 2
+    assert "--timeline-policy is empty" in capsys.readouterr().err and not (tmp_path / "r").exists()

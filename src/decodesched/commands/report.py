@@ -93,6 +93,11 @@ def run(args) -> int:
     for d in args.trace_dir or ():
         if not Path(d).is_dir():
             raise UserError(f"--trace-dir {d}: not a folder")
+    for option, value in (("--policy", args.policy), ("--timeline-policy", args.timeline_policy)):
+        if value is not None and args.trace is None:  # they choose the replays of --trace: alone, they do nothing
+            raise UserError(f"{option} chooses the replays of --trace; give --trace TRACE too")
+    if args.timeline_policy is not None and not args.timeline_policy.strip():
+        raise UserError("--timeline-policy is empty; name a policy, or leave it out for the first --policy")
     policies = [resolve_policy(p) for p in args.policy] if args.policy else None  # names, or module:attr
     timeline = resolve_policy(args.timeline_policy) if args.timeline_policy else None
     if args.trace is not None:  # its scenarios replay on the fast kernel: say so if it must compile first
