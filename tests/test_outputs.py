@@ -519,3 +519,20 @@ def test_a_name_that_ends_in_a_slash_is_a_folder_not_a_file(tmp_path, trace_csv,
     assert simulate(trace_csv, "--events", target) == 2
     assert "names a folder" in one_line(capsys.readouterr().err)
     assert not (tmp_path / "out.csv").exists() and no_temp_files(tmp_path)
+
+
+def test_an_output_group_whose_later_target_became_a_folder_renames_none(tmp_path):
+    """All targets are checked before the first rename: a folder that appeared at the second target
+    while the group was writing leaves the first file as it was too."""
+    from decodesched._io import output_group
+
+    a, b = tmp_path / "a.txt", tmp_path / "b.txt"
+    a.write_text("old a\n")
+    with pytest.raises(OutputError, match="is a directory"):
+        with output_group():
+            with atomic_writer(a) as fh:
+                fh.write("new a\n")
+            with atomic_writer(b) as fh:
+                fh.write("new b\n")
+            b.mkdir()  # (after its file was written, before the group ends)
+    assert a.read_text() == "old a\n" and b.is_dir() and no_temp_files(tmp_path)

@@ -251,7 +251,7 @@ def atomic_writer(path, mode: str = "w", encoding: str | None = "utf-8", newline
             yield fh
         os.chmod(tmp, mode_bits)
         if _groups:  # renamed with the group's other files, when all of them are written
-            _groups[-1].append((tmp, target, path))
+            _groups[-1].append((tmp, path))
             return
         output_target(path)  # it may have become a folder or a device meanwhile
         os.replace(tmp, target)
@@ -267,8 +267,8 @@ def atomic_writer(path, mode: str = "w", encoding: str | None = "utf-8", newline
         raise
 
 
-# The temporary files of the open `output_group`s, innermost last: (temporary, target, path as given).
-_groups: list[list[tuple[str, Path, object]]] = []
+# The temporary files of the open `output_group`s, innermost last: (temporary, path as given).
+_groups: list[list[tuple[str, object]]] = []
 
 
 def temp_prefix(name: str) -> str:
@@ -289,7 +289,7 @@ def output_group():
     try:
         yield
     except BaseException:
-        for tmp, _, _ in pending:
+        for tmp, _ in pending:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
         raise
@@ -298,17 +298,29 @@ def output_group():
     if _groups:
         _groups[-1].extend(pending)
         return
+    replace_together(pending)
+
+
+def replace_together(moves) -> None:
+    """Rename each written temporary file of `moves` ((temporary, path as given) pairs) into place, all
+    or none as far as the file system lets: every target is checked first (one that has become a
+    folder or a device meanwhile refuses them all), and the renames run with Ctrl-C held back.  A
+    failure removes the temporary files not yet renamed."""
+    try:
+        targets = [output_target(path) for _, path in moves]
+    except OSError:
+        for tmp, _ in moves:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+        raise
     with signals_held():
-        for i, (tmp, target, path) in enumerate(pending):
+        for i, ((tmp, path), target) in enumerate(zip(moves, targets)):
             try:
-                output_target(path)  # it may have become a folder or a device meanwhile
                 os.replace(tmp, target)
             except OSError as exc:
-                for later, _, _ in pending[i:]:
+                for later, _ in moves[i:]:
                     with contextlib.suppress(OSError):
                         os.unlink(later)
-                if isinstance(exc, OutputError):
-                    raise
                 raise OutputError(f"{path}: cannot write ({_describe(exc)})") from None
 
 

@@ -386,7 +386,7 @@ def policy_name(policy) -> str:
     return policy.name if isinstance(policy, Policy) else policy
 
 
-def _describe(policy) -> str:
+def _origin(policy) -> str:
     """How an error line names one policy among several: where it came from, else its repr."""
     if isinstance(policy, Policy) and policy.spec:
         return policy.spec
@@ -416,7 +416,7 @@ def check_distinct(policies, *, repeats: bool = False) -> None:
             if repeats:
                 continue
             raise UserError(f"policy {name!r} is given twice; give each policy once")
-        raise UserError(f"two different policies are named {name!r} ({_describe(first)} and {_describe(policy)}); "
+        raise UserError(f"two different policies are named {name!r} ({_origin(first)} and {_origin(policy)}); "
                         "their results could not be told apart: give them different names")
 
 

@@ -37,7 +37,6 @@ import csv
 import hashlib
 import html
 import math
-import os
 import re
 import shutil
 import tempfile
@@ -47,7 +46,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ._io import _describe, _same_file, input_file, output_target, signals_held, temp_prefix
+from ._io import _describe, _same_file, input_file, replace_together, temp_prefix
 from .errors import UserError
 from .metrics import offered_load
 from .palette import POLICY_ORDER, policy_colors, policy_marker, policy_style, sorted_policies
@@ -907,11 +906,7 @@ def build_report(out_dir, *, results=None, trace=None, policies=None, kv_blocks=
                 notes += n
         write_html(tmp, plots, notes, "decodesched report")
         out_dir.mkdir(exist_ok=True)
-        files = sorted(tmp.iterdir())
-        targets = [output_target(out_dir / f.name) for f in files]  # all checked before the first is replaced
-        with signals_held():
-            for f, target in zip(files, targets):
-                os.replace(f, target)
+        replace_together([(f, out_dir / f.name) for f in sorted(tmp.iterdir())])
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return plots
