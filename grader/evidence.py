@@ -14,6 +14,7 @@ Files written into protected folders and forged verdict output are found by `gra
 from __future__ import annotations
 
 import contextlib
+import re
 import shutil
 import sqlite3
 import tempfile
@@ -79,6 +80,7 @@ def altered_cells(nb: dict, release: dict) -> list[str]:
 _AST_LOCK = threading.Lock()
 
 
+_GRADEBOOK_FILE = re.compile(r"gradebook\.(db|sqlite)", re.IGNORECASE)
 _TRANSFORMER_ATTRS = {"ast_transformers", "input_transformers_post", "input_transformers_cleanup",
                       "input_transformer_manager", "input_splitter", "register_magic_function"}
 
@@ -87,8 +89,9 @@ def static_evidence(sources) -> list[str]:
     """Plain signs of cheating in the student's own code cells (parsed, never run).
 
     Assigning to attributes of ``builtins``, registering IPython input/AST transformers, or naming
-    the gradebook file has no place in a scheduler. Obfuscated variants are not caught here; they
-    are caught by their effects (canary, gradebook copy, strict verdict types) or earn nothing.
+    the gradebook file (``gradebook.db``; the word alone, in a docstring, is no sign) has no place in a
+    scheduler. Obfuscated variants are not caught here; they are caught by their effects (canary,
+    gradebook copy, strict verdict types) or earn nothing.
     """
     import ast
 
@@ -131,7 +134,7 @@ def static_evidence(sources) -> list[str]:
                     found.add("the code assigns to builtins")
             if isinstance(node, ast.Attribute) and node.attr in _TRANSFORMER_ATTRS:
                 found.add("the code registers IPython input or AST transformers")
-            if isinstance(node, ast.Constant) and isinstance(node.value, str) and "gradebook" in node.value.lower():
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and _GRADEBOOK_FILE.search(node.value):
                 found.add("the code looks for the nbgrader gradebook")
     return sorted(found)
 
