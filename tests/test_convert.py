@@ -8,6 +8,7 @@ import math
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 import decodesched
 from decodesched import convert as cv
@@ -103,6 +104,24 @@ def test_mooncake_cache_hits_follow_arrival_not_file_order(tmp_path, capsys):
     assert main(["trace", "convert", str(p), "--load", "1", "--cache-min-blocks", "1", "--out", str(out)]) == 0
     t = decodesched.load_trace(out)
     assert t.request_id.tolist() == [0, 1, 2, 3] and t.cache_hit.tolist() == [True, False, False, True]
+
+
+@settings(max_examples=60, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(rows=st.lists(st.tuples(st.integers(0, 4), st.lists(st.integers(0, 3), max_size=3)), min_size=1, max_size=8),
+       data=st.data())
+def test_a_prefix_of_requests_hits_as_a_file_of_just_those_lines(tmp_path, rows, data):
+    """`--requests N` keeps the first N requests to arrive: their hits are those of a file holding only
+    their lines (the rows dropped arrive later, so no kept request hit on them), in file order."""
+    lines = [{"timestamp": ts * 1000, "input_length": 10 + i, "output_length": 2, "hash_ids": ids}
+             for i, (ts, ids) in enumerate(rows)]
+    n = data.draw(st.integers(1, len(lines)))
+    raw = cv.read_mooncake(write_mooncake(tmp_path / "all.jsonl", lines), cache_min_blocks=1).head(n)
+    order = sorted(range(len(lines)), key=lambda i: (lines[i]["timestamp"], i))
+    kept = sorted(order[:n])
+    alone = cv.read_mooncake(write_mooncake(tmp_path / "kept.jsonl", [lines[i] for i in kept]), cache_min_blocks=1)
+    assert raw.prompt_tokens.tolist() == [10 + i for i in kept]
+    assert raw.cache_hit.tolist() == alone.cache_hit.tolist()
+    assert raw.arrival_seconds.tolist() == alone.arrival_seconds.tolist()
 
 
 def _line_order_hits(path, k):

@@ -87,11 +87,14 @@ class RawTrace:
         return int(self.arrival_seconds.shape[0])
 
     def head(self, n: int) -> "RawTrace":
-        """The first `n` requests (in file order), times still relative to the earliest of them."""
-        arr = self.arrival_seconds[:n]
+        """The first `n` requests to arrive (by time, then file line), kept in file order, times relative to
+        the earliest of them.  By arrival, not by line: a cache hit needs an earlier arrival, so every hit
+        kept is a hit on a kept request (for a file sorted by time, the first `n` lines)."""
+        keep = np.sort(np.argsort(self.arrival_seconds, kind="stable")[:n])
+        arr = self.arrival_seconds[keep]
         arr = arr - arr.min() if arr.size else arr
-        hit = None if self.cache_hit is None else self.cache_hit[:n]
-        return RawTrace(arr, self.prompt_tokens[:n], self.output_tokens[:n], hit, self.source, self.format)
+        hit = None if self.cache_hit is None else self.cache_hit[keep]
+        return RawTrace(arr, self.prompt_tokens[keep], self.output_tokens[keep], hit, self.source, self.format)
 
 
 def bundled_trace_path() -> Path:

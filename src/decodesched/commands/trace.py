@@ -75,7 +75,7 @@ def add_parser(subparsers) -> None:
                    help="classes that cannot be preempted (default: the largest class; 'none' for no class)")
     c.add_argument("--cache-min-blocks", type=int_arg, default=cv.DEFAULT_CACHE_MIN_BLOCKS, metavar="K",
                    help="mooncake: a hit needs the first K hash_ids seen before (default %(default)s)")
-    c.add_argument("--requests", type=int_arg, default=None, metavar="N", help="convert only the first N requests")
+    c.add_argument("--requests", type=int_arg, default=None, metavar="N", help="convert only the first N requests to arrive")
     c.add_argument("--out", required=True, metavar="OUT.csv", help="the canonical trace CSV to write (a .csv name)")
     c.set_defaults(func=run_convert)
 
