@@ -104,7 +104,8 @@ between n / 4 and n the kernel estimates the backlog and the finishes from the t
 queue: `_fluid_backlog`) and compares the two (at load 1.5, K = 5,000: block mode in 0.42-0.65 of
 grouped mode's time; at load 1.0, 1.08-1.25; on backlogs of short requests, 1.4-3.0).
 Every aging interval runs here (`fast_nb` replays an interval above the trace's total work steps as
-fixed_priority).
+fixed_priority, and on the scan kernel a trace whose priorities this kernel's int64 keys cannot hold:
+`_compressed_priorities`).
 
 **Block mode** (below grouped mode, from an interval of BLOCK_MIN on, when the counts below say):
 the residues are cut into blocks of bw = max(2, isqrt(K)) consecutive ones (the last may be
@@ -800,11 +801,13 @@ def _set_aging_key(r, cycles, slot, gk, nd, phase, cache_hit, priority, top, kof
 
 @njit(cache=True)
 def _compressed_priorities(priority, max_new_tokens, aging_interval):
-    """(K, priorities, W) that give every request the same effective priority order and ties as the
+    """(K, priorities, W, fits) that give every request the same effective priority order and ties as the
     trace's at every step, with ``priority * K`` far inside int64.  No wait exceeds the trace's work
     (one step per prefill and per token), W: an interval above W is W + 1 (no one's priority ever
     rises), and a gap between consecutive distinct priorities above ``W // K`` (which waiting can
-    never bridge) is cut to ``W // K + 1``.  Priorities start at 0."""
+    never bridge) is cut to ``W // K + 1``.  Priorities start at 0.  `fits` is False when even so
+    ``priority * K`` would leave int64 (a trace of valid but absurd size: about n W > 2**61, such as
+    1,449 requests of 2**40 tokens each with distinct priorities): this kernel cannot replay it."""
     n = priority.shape[0]
     work = np.int64(0)
     for i in range(n):
@@ -813,7 +816,7 @@ def _compressed_priorities(priority, max_new_tokens, aging_interval):
     gap = work // k + 1
     out = np.empty(n, np.int64)
     if n == 0:
-        return k, out, work
+        return k, out, work, True
     idx = np.argsort(priority, kind="mergesort")
     c = np.int64(0)
     prev = priority[idx[0]]
@@ -824,9 +827,8 @@ def _compressed_priorities(priority, max_new_tokens, aging_interval):
             c += gap if d <= 0 or d > gap else d
             prev = p
         out[idx[j]] = c
-    if c > (2**62 - 2 * work - 4) // k:  # (also keeps the tree keys' low part below 2**62: `_set_aging_key`)
-        raise ValueError("trace too large for the aging kernel: priority range x interval exceeds int64")
-    return k, out, work
+    # (also keeps the tree keys' low part below 2**62: `_set_aging_key`)
+    return k, out, work, c <= (2**62 - 2 * work - 4) // k
 
 
 @njit(cache=True)
@@ -1981,11 +1983,15 @@ def _make_replay_aging(stamp, big_at, small_at, grouped_div, block_min, block_ru
     def replay_aging_nb(request_id, arrival_step, prompt_len, max_new_tokens, priority, cache_hit,
                         required_blocks, deadline_step, has_deadline, preemptible, order,
                         free_kv_blocks, aging_interval, max_steps, events, req_out, summary):
-        """Replay one trace under policy aging; arguments and outputs as `replay_scan_nb` (no policy)."""
+        """Replay one trace under policy aging; arguments and outputs as `replay_scan_nb` (no policy).
+        Returns False, having written nothing, for a trace whose priorities this kernel cannot hold
+        (`_compressed_priorities`), else True."""
         if stamp < 0:  # never: the stamp only keys the Numba cache (see `source_stamp`)
-            return
+            return False
         n = request_id.shape[0]
-        k, cprio, work = _compressed_priorities(priority, max_new_tokens, np.int64(aging_interval))
+        k, cprio, work, fits = _compressed_priorities(priority, max_new_tokens, np.int64(aging_interval))
+        if not fits:
+            return False
         req = new_requests_nb(n)
 
         top = cprio.max() if n > 0 else np.int64(0)
@@ -2072,6 +2078,7 @@ def _make_replay_aging(stamp, big_at, small_at, grouped_div, block_min, block_ru
                  rprev, blocked, block_rule, bw, n_blocks, m_res, live, n >= cold_at, np.zeros(2, np.int64))
         steps, clock, free, stop = _replay_loop(*state)
         write_state_nb(req_out, summary, steps, clock, free, stop, req)
+        return True
 
     return replay_aging_nb
 

@@ -108,8 +108,9 @@ from .ordered_nb import (
 from .step_nb import advance_nb, new_requests_nb, record_step_nb, write_state_nb
 from .stamp import source_stamp
 from .aging_nb import replay_aging_nb
+from .scan_nb import replay_scan_nb
 
-SOURCE_STAMP = source_stamp("enums.py", "ordered_nb.py", "btree_nb.py", "step_nb.py", "aging_nb.py")
+SOURCE_STAMP = source_stamp("enums.py", "ordered_nb.py", "btree_nb.py", "step_nb.py", "aging_nb.py", "scan_nb.py")
 
 GK_NCOLS = 6
 PK_STEP = 3 * GK_NCOLS  # the column of `_heap_layout`'s rows after the layout
@@ -556,9 +557,14 @@ def _make_replay_fast(stamp):
             # effective priority is the business priority all along: exactly fixed_priority.
             policy = E.POLICY_FIXED_PRIORITY
         if policy == E.POLICY_AGING:
-            replay_aging_nb(request_id, arrival_step, prompt_len, max_new_tokens, priority, cache_hit,
-                            required_blocks, deadline_step, has_deadline, preemptible, order,
-                            free_kv_blocks, aging_interval, max_steps, events, req_out, summary)
+            if not replay_aging_nb(request_id, arrival_step, prompt_len, max_new_tokens, priority, cache_hit,
+                                   required_blocks, deadline_step, has_deadline, preemptible, order,
+                                   free_kv_blocks, aging_interval, max_steps, events, req_out, summary):
+                # Priorities x interval beyond the aging kernel's int64 keys (a valid trace of absurd
+                # size, see `aging_nb._compressed_priorities`): the scan replay, exact at any size.
+                replay_scan_nb(request_id, arrival_step, prompt_len, max_new_tokens, priority, cache_hit,
+                               required_blocks, deadline_step, has_deadline, preemptible, order,
+                               policy, free_kv_blocks, aging_interval, max_steps, events, req_out, summary)
             return
         _replay_static(request_id, arrival_step, prompt_len, max_new_tokens, priority, cache_hit,
                        required_blocks, deadline_step, has_deadline, preemptible, order,

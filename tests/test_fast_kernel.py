@@ -551,8 +551,8 @@ def test_compressed_priorities_keep_every_effective_priority_comparison(prio, to
     priority = np.array(prio, np.int64)
     max_new = np.array(tokens[:len(prio)], np.int64)
     work = int((1 + max_new).sum())
-    k, comp, w = _compressed_priorities(priority, max_new, np.int64(interval))
-    assert 1 <= k <= interval and int(comp.max()) * int(k) < 2**62 and w == work
+    k, comp, w, fits = _compressed_priorities(priority, max_new, np.int64(interval))
+    assert fits and 1 <= k <= interval and int(comp.max()) * int(k) < 2**62 and w == work
     assert int(comp.max()) + 2 * (work // int(k)) + 2 < 2**62  # the tree keys' low part (`_set_aging_key`)
     waits = data.draw(st.lists(st.integers(0, work), min_size=len(prio), max_size=len(prio)))
     for a in range(len(prio)):
@@ -560,6 +560,34 @@ def test_compressed_priorities_keep_every_effective_priority_comparison(prio, to
             real = prio[a] + waits[a] // interval - prio[b] - waits[b] // interval
             mine = int(comp[a]) + waits[a] // int(k) - int(comp[b]) - waits[b] // int(k)
             assert (real > 0) == (mine > 0) and (real == 0) == (mine == 0)
+
+
+def test_a_trace_beyond_the_aging_kernels_keys_replays_exactly_on_every_path():
+    """1,449 requests of 2**40 tokens with distinct priorities spread over +-2**53, at an interval no
+    wait reaches the end of: valid, but priority x interval leaves int64 in the aging kernel.  The fast
+    engine replays it on the scan kernel instead (it raised ValueError, and a batch lost the error and
+    gave an empty scenario), the same in a batch on any number of threads."""
+    import decodesched
+
+    n = 1449
+    trace = load_trace(dict(request_id=np.arange(n), arrival_step=np.zeros(n, np.int64),
+                            prompt_len=np.ones(n, np.int64), max_new_tokens=np.full(n, 2**40),
+                            priority=-2**53 + np.arange(n) * 2**40, cache_hit=np.zeros(n, bool),
+                            required_blocks=np.ones(n, np.int64), deadline_step=[None] * n,
+                            preemptible=np.ones(n, bool)))
+    k = trace.work_steps
+    assert not _compressed_priorities(trace.priority, trace.max_new_tokens, np.int64(k))[3]
+    want = run_kernel(replay_scan_nb, trace, "aging", 4, k, max_steps=5)
+    got = run_kernel(replay_fast_nb, trace, "aging", 4, k, max_steps=5)
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
+    assert want[2][E.SM_EVENTS] == 5
+    scenarios = decodesched.grid(1, ["fcfs", "aging"], [4], [k], max_steps=5)
+    for threads in (1, 2):
+        batch = decodesched.simulate_batch([trace], scenarios, threads=threads, record_events=True)
+        r = batch.result(1)
+        assert r.n_events == 5 and r.stop_reason == "max_steps"
+        assert r.timeline() == decodesched.simulate(trace, "aging", 4, k, max_steps=5).timeline()
 
 
 @settings(max_examples=200, **SETTINGS)

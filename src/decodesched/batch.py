@@ -363,6 +363,7 @@ def simulate_batch(traces, scenarios: Sequence[Scenario], *, record_events: bool
     events = event_log_buffer(int(event_start[-1]))
     req_out = np.zeros((int(req_start[-1]), E.RQ_NCOLS), np.int64)
     summary = np.zeros((n_sc, E.SM_NCOLS), np.int64)
+    summary[:, E.SM_STOP] = -1  # every replay writes its stop reason last: none left here means it failed
     arrays = (*cols, trace_start, sc_trace, sc_policy, sc_capacity, sc_interval, sc_max_steps)
 
     run_order = _run_order(traces, sc_trace, sc_policy, sc_interval, sc_max_steps)
@@ -392,6 +393,10 @@ def simulate_batch(traces, scenarios: Sequence[Scenario], *, record_events: bool
     finally:
         numba.set_num_threads(previous)
     seconds = time.perf_counter() - start
+    lost = np.flatnonzero(summary[:, E.SM_STOP] < 0)
+    if lost.size:  # an exception inside a parallel region is lost, not raised: never report its zeros
+        raise RuntimeError(f"scenario {int(lost[0])}: the replay ended without a result (an internal error, "
+                           "please report it with the trace)")
     return BatchResult(traces, scenarios, req_out, req_start, summary, events if record_events else None,
                        event_start if record_events else None, backend, used if backend == "cpu" else 1, seconds)
 
