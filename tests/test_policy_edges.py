@@ -394,3 +394,29 @@ def test_what_a_policy_module_prints_at_import_stays_out_of_a_streamed_table(tmp
                            f"{module}:SJF", "--kv-blocks", "4", "--events", "-"], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("step,") and "hello from import" in proc.stderr
+
+
+def test_a_key_returning_a_named_tuple_is_refused_when_the_policy_is_built():
+    """The model took it (it calls tuple() on the key), the replay kernel did not compile it: refused at
+    once, with what to return instead."""
+    from collections import namedtuple
+
+    pair = namedtuple("Pair", ("a", "b"))
+    key = numba.njit(lambda r, clock: pair(r.phase, -r.priority))
+    prio = numba.njit(lambda r, clock: r.priority)
+    with pytest.raises(UserError, match="must return a plain tuple, not a Pair"):
+        Policy("named", key=key, effective_priority=prio)
+
+
+def test_a_builtin_policy_takes_a_numpy_integer_interval_as_its_name_does():
+    from decodesched import DecodeSchedulerSim
+
+    rows = [dict(request_id=i, arrival_step=0, prompt_len=1, max_new_tokens=3, priority=i % 2, cache_hit=False,
+                 required_blocks=1, deadline_step=None, preemptible=True) for i in range(4)]
+    by_policy = replay(rows, policy=builtin("aging"), free_kv_blocks=2, aging_interval=np.int64(2))
+    by_name = replay(rows, policy="aging", free_kv_blocks=2, aging_interval=2)
+    assert by_policy.events == by_name.events
+    assert DecodeSchedulerSim(builtin("aging"), 4, np.int64(8)) is not None
+    assert builtin("aging", np.int64(8)).effective_priority is not None
+    with pytest.raises(UserError, match="aging_interval must be an integer"):
+        builtin("aging", np.bool_(True))

@@ -271,6 +271,10 @@ def _check_results(policy: Policy) -> None:
               if what == "key" else isinstance(value, integer) and not isinstance(value, bool))
         if not ok:
             raise UserError(f"policy {policy.name!r}: {what}(r, clock) must return {want}, got {value!r}")
+        if what == "key" and type(value) is not tuple:  # the kernel appends the id: `key + (id,)`
+            raise UserError(f"policy {policy.name!r}: key(r, clock) must return a plain tuple, not a "
+                            f"{type(value).__name__} (a named tuple does not compile in the replay kernel: "
+                            "return (a, b, ...))")
 
 
 def _returns_uint64(fn, args) -> bool:
@@ -358,9 +362,12 @@ def builtin(name: str, aging_interval: int = 4) -> Policy:
         raise UserError(f"unknown built-in policy {name!r}; choose one of {', '.join(POLICY_NAMES)}")
     from .trace import INT64_MAX, show
 
-    if (isinstance(aging_interval, bool) or not isinstance(aging_interval, int)
+    import numpy as np
+
+    if (isinstance(aging_interval, (bool, np.bool_)) or not isinstance(aging_interval, (int, np.integer))
             or not 0 < aging_interval <= INT64_MAX):
         raise UserError(f"aging_interval must be an integer from 1 to 2**63 - 1, got {show(aging_interval)}")
+    aging_interval = int(aging_interval)
     from numba import njit
 
     from .kernels.scan_nb import builtin_effective_priority_nb, builtin_key_nb
