@@ -147,6 +147,12 @@ def test_grid_order_and_validation():
     assert [(s.trace, s.replicate) for s in reps] == [(0, 0), (1, 1), (2, 2), (3, 0), (4, 1), (5, 2)]
     with pytest.raises(UserError, match="replicates"):
         B.grid(1, ["fcfs"], [8], [4], replicates=0)
+    # one value, or a string, where a list belongs: named (a string made a scenario per character)
+    for args, name in (((1, ["aging"], 4, [4]), "kv_blocks"), ((1, "aging", [4], [4]), "policies"),
+                       ((1, ["aging"], [4], 4), "aging_intervals"), ((1, ["aging"], [4], "4"), "aging_intervals")):
+        with pytest.raises(UserError, match=f"grid: {name} must be a list of values"):
+            B.grid(*args)
+    assert len(B.grid(1, ("aging", "fcfs"), range(1, 3), np.array([2, 3]))) == 6
     rows = [{"request_id": 1, "arrival_step": 0, "prompt_len": 1, "max_new_tokens": 1, "priority": 0,
              "cache_hit": False, "required_blocks": 1, "deadline_step": None, "preemptible": True}]
     with pytest.raises(UserError, match="scenario 1: unknown policy"):

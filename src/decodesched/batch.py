@@ -31,7 +31,7 @@ import math
 import os
 import re
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -94,7 +94,8 @@ def grid(traces, policies: Sequence, kv_blocks: Sequence[int], aging_intervals: 
     n_traces = traces if isinstance(traces, (int, np.integer)) and not isinstance(traces, bool) else len(_as_list(traces))
     if isinstance(replicates, bool) or not isinstance(replicates, (int, np.integer)) or replicates < 1:
         raise UserError(f"replicates must be a positive integer, got {replicates!r}")
-    intervals = list(aging_intervals)
+    policies, kv_blocks, intervals = (_grid_axis(name, v) for name, v in (
+        ("policies", policies), ("kv_blocks", kv_blocks), ("aging_intervals", aging_intervals)))
     if not intervals:
         raise UserError("grid needs at least one aging interval")
     out = []
@@ -102,6 +103,14 @@ def grid(traces, policies: Sequence, kv_blocks: Sequence[int], aging_intervals: 
         for k in (intervals if uses_aging_interval(p) else intervals[:1]):
             out.append(Scenario(int(t) * replicates + r, p, c, k, max_steps, r))
     return out
+
+
+def _grid_axis(name: str, values) -> list:
+    """One axis of `grid` as a list: a sequence of values, not one value (nor a string, whose
+    characters would each become a scenario)."""
+    if isinstance(values, (str, bytes, Mapping)) or not isinstance(values, Iterable):
+        raise UserError(f"grid: {name} must be a list of values (e.g. [{show(values)}]), got {show(values)}")
+    return list(values)
 
 
 def replicate_traces(traces, replicates: int, rules: Sequence[dict | None] | None = None) -> list[Trace]:
