@@ -197,3 +197,58 @@ def test_the_cli_inspects_a_trace_with_a_blank_first_line(tmp_path, capsys):
     path = csv_trace(tmp_path, "\n" + "\n".join([HEADER, *LINES]) + "\n", "blank_first.csv")
     assert main(["trace", "inspect", str(path)]) in (0, None)
     assert "rows             4" in capsys.readouterr().out
+
+
+def _two_requests():
+    return load_trace(dict(request_id=[1, 2], arrival_step=[0, 6], prompt_len=[1, 1], max_new_tokens=[1, 1],
+                           priority=[0, 0], cache_hit=[False, False], required_blocks=[1, 1],
+                           deadline_step=[None, 9], preemptible=[True, True]))
+
+
+def test_a_replaced_trace_replays_its_new_arrivals_not_the_old_order():
+    """`dataclasses.replace` on a Trace once copied its cached arrival order: the replay enqueued the
+    rows in the old order, and request 1 ran before it arrived."""
+    import dataclasses
+
+    import decodesched
+
+    t = _two_requests()
+    decodesched.simulate(t, "fcfs", 4)  # caches the arrival order
+    moved = dataclasses.replace(t, arrival_step=np.array([6, 0]), deadline_step=np.array([0, 5]))
+    fresh = load_trace(dict(moved.columns()))
+    got, want = decodesched.simulate(moved, "fcfs", 4), decodesched.simulate(fresh, "fcfs", 4)
+    assert got.timeline() == want.timeline()
+    assert [e["request_id"] for e in got.timeline()] == [2, 2, 1, 1]
+
+
+@pytest.mark.parametrize("change, match", [
+    (dict(max_new_tokens=np.array([0, 1])), "row 1, column max_new_tokens: must be positive"),
+    (dict(required_blocks=np.array([1, -5])), "row 2, column required_blocks"),
+    (dict(priority=np.array([2**60, 0])), "column priority"),
+    (dict(request_id=np.array([3, 3])), "duplicate request_id"),
+    (dict(request_id=np.arange(10**5)), "columns have different lengths"),  # was a segmentation fault
+    (dict(has_deadline=np.array([1, 0])), "has_deadline must be a boolean array"),
+    (dict(deadline_step=np.array([0, 6]), has_deadline=np.array([False, True])), "must be after its arrival_step"),
+    (dict(cache_hit=np.array([2, 0])), "column cache_hit"),
+])
+def test_a_trace_built_without_load_trace_is_checked_before_a_replay(change, match):
+    import dataclasses
+
+    import decodesched
+
+    bad = dataclasses.replace(_two_requests(), **change)
+    with pytest.raises(TraceError, match=match):
+        decodesched.simulate(bad, "aging", 4)
+    with pytest.raises(TraceError, match=match):
+        decodesched.simulate_batch([bad], decodesched.grid(1, ["fcfs"], [4], [4]))
+
+
+def test_a_checked_trace_is_not_checked_again_and_a_valid_replaced_one_is_equal():
+    import dataclasses
+
+    t = _two_requests()
+    assert load_trace(t) is t and load_trace(t.subset([1, 0])) is not None
+    again = load_trace(dataclasses.replace(t, name="renamed"))
+    assert again is not t and again.name == "renamed" and load_trace(again) is again
+    for name, col in t.columns().items():
+        assert list(again.columns()[name]) == list(col), name

@@ -90,7 +90,11 @@ class Trace:
     steps_per_second: float | None = None
     name: str = "trace"
     source: Path | None = field(default=None, repr=False, compare=False)  # the file it was read from
-    _order: np.ndarray | None = field(default=None, repr=False, compare=False)
+    # Private, set here only, never copied by `dataclasses.replace` (init=False): the cached arrival
+    # order, and whether `load_trace` checked these columns (a Trace built any other way is checked
+    # again when it is loaded: `load_trace(Trace)`, which every replay calls).
+    _order: np.ndarray | None = field(default=None, init=False, repr=False, compare=False)
+    _checked: bool = field(default=False, init=False, repr=False, compare=False)
 
     def __len__(self) -> int:
         return int(self.request_id.shape[0])
@@ -149,7 +153,10 @@ class Trace:
         """A new trace with the given rows, in the given order."""
         rows = np.asarray(rows, dtype=np.int64)
         kw = {name: getattr(self, name)[rows] for name in ARRAY_FIELDS}
-        return Trace(**kw, steps_per_second=self.steps_per_second, name=self.name, source=self.source)
+        out = Trace(**kw, steps_per_second=self.steps_per_second, name=self.name, source=self.source)
+        if self._checked and len(rows) and len(np.unique(rows)) == len(rows):  # rows of a valid trace, once each
+            object.__setattr__(out, "_checked", True)
+        return out
 
     def to_csv(self, path: str | os.PathLike) -> None:
         """Write the canonical trace CSV atomically (a temporary file renamed into place)."""
@@ -182,7 +189,9 @@ def load_trace(source: Any, *, steps_per_second: float | None = None, name: str 
 
     `source` is a path to a canonical trace CSV (or ``.parquet``), a mapping of column name to
     sequence (``deadline_step`` may hold None, NaN or pandas NA for none, or be a masked array), a pandas
-    DataFrame, a list of row dicts, or a `Trace` (returned unchanged).  Raises `TraceError` naming
+    DataFrame, a list of row dicts, or a `Trace` (returned unchanged when `load_trace` made it; one made
+    otherwise, by its constructor or `dataclasses.replace`, is checked as a mapping of its columns would
+    be, and a checked copy returned).  Raises `TraceError` naming
     the row and column.  NumPy integer and boolean columns, and Parquet ones without nulls, are
     checked column-wise (a million rows in well under a second); other values one by one.
 
@@ -193,7 +202,7 @@ def load_trace(source: Any, *, steps_per_second: float | None = None, name: str 
     (2, [False, True])
     """
     if isinstance(source, Trace):
-        return source
+        return source if source._checked else _recheck(source)
     if isinstance(source, (str, os.PathLike)):
         try:
             path = input_file(source, "trace file")
@@ -208,7 +217,7 @@ def load_trace(source: Any, *, steps_per_second: float | None = None, name: str 
             trace = _from_columns(cols, str(path), steps_per_second or stored, label)
         else:
             trace = _from_csv(path, steps_per_second, label)
-        return dataclasses.replace(trace, source=path)
+        return _checked(dataclasses.replace(trace, source=path))
     if isinstance(source, list):
         if not source:
             raise TraceError("<rows>: the trace is empty (no requests)")
@@ -226,6 +235,23 @@ def load_trace(source: Any, *, steps_per_second: float | None = None, name: str 
     if isinstance(source, Mapping):
         return _from_columns(dict(source), "<arrays>", steps_per_second, name or "trace")
     raise TraceError(f"cannot read a trace from {type(source).__name__}; give a path, a mapping of columns or a Trace")
+
+
+def _checked(trace: Trace) -> Trace:
+    object.__setattr__(trace, "_checked", True)
+    return trace
+
+
+def _recheck(trace: Trace) -> Trace:
+    """A `Trace` that `load_trace` did not make, checked as its columns would be in a mapping."""
+    cols = {name: getattr(trace, name) for name in TRACE_COLUMNS}
+    has = np.asarray(trace.has_deadline)
+    deadline = np.asarray(trace.deadline_step)
+    if has.dtype != np.bool_ or has.shape != deadline.shape:
+        raise TraceError("<Trace>: has_deadline must be a boolean array as long as deadline_step")
+    cols["deadline_step"] = np.ma.MaskedArray(deadline, mask=~has)
+    out = _from_columns(cols, "<Trace>", trace.steps_per_second, trace.name)
+    return _checked(dataclasses.replace(out, source=trace.source))
 
 
 def _sidecar_time_scale(path: Path) -> float | None:
@@ -535,7 +561,7 @@ def _from_columns(cols: dict, where: str, steps_per_second: float | None, label:
         raise TraceError(f"{where}: the sum of required_blocks exceeds 2**61")
     if steps_per_second is not None and not (steps_per_second > 0 and math.isfinite(steps_per_second)):
         raise TraceError(f"{where}: steps_per_second must be a positive number, got {steps_per_second!r}")
-    return Trace(
+    trace = Trace(
         request_id=ids,
         arrival_step=arrival,
         prompt_len=prompt,
@@ -549,6 +575,7 @@ def _from_columns(cols: dict, where: str, steps_per_second: float | None, label:
         steps_per_second=steps_per_second,
         name=label,
     )
+    return _checked(trace)
 
 
 def _first_bad(mask: np.ndarray, loc, col: str, what: str, values: np.ndarray, extra: np.ndarray | None = None) -> None:
