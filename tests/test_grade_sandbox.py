@@ -63,7 +63,10 @@ def test_loop_swallowing_interrupts_is_killed_at_the_wall_clock(tmp_path):
     out = _run(tmp_path, "import time\nwhile True:\n  try:\n    time.sleep(0.05)\n  except BaseException:\n    pass\n",
                timeout_s=1.5)
     assert out.timed_out and not out.ok
-    assert time.monotonic() - start < 8
+    # Killed at the wall clock, not never: the loop uses no CPU, so only the 1.5 s wall clock ends it.
+    # The bound is loose because starting the sandbox on a busy machine takes seconds (11 s under a
+    # load of 8 on 2 cores).
+    assert time.monotonic() - start < 60
 
 
 def test_cpu_limit(tmp_path):
