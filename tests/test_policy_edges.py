@@ -420,3 +420,116 @@ def test_a_builtin_policy_takes_a_numpy_integer_interval_as_its_name_does():
     assert builtin("aging", np.int64(8)).effective_priority is not None
     with pytest.raises(UserError, match="aging_interval must be an integer"):
         builtin("aging", np.bool_(True))
+
+
+# The policy pattern of docs/policies.md (a key and a priority that call an @njit helper), with a
+# module constant that the key reads, a helper held in a closure, and a helper of another module.
+HELPER_POLICY = '''
+import numba
+import {helpers} as helpers
+from decodesched import Policy
+
+BIAS = {bias}
+
+@numba.njit
+def remaining_steps(r):
+    return {remaining}
+
+def _closed(offset):
+    @numba.njit
+    def tie(r):
+        return r.priority + offset
+    return tie
+
+TIE = _closed({offset})
+
+@numba.njit
+def sjf_key(r, clock):
+    return (remaining_steps(r) + BIAS, TIE(r))
+
+@numba.njit
+def sjf_priority(r, clock):
+    return -remaining_steps(r) + helpers.boost(r)
+
+SJF = Policy("sjf", key=sjf_key, effective_priority=sjf_priority)
+'''
+HELPER_MODULE = '''
+import numba
+
+@numba.njit
+def boost(r):
+    return {boost}
+'''
+BASE = {"bias": 0, "remaining": "r.max_new_tokens - r.generated_len + (1 if r.phase == 0 else 0)",
+        "offset": 0, "boost": "r.priority"}
+
+
+def _helper_policy(folder, **edits) -> Policy:
+    """`folder`/pol.py:SJF, importing `folder`/fp_helpers.py (imported afresh, as a new process would)."""
+    values = {**BASE, **edits}
+    folder.mkdir(exist_ok=True)
+    (folder / "fp_helpers.py").write_text(HELPER_MODULE.format(**values))
+    (folder / "pol.py").write_text(HELPER_POLICY.format(helpers="fp_helpers", **values))
+    sys.modules.pop("fp_helpers", None)
+    for name in [n for n, m in sys.modules.items() if (getattr(m, "__file__", None) or "") == str(folder / "pol.py")]:
+        del sys.modules[name]
+    sys.path.insert(0, str(folder))
+    try:
+        return resolve_policy(f"{folder / 'pol.py'}:SJF")
+    finally:
+        sys.path.remove(str(folder))
+        sys.modules.pop("fp_helpers", None)
+
+
+def test_the_fingerprint_follows_helpers_constants_and_closures(tmp_path):
+    """Numba freezes the helpers a policy calls and the module constants it reads: editing any of them
+    must change `Policy.fingerprint` (the checkpoint key), or a resumed sweep mixes two policies'
+    rows.  Before, only `key` and `effective_priority` themselves were hashed."""
+    base = _helper_policy(tmp_path / "base")
+    assert _helper_policy(tmp_path / "copy").fingerprint() == base.fingerprint()  # same code, other files
+    edited = {
+        "helper": {"remaining": "-(r.max_new_tokens - r.generated_len)"},
+        "constant": {"bias": 7},
+        "closure": {"offset": 3},
+        "module_helper": {"boost": "2 * r.priority"},
+    }
+    prints = {what: _helper_policy(tmp_path / what, **change).fingerprint() for what, change in edited.items()}
+    assert base.fingerprint() not in prints.values() and len(set(prints.values())) == len(prints), prints
+    # the same in another process (no address or hash-randomised order in it), so a rerun resumes
+    code = (f"import sys; sys.path.insert(0, {str(tmp_path / 'base')!r}); "
+            "from decodesched.policy import resolve_policy; "
+            f"print(resolve_policy({str(tmp_path / 'base' / 'pol.py') + ':SJF'!r}).fingerprint())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONHASHSEED": "random"}).stdout.split()
+    assert out[-1] == base.fingerprint()
+
+
+def test_a_sweep_resumed_after_a_helper_was_edited_starts_afresh(tmp_path, monkeypatch):
+    """The audit's case end to end: a sweep of the docs' policy stopped after its first chunk, the
+    helper edited, the same command run again: every row must come from the edited policy."""
+    from decodesched import batch as B
+
+    trace = tmp_path / "t.csv"
+    trace.write_text(TRACE_CSV)
+    base = _helper_policy(tmp_path / "p")
+    out, clean = tmp_path / "m.csv", tmp_path / "clean.csv"
+    argv = ["sweep", str(trace), "--policy", f"{tmp_path / 'p' / 'pol.py'}:SJF", "--kv-blocks", "3,4,5,6",
+            "--chunk-size", "1", "--threads", "1"]
+    real, calls = B.simulate_batch, []
+
+    def stop_at_second(*a, **k):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*a, **k)
+
+    monkeypatch.setattr(B, "simulate_batch", stop_at_second)
+    assert main([*argv, "--out", str(out)]) == 130
+    monkeypatch.setattr(B, "simulate_batch", real)
+    assert (tmp_path / "m.csv.partial.jsonl").exists()
+    # the edited file is loaded afresh (as a new process would)
+    edited = _helper_policy(tmp_path / "p", remaining="-(r.max_new_tokens - r.generated_len)")
+    assert edited is not base and edited.fingerprint() != base.fingerprint()
+    assert main([*argv, "--out", str(out)]) == 0
+    assert main([*argv, "--out", str(clean)]) == 0
+    assert out.read_bytes() == clean.read_bytes()

@@ -74,8 +74,143 @@ def __getattr__(name):
 def _code_bytes(code) -> bytes:
     """What a function does, not where it is written: bytecode, names and constants (nested code too),
     without its file name and line numbers."""
-    consts = b"".join(_code_bytes(c) if hasattr(c, "co_code") else repr(c).encode() for c in code.co_consts)
+    consts = b"".join(_code_bytes(c) if hasattr(c, "co_code") else _describe_value(c, 0, {}) for c in code.co_consts)
     return code.co_code + repr((code.co_names, code.co_varnames, code.co_freevars)).encode() + consts
+
+
+# How deep `Policy.fingerprint` follows helpers (function -> helper -> ...) and how many objects it
+# describes at most; past either bound an object is known by its qualified name only.
+_FINGERPRINT_DEPTH = 12
+_FINGERPRINT_OBJECTS = 5000
+# Values hashed by `repr` (deterministic for these types: no address in it).
+_PLAIN_TYPES = (type(None), bool, int, float, complex, str, bytes)
+
+
+def _library_module(name) -> bool:
+    """Whether the module called `name` is Python's own or an installed package (site-packages): its
+    functions are known by their qualified names, not followed (they change with versions, not edits)."""
+    if not isinstance(name, str) or not name:
+        return True
+    top = name.partition(".")[0]
+    if top in sys.builtin_module_names or top in getattr(sys, "stdlib_module_names", ()):
+        return True
+    file = getattr(sys.modules.get(name), "__file__", None)
+    if not file:  # (__main__ of a notebook, a module made in memory: the user's code)
+        return False
+    parts = Path(file).parts
+    return "site-packages" in parts or "dist-packages" in parts
+
+
+def _qualified(value) -> str:
+    module = getattr(value, "__module__", None)
+    if isinstance(module, str) and module.startswith(_FILE_MODULE_PREFIX):
+        module = "<policy file>"  # (its private name holds a hash of the file's path)
+    return f"{module}.{getattr(value, '__qualname__', getattr(value, '__name__', type(value).__qualname__))}"
+
+
+def _code_names(code) -> list[str]:
+    """The global and attribute names `code` and its nested code objects read, in order."""
+    names = list(code.co_names)
+    for c in code.co_consts:
+        if hasattr(c, "co_code"):
+            names += _code_names(c)
+    return names
+
+
+def _describe_value(value, depth: int, seen: dict[int, int]) -> bytes:
+    """Deterministic bytes for what `value` contributes to compiled policy code (see `Policy.fingerprint`):
+    the same for the same code and values in any process or file, different when code or values differ."""
+    if isinstance(value, _PLAIN_TYPES):
+        return repr((type(value).__name__, value)).encode()
+    if isinstance(value, (tuple, list, set, frozenset, dict)):
+        if depth > 4 * _FINGERPRINT_DEPTH:  # (a container that holds itself)
+            return b"<deep>"
+        if isinstance(value, dict):
+            items = sorted(_describe_value(k, depth + 1, seen) + b":" + _describe_value(v, depth + 1, seen)
+                           for k, v in value.items())
+        else:
+            items = [_describe_value(v, depth + 1, seen) for v in value]
+            if isinstance(value, (set, frozenset)):
+                items.sort()  # (a set of str iterates in another order in each process)
+        return (type(value).__name__ + "(").encode() + b",".join(items) + b")"
+    import numpy as np
+
+    if isinstance(value, np.ndarray):
+        arr = np.ascontiguousarray(value)
+        head = repr(("ndarray", arr.dtype.str, arr.shape)).encode()
+        return head + (hashlib.sha256(arr.tobytes()).digest() if arr.dtype != object else
+                       _describe_value(arr.tolist(), depth, seen))
+    if isinstance(value, np.generic):
+        return repr(("numpy", value.dtype.str, value.item())).encode()
+    import enum
+
+    if isinstance(value, enum.Enum):
+        return repr(("enum", _qualified(type(value)), value.name)).encode() + _describe_value(value.value, depth, seen)
+    if id(value) in seen:  # a function met before (recursion, a helper shared by both functions)
+        return f"<again {seen[id(value)]}>".encode()
+    try:
+        py = getattr(value, "py_func", None)  # a Numba dispatcher: its Python function and its options
+        fn = py if py is not None else value
+        code = getattr(fn, "__code__", None)
+    except Exception:  # noqa: BLE001 - an object whose __getattr__ fails: known by its type below
+        py, fn, code = None, value, None
+    if code is not None and hasattr(code, "co_code"):
+        if depth > _FINGERPRINT_DEPTH or len(seen) >= _FINGERPRINT_OBJECTS or (
+                depth > 0 and _library_module(getattr(fn, "__module__", None))):
+            return f"<function {_qualified(fn)}>".encode()
+        seen[id(value)] = len(seen)
+        parts = [b"function", str(getattr(fn, "__qualname__", "")).encode(), _code_bytes(code)]
+        if py is not None:
+            options = getattr(value, "targetoptions", None)
+            parts.append(_describe_value(dict(options) if isinstance(options, dict) else None, depth + 1, seen))
+        parts.append(_describe_value(getattr(fn, "__defaults__", None), depth + 1, seen))
+        parts.append(_describe_value(getattr(fn, "__kwdefaults__", None), depth + 1, seen))
+        for cell in getattr(fn, "__closure__", None) or ():
+            try:
+                contents = cell.cell_contents
+            except ValueError:  # an empty cell
+                parts.append(b"<empty cell>")
+                continue
+            parts.append(_describe_value(contents, depth + 1, seen))
+        parts += _describe_globals(code, getattr(fn, "__globals__", None) or {}, depth, seen)
+        return b"(" + b"|".join(parts) + b")"
+    import types
+
+    if isinstance(value, types.ModuleType):
+        name = value.__name__
+        return f"<module {'<policy file>' if name.startswith(_FILE_MODULE_PREFIX) else name}>".encode()
+    if isinstance(value, type):
+        return f"<class {_qualified(value)}>".encode()
+    try:
+        text = repr(value) if type(value).__repr__ is not object.__repr__ else ""
+    except Exception:  # noqa: BLE001 - any object may sit in a module's globals
+        text = ""
+    if not text or " at 0x" in text:  # (an address differs in every process)
+        text = f"<{_qualified(type(value))}>"
+    return text.encode()
+
+
+def _describe_globals(code, globals_: dict, depth: int, seen: dict[int, int]) -> list[bytes]:
+    """What the globals that `code` reads are: each by its name and value, and an attribute read from a
+    module global (``helpers.step(r)``, ``np.int64``) by its value in that module."""
+    names = _code_names(code)
+    modules = []
+    parts = []
+    import types
+
+    for name in dict.fromkeys(names):
+        if name not in globals_:
+            continue
+        value = globals_[name]
+        parts.append(name.encode() + b"=" + _describe_value(value, depth + 1, seen))
+        if isinstance(value, types.ModuleType):
+            modules.append(value)
+    for module in modules:
+        for name in dict.fromkeys(names):
+            if name in getattr(module, "__dict__", {}):
+                parts.append(_describe_value(module, depth + 1, seen) + f".{name}=".encode()
+                             + _describe_value(module.__dict__[name], depth + 1, seen))
+    return parts
 
 
 class Policy:
@@ -170,18 +305,18 @@ class Policy:
 
     def fingerprint(self) -> str:
         """A hash of what decides this policy's results: a built-in's name and interval, or a user
-        policy's name and its two functions' code (bytecode, constants, names, closure values), so that
-        a sweep resumed after the functions were edited does not reuse rows of the old ones."""
+        policy's name and everything its two functions' compiled code depends on (`_describe_value`):
+        their bytecode, constants and names, their closure values and defaults, and, through the
+        globals they read, the module-level constants and the ``@njit`` helpers they call, with the
+        helpers' own globals and closures in turn (Numba freezes all of these when it compiles).  So a
+        sweep resumed after any of them was edited does not reuse rows of the old code, while the same
+        code in another file gives the same fingerprint.  Functions of Python's own modules and of
+        installed packages (site-packages) are known by their names, not followed."""
         h = hashlib.sha256(repr((self.name, self._code, self._interval)).encode())
         if self._code is None:
+            seen: dict[int, int] = {}
             for fn in (self.key, self.effective_priority):
-                py = getattr(fn, "py_func", fn)
-                h.update(_code_bytes(py.__code__))
-                for cell in py.__closure__ or ():
-                    try:
-                        h.update(repr(cell.cell_contents).encode())
-                    except ValueError:  # an empty cell
-                        pass
+                h.update(_describe_value(fn, 0, seen))
         return h.hexdigest()
 
     def compile(self) -> None:
