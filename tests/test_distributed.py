@@ -304,3 +304,74 @@ def test_user_policy_runs_on_dask_by_its_import_spec(client, traces, tmp_path):
     with pytest.raises(UserError, match="cannot be sent to another process") as info:
         run_sweep(traces, grid(traces, [here], [60], [4]), client)
     assert "\n" not in str(info.value)
+
+
+def test_threads_below_one_are_refused_before_any_cluster_work(traces, scenarios):
+    """The workers clamped ``threads=0`` (or -1) to 1, so a bad value passed unreported."""
+    for threads in (0, -1, 1.5, True):
+        with pytest.raises(UserError, match="threads must be a positive integer"):
+            run_sweep(traces, scenarios[:4], "tcp://127.0.0.1:9", threads=threads)
+
+
+def test_quiet_dask_logs_keeps_dask_records_off_stderr(capfd):
+    import logging
+
+    from decodesched.distributed import quiet_dask_logs
+
+    client_log = logging.getLogger("distributed.client")
+    level = client_log.level
+    with quiet_dask_logs():
+        client_log.error("Failed to reconnect to scheduler after 30.00 seconds, closing client")
+        logging.getLogger("distributed.worker.state_machine").warning("Async instruction failed")
+    assert "Failed to reconnect" not in capfd.readouterr().err
+    assert client_log.level == level  # restored
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_a_lost_scheduler_is_one_line_on_stderr(tmp_path):
+    """`kill -9` of the scheduler mid-sweep: Dask's client logged about 35 lines of tracebacks
+    (ConnectionRefusedError, CommClosedError, CancelledError) before the sweep's one-line error."""
+    import subprocess
+
+    raw = cv.read_azure(cv.bundled_trace_path()).head(400)
+    paths = []
+    for load in (0.9, 1.1):
+        paths.append(f"b{load}.csv")
+        cv.to_trace(raw, load=load, name=f"b{load}").to_csv(tmp_path / paths[-1])
+    port = _free_port()
+    address = f"tcp://127.0.0.1:{port}"
+    quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+    scheduler = subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1",
+                                  "--port", str(port), "--dashboard-address", ":0"], **quiet)
+    worker = sweep = None
+    try:
+        worker = subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_worker", address, "--nthreads", "1",
+                                   "--no-nanny"], **quiet)
+        out = tmp_path / "d.csv"
+        partial = tmp_path / "d.csv.partial.jsonl"
+        sweep = subprocess.Popen(
+            [sys.executable, "-m", "decodesched.cli", "sweep", *paths, "--policy", ",".join(POLICIES),
+             "--kv-blocks", ",".join(str(c) for c in range(100, 1060, 10)), "--aging-interval", "1,4,16",
+             "--dask", address, "--chunk-size", "1", "--out", out.name],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+        for _ in range(1200):  # until two chunks are saved
+            if partial.exists() and len(partial.read_text().splitlines()) >= 3 or sweep.poll() is not None:
+                break
+            time.sleep(0.05)
+        scheduler.kill()
+        _, err = sweep.communicate(timeout=120)
+        assert sweep.returncode == 2, err
+        assert err.count("\n") == 1 and "failed on the cluster" in err and "saved in" in err, err
+        assert not out.exists() and partial.exists()
+    finally:
+        for proc in (sweep, worker, scheduler):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=30)

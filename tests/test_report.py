@@ -417,3 +417,86 @@ def test_an_empty_timeline_policy_is_refused(sweep_dir, tmp_path, capsys):
     assert main(["report", "--trace", str(sweep_dir / "azure_load1.0.csv"), "--kv-blocks", "60",
                  "--timeline-policy", " ", "--out", str(tmp_path / "r")]) == 2
     assert "--timeline-policy is empty" in capsys.readouterr().err and not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("how", ["named", "symlink", "hard link", "trace link"])
+def test_report_refuses_an_input_that_is_one_of_its_outputs(sweep_dir, tmp_path, capsys, monkeypatch, how):
+    """A results file in --out under an output's name (index.html), or a link there to it (or to one of
+    the sweep's trace files), was replaced by the page or a PNG, exit 0."""
+    import os
+    import shutil
+
+    import decodesched.report as R
+
+    out = tmp_path / "rc"
+    out.mkdir()
+    results = tmp_path / "study.csv"
+    shutil.copy(sweep_dir / "metrics.csv", results)
+    for f in sweep_dir.iterdir():
+        if f.name.startswith("azure_load"):
+            shutil.copy(f, tmp_path / f.name)
+    protected = results
+    if how == "named":
+        results = protected = out / "index.html"
+        shutil.move(tmp_path / "study.csv", results)
+    elif how == "symlink":
+        (out / "latency_vs_load.png").symlink_to(results)
+    elif how == "hard link":
+        os.link(results, out / "gantt.png")
+    else:
+        protected = tmp_path / "azure_load1.0.csv"
+        (out / "fairness_vs_load.png").symlink_to(protected)
+    before = protected.read_bytes()
+    rendered = []
+    monkeypatch.setattr(R, "_save", lambda *a: rendered.append(1))
+    capsys.readouterr()
+    assert main(["report", str(results), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "refusing to overwrite it" in err and "input" in err
+    assert protected.read_bytes() == before and not rendered  # refused before any figure was drawn
+
+
+@pytest.mark.parametrize("cell", ["4_0", "\u0664\u0660", "+40", "0x28", "4 0", "\uff14\uff10"])
+def test_read_sweep_reads_integers_as_every_csv_reader_does(tmp_path, cell):
+    """`int()` took '4_0' and Arabic-Indic digits as 40; docs/files.md refuses them in every CSV reader."""
+    p = tmp_path / "m.csv"
+    p.write_text(f"trace,policy,kv_blocks,aging_interval,ttft_p99\nt,fcfs,{cell},4,2.5\n", encoding="utf-8")
+    with pytest.raises(UserError, match="line 2, column kv_blocks: not a number"):
+        read_sweep(p)
+    p.write_text(f"trace,policy,kv_blocks,aging_interval,ttft_p99\nt,fcfs,40,4,{cell}\n", encoding="utf-8")
+    with pytest.raises(UserError, match="line 2, column ttft_p99: not a number"):
+        read_sweep(p)
+
+
+def test_read_sweep_keeps_every_spelling_the_sweep_writes(tmp_path):
+    p = tmp_path / "m.csv"
+    p.write_text("trace,policy,kv_blocks,aging_interval,a,b,c,d,e,f,g\n"
+                 "t,fcfs, 40 ,,inf,-inf,1e-06,2.5e+12,-0.5,Infinity,nan\n")
+    row = read_sweep(p)[0]
+    assert row["kv_blocks"] == 40 and math.isnan(row["aging_interval"])
+    assert (row["a"], row["b"], row["c"], row["d"], row["e"], row["f"]) == (math.inf, -math.inf, 1e-06, 2.5e12,
+                                                                             -0.5, math.inf)
+    assert math.isnan(row["g"]) and isinstance(row["kv_blocks"], int)
+
+
+def test_a_missing_metric_column_is_named_on_stderr_and_in_the_page(sweep_dir, tmp_path, capsys):
+    """A CSV without ttft_p99 gave blank panels and '-' cells (which elsewhere mean 'no value'), exit 0,
+    and no word that the column was missing."""
+    rows = list(csv.reader(open(sweep_dir / "metrics.csv")))
+    j = rows[0].index("ttft_p99")
+    src = tmp_path / "nottft.csv"
+    with open(src, "w", newline="") as fh:
+        csv.writer(fh, lineterminator="\n").writerows([r[:j] + r[j + 1:] for r in rows])
+    for f in sweep_dir.iterdir():
+        if f.name.startswith("azure_load"):
+            (tmp_path / f.name).write_bytes(f.read_bytes())
+    assert main(["report", str(src), "--out", str(tmp_path / "rep")]) == 0
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no column ttft_p99" in err
+    assert "latency_vs_load.png" in err and "ttft_vs_capacity.png" in err and "table of P99 TTFT" in err
+    page = html.unescape((tmp_path / "rep" / "index.html").read_text())
+    assert "no column ttft_p99" in page
+    # every column there: no note
+    assert main(["report", str(sweep_dir / "metrics.csv"), "--out", str(tmp_path / "rep2")]) == 0
+    assert "no column" not in capsys.readouterr().err
+    assert "no column" not in (tmp_path / "rep2" / "index.html").read_text()

@@ -1,11 +1,13 @@
 """Sweeps that survive interruption: finished chunks are saved as they complete, and a rerun resumes.
 
-A checkpoint is a JSON-lines file (``<out>.partial.jsonl`` for ``decodesched sweep``).  Its first
-line holds a hash of the traces and the scenarios (`sweep_key`), so a rerun of the *same* sweep
-(after Ctrl-C, a lost Dask scheduler, a crash) computes only the scenarios not yet saved, while a
-different sweep starts afresh; each further line holds one finished chunk: its scenario indices and
-their rows.  A torn last line (the run died while writing it) is ignored.  The file is removed once
-the sweep completes.
+A checkpoint is a JSON-lines file (``<out>.partial.jsonl`` for ``decodesched sweep``, see
+`checkpoint_path_for`).  Its first line holds a hash of the traces and the scenarios (`sweep_key`),
+so a rerun of the *same* sweep (after Ctrl-C, a lost Dask scheduler, a crash) computes only the
+scenarios not yet saved, while a different sweep starts afresh; each further line holds one finished
+chunk: its scenario indices and their rows.  A torn last line (the run died while writing it) is
+ignored, and cut off when a resumed run appends to the file, so that what it saves is read back.
+The file is removed once the sweep completes (``decodesched sweep`` removes it only once its CSV is
+written: `finish`).
 
 `run_local` runs a sweep on this machine in chunks: one `decodesched.batch.simulate_batch` call per
 chunk, each saved before the next starts.  Ctrl-C acts within a fraction of a second (the kernels run
@@ -31,9 +33,29 @@ CHECKPOINT_FORMAT = CHECKPOINT_PREFIX + "2"
 DEFAULT_LOCAL_CHUNK = 16
 
 
+CHECKPOINT_SUFFIX = ".partial.jsonl"
+
+
+def checkpoint_path_for(out) -> str:
+    """The checkpoint of ``decodesched sweep --out OUT``: ``OUT.partial.jsonl`` beside it, unless that
+    name is longer than the folder allows for one name (``OUT`` itself may be as long as that, 255 bytes
+    on most file systems): then a short hidden name in the same folder, made of a hash of OUT's name,
+    ``.decodesched-sweep-<hash>.partial.jsonl``, the same for every run with that OUT."""
+    out = os.fspath(out)
+    head, name = os.path.split(out)
+    try:
+        limit = os.pathconf(head or ".", "PC_NAME_MAX")
+    except (OSError, ValueError):
+        limit = 255
+    if len(os.fsencode(name + CHECKPOINT_SUFFIX)) <= limit:
+        return out + CHECKPOINT_SUFFIX
+    digest = hashlib.sha256(os.fsencode(name)).hexdigest()[:24]
+    return os.path.join(head, f".decodesched-sweep-{digest}{CHECKPOINT_SUFFIX}")
+
+
 def sweep_key(traces, scenarios) -> str:
     """A hash of the traces (every column, name and time scale) and the scenarios, in order (a user
-    policy by its `Policy.fingerprint`: its name and its functions' code)."""
+    policy by its `Policy.fingerprint`: its name and all the code and constants its functions use)."""
     from .trace import ARRAY_FIELDS
 
     h = hashlib.sha256()
@@ -41,8 +63,14 @@ def sweep_key(traces, scenarios) -> str:
         h.update(repr((t.name, t.steps_per_second, len(t))).encode())
         for name in ARRAY_FIELDS:
             h.update(np.ascontiguousarray(getattr(t, name)).tobytes())
+    fingerprints: dict[int, str] = {}  # one per Policy object: it follows every helper of the policy
     for s in scenarios:
-        policy = s.policy if isinstance(s.policy, str) else s.policy.fingerprint()
+        if isinstance(s.policy, str):
+            policy = s.policy
+        else:
+            if id(s.policy) not in fingerprints:
+                fingerprints[id(s.policy)] = s.policy.fingerprint()
+            policy = fingerprints[id(s.policy)]
         h.update(repr((int(s.trace), policy, int(s.free_kv_blocks), int(s.aging_interval), s.max_steps,
                        int(s.replicate))).encode())
     return h.hexdigest()
@@ -75,6 +103,31 @@ def check_checkpoint_path(path) -> None:
                         "or choose another output name")
 
 
+def _scan(fh, key: str, n_scenarios: int) -> tuple[dict[int, dict], int, bool] | None:
+    """Read a checkpoint file opened in binary: ``(rows by scenario index, the length of its valid part,
+    whether that part ends in a newline)``, or None when it is not a checkpoint of this sweep.  The
+    valid part ends before the first line that is not a whole record (a torn last line)."""
+    first = fh.readline()
+    try:
+        header = json.loads(first or b"null")
+    except ValueError:
+        return None
+    if not isinstance(header, dict) or header.get("format") != CHECKPOINT_FORMAT or header.get("sweep") != key:
+        return None
+    done: dict[int, dict] = {}
+    end = len(first)
+    for line in fh:
+        try:
+            rec = json.loads(line)
+            pairs = list(zip([int(i) for i in rec["indices"]], rec["rows"], strict=True))
+        except (ValueError, KeyError, TypeError):
+            break  # a torn last line
+        done.update((i, row) for i, row in pairs if 0 <= i < n_scenarios)
+        end += len(line)
+        first = line
+    return done, end, first.endswith(b"\n")
+
+
 def read_checkpoint(path, key: str, n_scenarios: int) -> dict[int, dict]:
     """Rows saved by an earlier run of the same sweep: ``{scenario index: row}`` (empty if none).
 
@@ -83,22 +136,12 @@ def read_checkpoint(path, key: str, n_scenarios: int) -> dict[int, dict]:
     path = Path(path)
     if not path.is_file():
         return {}
-    done: dict[int, dict] = {}
     try:
-        with open(path, encoding="utf-8") as fh:
-            header = json.loads(fh.readline() or "null")
-            if not isinstance(header, dict) or header.get("format") != CHECKPOINT_FORMAT or header.get("sweep") != key:
-                return {}
-            for line in fh:
-                try:
-                    rec = json.loads(line)
-                    pairs = list(zip([int(i) for i in rec["indices"]], rec["rows"], strict=True))
-                except (ValueError, KeyError, TypeError):
-                    break  # a torn last line
-                done.update((i, row) for i, row in pairs if 0 <= i < n_scenarios)
+        with open(path, "rb") as fh:
+            found = _scan(fh, key, n_scenarios)
     except (OSError, ValueError):
         return {}
-    return done
+    return found[0] if found is not None else {}
 
 
 class Checkpoint:
@@ -106,18 +149,46 @@ class Checkpoint:
 
     The file is opened with the first chunk: a run that fails or is stopped before any chunk
     finished leaves no file behind (and a checkpoint of another sweep in its place untouched).
+    A resumed run (`resumed`: the rows read back) appends to the file, after cutting off a torn last
+    line that an interrupted run left (else its first record would be glued to that fragment, and
+    every record after it unreadable); when the file is no longer this sweep's, it starts afresh.
     Rows keep NaN and inf (JSON's ``NaN`` / ``Infinity``, which Python's json reads back)."""
 
     def __init__(self, path, key: str, n_scenarios: int, resumed: dict[int, dict]):
         self.path = Path(path)
-        self.header = None if resumed else {"format": CHECKPOINT_FORMAT, "sweep": key, "scenarios": n_scenarios}
+        self.key = key
+        self.n_scenarios = n_scenarios
+        self.header = {"format": CHECKPOINT_FORMAT, "sweep": key, "scenarios": n_scenarios}
+        self.append = bool(resumed)
         self.fh = None
+
+    def _cut_torn_tail(self) -> bool:
+        """Cut the file after its last whole record, ending it in a newline; False when it is not a
+        checkpoint of this sweep (any more)."""
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_NOFOLLOW)
+        except FileNotFoundError:
+            return False
+        with os.fdopen(fd, "r+b") as fh:
+            found = _scan(fh, self.key, self.n_scenarios)
+            if found is None:
+                return False
+            _, end, newline = found
+            fh.seek(end)
+            fh.truncate()
+            if not newline:
+                fh.write(b"\n")
+            fh.flush()
+            with contextlib.suppress(OSError):
+                os.fsync(fh.fileno())
+        return True
 
     def _write(self, record: dict) -> None:
         if self.fh is None:
-            flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | (os.O_APPEND if self.header is None else os.O_TRUNC)
+            append = self.append and self._cut_torn_tail()
+            flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | (os.O_APPEND if append else os.O_TRUNC)
             self.fh = os.fdopen(os.open(self.path, flags, 0o666), "w", encoding="utf-8")
-            if self.header is not None:
+            if not append:
                 self.fh.write(json.dumps(self.header) + "\n")
         self.fh.write(json.dumps(record) + "\n")
         self.fh.flush()
@@ -133,7 +204,9 @@ class Checkpoint:
 
 
 def finish(checkpoint_path) -> None:
-    """Remove a completed sweep's checkpoint (only a checkpoint: never a file put there since)."""
+    """Remove a completed sweep's checkpoint (only a checkpoint: never a file put there since).  A
+    runner given ``keep_checkpoint=True`` leaves this to its caller, to be called only once the rows
+    are safely written (``decodesched sweep``: after its CSV), so that a failed write loses nothing."""
     if checkpoint_path and is_checkpoint(checkpoint_path):
         with contextlib.suppress(OSError):
             os.unlink(checkpoint_path)
@@ -163,10 +236,11 @@ def prepare(traces, scenarios: Sequence, chunk_size, checkpoint_path):
 
 def run_local(traces, scenarios: Sequence, *, chunk_size: int = DEFAULT_LOCAL_CHUNK, checkpoint_path=None,
               threads: int | None = None, engine: str = "fast", backend: str = "cpu",
-              progress: bool | None = False) -> list[dict]:
+              progress: bool | None = False, keep_checkpoint: bool = False) -> list[dict]:
     """Run `scenarios` over `traces` here, `chunk_size` scenarios per `simulate_batch` call (probably
     slowest first), saving each finished chunk to `checkpoint_path`; return the rows in scenario
-    order, equal to ``simulate_batch(traces, scenarios).rows()``."""
+    order, equal to ``simulate_batch(traces, scenarios).rows()``.  The checkpoint is removed at the
+    end, unless `keep_checkpoint` (the caller then calls `finish` once it has written the rows)."""
     from .batch import estimated_cost, simulate_batch, trace_labels
 
     traces, scenarios, key, done = prepare(traces, scenarios, chunk_size, checkpoint_path)
@@ -191,5 +265,6 @@ def run_local(traces, scenarios: Sequence, *, chunk_size: int = DEFAULT_LOCAL_CH
     finally:
         if checkpoint is not None:
             checkpoint.close()
-    finish(checkpoint_path)
+    if not keep_checkpoint:
+        finish(checkpoint_path)
     return [done[i] for i in range(n)]

@@ -13,7 +13,8 @@
 4. with a ``checkpoint_path``, each finished chunk's rows are appended to a JSON-lines checkpoint
    (`decodesched.checkpoint`, the same file a local sweep writes): a rerun of the *same* sweep (after
    Ctrl-C, a lost scheduler, a crash) computes only the scenarios not yet saved, while a different
-   sweep starts afresh.  The file is removed once the sweep completes.
+   sweep starts afresh.  The file is removed once the sweep completes (with ``keep_checkpoint=True``
+   the caller removes it, `decodesched.checkpoint.finish`, once the rows are written).
 
 The rows come back in scenario order, identical to ``simulate_batch(traces, scenarios).rows()``.
 Dask is optional: ``pip install 'decodesched[dask]'``.
@@ -22,6 +23,8 @@ Dask is optional: ``pip install 'decodesched[dask]'``.
 from __future__ import annotations
 
 import contextlib
+import logging
+import numbers
 import os
 import pickle
 from typing import Callable, Sequence
@@ -55,11 +58,35 @@ def _run_chunk(traces, scenarios, first, threads):
     return first, rows
 
 
+# Loggers that print on stderr while a cluster fails (a lost scheduler: tracebacks of
+# ConnectionRefusedError, CommClosedError, CancelledError), or retries on its own (a lost worker).
+_DASK_LOGGERS = ("distributed", "tornado", "asyncio")
+
+
 @contextlib.contextmanager
-def connect(address: str, *, n_workers: int = 2, timeout: float = 30):
+def quiet_dask_logs():
+    """Inside this block Dask's own log records below CRITICAL are dropped (in this process): what a
+    failure means reaches the user as one `UserError` line instead.  Levels are restored on exit."""
+    loggers = [logging.getLogger(name) for name in list(logging.root.manager.loggerDict)
+               if name.split(".")[0] in _DASK_LOGGERS and isinstance(logging.root.manager.loggerDict[name],
+                                                                      logging.Logger)]
+    loggers += [logging.getLogger(name) for name in _DASK_LOGGERS]
+    before = {id(lg): (lg, lg.level) for lg in loggers}
+    for lg, _ in before.values():
+        lg.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        for lg, level in before.values():
+            lg.setLevel(level)
+
+
+@contextlib.contextmanager
+def connect(address: str, *, n_workers: int = 2, timeout: float = 30, quiet: bool = False):
     """A `distributed.Client` for ``address``: ``"local"`` starts a `LocalCluster` of `n_workers`
     single-threaded worker processes on 127.0.0.1 (shut down on exit); anything else is a scheduler
-    address such as ``tcp://10.0.0.5:8786``."""
+    address such as ``tcp://10.0.0.5:8786``.  `quiet`: the local cluster's processes log only
+    CRITICAL records (`quiet_dask_logs` does it for this process)."""
     distributed = _import_dask()
     if not isinstance(address, str) or not address:
         raise UserError(f"--dask needs a scheduler address (tcp://HOST:PORT) or 'local', got {address!r}")
@@ -68,7 +95,8 @@ def connect(address: str, *, n_workers: int = 2, timeout: float = 30):
         numba_threads = str(max(1, (os.cpu_count() or 1) // n_workers))
         cluster = distributed.LocalCluster(n_workers=n_workers, processes=True, threads_per_worker=1,
                                            host="127.0.0.1", dashboard_address=":0",
-                                           env={"NUMBA_NUM_THREADS": numba_threads})
+                                           env={"NUMBA_NUM_THREADS": numba_threads},
+                                           **({"silence_logs": logging.CRITICAL} if quiet else {}))
         try:
             with distributed.Client(cluster) as client:
                 yield client
@@ -91,7 +119,8 @@ def connect(address: str, *, n_workers: int = 2, timeout: float = 30):
 def run_sweep(traces, scenarios: Sequence, address, *, chunk_size: int = DEFAULT_CHUNK_SIZE,
               checkpoint_path=None, progress: bool | None = False, threads: int | None = None,
               retries: int = 2, on_chunk: Callable[[int, int], None] | None = None,
-              chunk_function: Callable | None = None) -> list[dict]:
+              chunk_function: Callable | None = None, keep_checkpoint: bool = False,
+              quiet: bool = False) -> list[dict]:
     """Run `scenarios` over `traces` on a Dask cluster; return the rows of ``simulate_batch(...).rows()``.
 
     `address`: ``"local"``, a scheduler address, or an existing `distributed.Client`.
@@ -101,13 +130,18 @@ def run_sweep(traces, scenarios: Sequence, address, *, chunk_size: int = DEFAULT
     raises stops the sweep, keeping the checkpoint.  `chunk_function(traces, scenarios, first,
     threads) -> (first, rows)` replaces the task run on the workers (for tests and instrumentation).
     A chunk that still fails after `retries` raises `UserError` (finished chunks stay in the
-    checkpoint).
+    checkpoint).  The checkpoint is removed at the end, unless `keep_checkpoint` (the caller then
+    calls `decodesched.checkpoint.finish` once it has written the rows).  `quiet`: Dask's own log
+    records (tracebacks of a lost scheduler, a retried chunk) are not shown (`quiet_dask_logs`); the
+    `UserError` says what failed.
     """
     from .batch import trace_labels
 
     _import_dask()
     # Validate everything here, before any cluster work (the same checks as a local run).
     progress = check_flag("progress", progress, none=True)
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, numbers.Integral) or threads < 1):
+        raise UserError(f"threads must be a positive integer (Numba threads per chunk on a worker), got {threads!r}")
     traces, scenarios, key, done = prepare(traces, scenarios, chunk_size, checkpoint_path)
     for policy in {id(sc.policy): sc.policy for sc in scenarios if not isinstance(sc.policy, str)}.values():
         try:
@@ -131,22 +165,24 @@ def run_sweep(traces, scenarios: Sequence, address, *, chunk_size: int = DEFAULT
     labels = trace_labels(traces, scenarios)  # of the whole sweep: a chunk alone may label its traces otherwise
     try:
         if chunks:
-            _compute(traces, chunks, address, done, checkpoint, progress, threads, retries, on_chunk, n,
-                     chunk_function or _run_chunk, [labels[s.trace] for s in scenarios])
+            with quiet_dask_logs() if quiet else contextlib.nullcontext():
+                _compute(traces, chunks, address, done, checkpoint, progress, threads, retries, on_chunk, n,
+                         chunk_function or _run_chunk, [labels[s.trace] for s in scenarios], quiet)
     finally:
         if checkpoint is not None:
             checkpoint.close()
-    finish(checkpoint_path)
+    if not keep_checkpoint:
+        finish(checkpoint_path)
     return [done[i] for i in range(n)]
 
 
 def _compute(traces, chunks, address, done, checkpoint, progress, threads, retries, on_chunk, n, task,
-             labels) -> None:
+             labels, quiet=False) -> None:
     distributed = _import_dask()
     if isinstance(address, distributed.Client):
         ctx = contextlib.nullcontext(address)
     else:
-        ctx = connect(address)
+        ctx = connect(address, quiet=quiet)
     with ctx as client:
         # hash=False: keys of this run only, so releasing them never touches another run's data
         trace_futures = client.scatter(traces, broadcast=True, hash=False)

@@ -135,6 +135,25 @@ def _log_if_wide(ax, values, axis: str = "y", ratio: float = 50.0) -> bool:
 
 
 METRIC_LIMIT = 2**63  # no count, step or second of a replay comes near it; larger values cannot be drawn
+# A number cell: ASCII decimal, optional '-' and exponent (what `batch.write_metrics_csv` writes), or
+# inf / nan in any letter case; not '4_0', '+7', '0x10' or other scripts' digits (docs/files.md).
+_DECIMAL_CELL = re.compile(r"-?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?", re.ASCII)
+_SPECIAL_CELL = re.compile(r"-?(inf|infinity|nan)", re.ASCII | re.IGNORECASE)
+
+
+def _parse_cell(text: str) -> int | float:
+    """A number cell of the sweep CSV: an integer by the trace readers' rule (`trace.parse_decimal`),
+    else a decimal or exponent number, ``inf`` or ``nan``; ValueError otherwise."""
+    from .trace import parse_decimal
+
+    s = text.strip()
+    try:
+        return parse_decimal(s)
+    except ValueError:
+        pass
+    if _DECIMAL_CELL.fullmatch(s) or _SPECIAL_CELL.fullmatch(s):
+        return float(s)
+    raise ValueError(f"not a number: {text!r}")
 
 
 def read_sweep(path) -> list[dict]:
@@ -175,12 +194,9 @@ def read_sweep(path) -> list[dict]:
                 parsed[k] = math.nan
                 continue
             try:
-                parsed[k] = int(v)
+                parsed[k] = _parse_cell(v)
             except ValueError:
-                try:
-                    parsed[k] = float(v)
-                except ValueError:
-                    raise UserError(f"{path}: line {lineno}, column {k}: not a number: {show(v)}") from None
+                raise UserError(f"{path}: line {lineno}, column {k}: not a number: {show(v)}") from None
             if math.isfinite(parsed[k]) and abs(parsed[k]) > METRIC_LIMIT:
                 raise UserError(f"{path}: line {lineno}, column {k}: {show(v)} is beyond any metric of a "
                                 "replay (at most 2**63)")
@@ -309,6 +325,7 @@ class SweepView:
         self.has_loads = all(i.load is not None for i in info.values())
         self.families = families(info)
         self.replicates = len({r.get("replicate", 0) for r in rows})
+        self.columns = set().union(*rows)
 
     def _keep(self, r) -> bool:
         return not _finite(r["aging_interval"]) or r["aging_interval"] == self.aging_interval
@@ -389,6 +406,44 @@ def _panel(ax, view: SweepView, series, scale: float = 1.0) -> list[float]:
     return seen
 
 
+def _no_column(ax, view: SweepView, key: str) -> None:
+    """A panel whose metric column the CSV lacks says so (instead of an empty panel that looks like data)."""
+    if key not in view.columns:
+        ax.text(0.5, 0.5, f"no column {key} in the sweep CSV", transform=ax.transAxes, ha="center", va="center",
+                fontsize=8, color="0.35")
+        ax.set_xticks([])
+
+
+def _missing_columns(view: SweepView, plots: list[Plot], classes: list[int]) -> str | None:
+    """One sentence naming the metric columns the figures and tables of this report read but the CSV
+    lacks, and where that leaves blanks ("-" cells, empty panels); None when every one is there."""
+    uses: dict[str, list[str]] = {}
+    figures = {
+        "latency_vs_load": ("ttft_p50", "ttft_p99", "queue_wait_p99", "e2e_p99", "unfinished"),
+        "deadline_vs_load": ("slo_attainment",),
+        "fairness_vs_load": ("starvation", "fairness_jain"),
+        "ttft_vs_capacity": ("ttft_p99", "unfinished"),
+    }
+    for plot in plots:
+        keys = figures.get(plot.name, ())
+        if plot.name.startswith("interval_"):
+            keys = tuple(dict.fromkeys(f"ttft_p99_class{c}" for c in (classes[-1], classes[0]))) + (
+                "starvation", "preemptions")
+        for key in keys:
+            uses.setdefault(key, []).append(plot.file)
+    for key in ("ttft_p99", "slo_attainment", "unfinished"):
+        uses.setdefault(key, []).append("the table of P99 TTFT")
+    if classes:
+        c = classes[-1]
+        for key in (f"ttft_p99_class{c}", f"slo_attainment_class{c}", f"unfinished_class{c}"):
+            uses.setdefault(key, []).append(f"the table of class {c}")
+    missing = [k for k in uses if k not in view.columns]
+    if not missing:
+        return None
+    return ("The sweep CSV has no column " + "; no column ".join(f"{k} (left empty: {', '.join(uses[k])})"
+                                                                 for k in missing) + ".")
+
+
 def _cut(view: SweepView) -> str:
     if view.aging_interval is None:
         return f"{view.kv_blocks} KV blocks"
@@ -412,6 +467,7 @@ def _load_figure(view: SweepView, out: Path, name: str, caption: str, panels, *,
         for i, (key, label, time, percent) in enumerate(panels):
             ax = axes[i][j]
             seen = _panel(ax, view, lambda p: view.by_load(p, key, fam, time=time), 100.0 if percent else 1.0)
+            _no_column(ax, view, key)
             if percent:
                 ax.set_ylim(-3, 103)
             elif key not in ("unfinished", "fairness_jain"):
@@ -432,8 +488,10 @@ def _load_figure(view: SweepView, out: Path, name: str, caption: str, panels, *,
                                       f"traces.{spread} ({_cut(view)}; {view.unit}.) {CENSORED_NOTE}"))
 
 
-def sweep_plots(rows, info, out: Path, *, kv_blocks=None, aging_interval=None, load=None) -> tuple[list[Plot], list[str]]:
-    """Render the sweep figures into `out`; returns the plots and notes for the page."""
+def sweep_plots(rows, info, out: Path, *, kv_blocks=None, aging_interval=None, load=None,
+                warn=None) -> tuple[list[Plot], list[str]]:
+    """Render the sweep figures into `out`; returns the plots and notes for the page.  `warn(text)`
+    (when given) also gets the note on metric columns the CSV lacks (`_missing_columns`)."""
     view = SweepView(rows, info, kv_blocks, aging_interval)
     fams = "; ".join(f"{_family_title(view, f)}: {', '.join(n)}" for f, n in view.families.items())
     notes = [f"Sweep: {len(rows)} scenarios over {len(info)} trace(s) ({fams}), policies "
@@ -485,6 +543,11 @@ def sweep_plots(rows, info, out: Path, *, kv_blocks=None, aging_interval=None, l
                 loads = sorted({i.load for i in info.values()})
                 raise UserError(f"the sweep has no load {load:g}; it has {', '.join(f'{x:g}' for x in loads)}")
         plots.append(_capacity_figure(view, out, names))
+    missing = _missing_columns(view, plots, classes)
+    if missing is not None:
+        notes.insert(1, missing)
+        if warn is not None:
+            warn(missing)
     return plots, notes
 
 
@@ -548,6 +611,7 @@ def _capacity_figure(view: SweepView, out: Path, names: list[str]) -> Plot:
                                                 ("unfinished", "unfinished requests", False))):
             ax = axes[i][j]
             seen = _panel(ax, view, lambda p: view.by_capacity(p, key, name, time=time))
+            _no_column(ax, view, key)
             if time:
                 _log_if_wide(ax, seen)
             caps = [float(r["kv_blocks"]) for r in view.rows if r["trace"] == name]
@@ -847,11 +911,44 @@ def write_html(out: Path, plots: list[Plot], notes: list[str], title: str) -> No
     (out / "index.html").write_text("\n".join(parts) + "\n", encoding="utf-8")
 
 
+# The files a report may write into its folder (besides ``interval_<policy>.png``, one per policy).
+REPORT_FILES = ("index.html", "latency_vs_load.png", "deadline_vs_load.png", "fairness_vs_load.png",
+                "class_ttft_vs_load.png", "ttft_vs_capacity.png", "latency_cdf.png", "per_class.png",
+                "kv_queue_timeline.png", "gantt.png")
+
+
+def _refuse_inputs_among_outputs(out_dir: Path, inputs) -> None:
+    """Refuse (UserError), before any work, an input (the results, a trace or its sidecar) that is one of
+    the files the report would replace in `out_dir`: that name itself, a link to the input, a hard link."""
+    if not out_dir.is_dir():
+        return
+    inputs = [Path(p) for p in inputs if p is not None]
+    try:
+        names = list(REPORT_FILES) + sorted(n for n in (e.name for e in out_dir.iterdir())
+                                            if n.startswith("interval_") and n.endswith(".png"))
+    except OSError:
+        return
+    for name in names:
+        out = out_dir / name
+        if not (out.is_symlink() or out.exists()):
+            continue
+        for inp in inputs:
+            if _same_file(out, inp):
+                what = "the metadata sidecar of an input" if inp.name.endswith(".meta.json") else \
+                    "an input of this command"
+                also = "" if out == inp else f" ({inp})"
+                raise UserError(f"{out}: is {what}{also}; refusing to overwrite it (give --out another folder)")
+
+
 def build_report(out_dir, *, results=None, trace=None, policies=None, kv_blocks=None, aging_interval=None,
-                 loads=None, trace_dirs=(), load=None, timeline_policy=None, gantt_requests: int = 30) -> list[Plot]:
+                 loads=None, trace_dirs=(), load=None, timeline_policy=None, gantt_requests: int = 30,
+                 warn=None) -> list[Plot]:
     """Write the PNGs and ``index.html`` into `out_dir` (created, or its files replaced); return the plots.
 
     All figures are rendered into a temporary folder first, so a failure leaves `out_dir` as it was.
+    An input (the results, the trace, a sweep trace found beside the results, or a sidecar) that is
+    one of the files the report writes is refused before any work.  `warn(text)`: called with the
+    note on metric columns the CSV lacks (their panels and table cells are left empty).
     """
     if results is None and trace is None:
         raise UserError("give a sweep metrics CSV, a --trace, or both")
@@ -865,7 +962,13 @@ def build_report(out_dir, *, results=None, trace=None, policies=None, kv_blocks=
     parent = out_dir.parent if str(out_dir.parent) else Path(".")
     if not parent.is_dir():
         raise UserError(f"cannot write {out_dir}: no such directory {parent}")
+    _refuse_inputs_among_outputs(out_dir, [results, trace, f"{trace}.meta.json" if trace is not None else None])
     rows = read_sweep(results) if results is not None else None
+    info = None
+    if rows is not None:
+        info = trace_info(rows, results, loads=loads, trace_dirs=trace_dirs)
+        found = [i.path for i in info.values() if i.path is not None]
+        _refuse_inputs_among_outputs(out_dir, found + [f"{p}.meta.json" for p in found])
     loaded = None
     if trace is not None:
         from .trace import load_trace
@@ -894,8 +997,8 @@ def build_report(out_dir, *, results=None, trace=None, policies=None, kv_blocks=
         plots, notes = [], []
         with _plain_text():
             if rows is not None:
-                info = trace_info(rows, results, loads=loads, trace_dirs=trace_dirs)
-                p, n = sweep_plots(rows, info, tmp, kv_blocks=kv_blocks, aging_interval=aging_interval, load=load)
+                p, n = sweep_plots(rows, info, tmp, kv_blocks=kv_blocks, aging_interval=aging_interval, load=load,
+                                   warn=warn)
                 plots += p
                 notes += n
             if loaded is not None:

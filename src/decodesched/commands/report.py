@@ -6,6 +6,7 @@ replayed here under each ``--policy`` for the per-request figures.  See `decodes
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from ..cli import int_arg, positive_float_arg
@@ -85,6 +86,13 @@ def _loads(text: str) -> dict[str, float]:
     return out
 
 
+def _note(text: str) -> None:
+    """A note on stderr, one line (what the report could not show; it still exits 0)."""
+    from ..cli import shorten
+
+    print(shorten(f"decodesched report: note: {text}"), file=sys.stderr)
+
+
 def run(args) -> int:
     from ..report import build_report
 
@@ -101,6 +109,9 @@ def run(args) -> int:
     policies = [resolve_policy(p) for p in args.policy] if args.policy else None  # names, or module:attr
     timeline = resolve_policy(args.timeline_policy) if args.timeline_policy else None
     if args.trace is not None:  # its scenarios replay on the fast kernel: say so if it must compile first
+        from ..report import _refuse_inputs_among_outputs
+
+        _refuse_inputs_among_outputs(Path(args.out), [args.results, args.trace, f"{args.trace}.meta.json"])
         from .._numba_cache import compile_notice
         from ..engine import replay_kernel
 
@@ -108,7 +119,7 @@ def run(args) -> int:
     plots = build_report(args.out, results=args.results, trace=args.trace, policies=policies,
                          kv_blocks=args.kv_blocks, aging_interval=args.aging_interval, loads=args.loads,
                          trace_dirs=args.trace_dir, load=args.load, timeline_policy=timeline,
-                         gantt_requests=args.gantt_requests)
+                         gantt_requests=args.gantt_requests, warn=_note)
     for p in plots:
         print(f"{args.out}/{p.file}")
     print(f"wrote {len(plots)} plots and {args.out}/index.html")

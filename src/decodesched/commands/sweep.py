@@ -11,8 +11,11 @@ preemptibility redrawn by the seeded rules of ``trace convert`` at seed ``seed +
 from the trace's ``.meta.json``, else the defaults; `batch.replicate_traces`).
 
 The scenarios run in chunks (`decodesched.checkpoint.run_local`; ``--chunk-size``), each saved to
-``OUT.partial.jsonl`` as it finishes: Ctrl-C stops within a second and keeps them, and rerunning the
-same command resumes.  A table with one row per scenario prints, and the CSV gets one row per
+``OUT.partial.jsonl`` (`checkpoint.checkpoint_path_for`: a short hidden name where that one would be
+too long) as it finishes: Ctrl-C stops within a second and keeps them, and rerunning the same
+command resumes.  The checkpoint is removed only once the CSV is written: a write that fails (a full
+disk, a closed pipe, Ctrl-C) keeps every scenario for the rerun.  A table with one row per scenario
+prints (on stderr when the CSV goes to standard output, ``--out -``), and the CSV gets one row per
 scenario (`batch.row_columns`: scenario, offered load and time scale, the metrics of docs/metrics.md
 with seconds twins ``<metric>_s``, and per-class ``<metric>_class<P>``).  Bad input exits 2 with one
 line before anything runs, and no CSV is left behind.
@@ -132,6 +135,13 @@ def run(args) -> int:
         raise UserError(f"--replicates must be at least 1, got {args.replicates}")
     if args.chunk_size is not None and args.chunk_size < 1:
         raise UserError(f"--chunk-size must be at least 1, got {args.chunk_size}")
+    if args.threads is not None:
+        if args.dask is None:
+            from ..batch import _check_threads
+
+            _check_threads(args.threads)
+        elif args.threads < 1:  # (the workers' Numba may allow more threads than this machine's)
+            raise UserError(f"--threads must be at least 1, got {args.threads}")
     policies = [resolve_policy(p) for p in args.policy]
     check_distinct(policies)  # rows are known by the policy's name: one name, one policy, once
     # Validate the whole grid before loading anything heavy or running anything.
@@ -146,7 +156,9 @@ def run(args) -> int:
         traces = replicate_traces(traces, args.replicates, [convert_rules(read_meta(t)) for t in args.traces])
     scenarios = grid(len(args.traces), policies, args.kv_blocks, args.aging_interval, args.max_steps,
                      args.replicates)
-    checkpoint = args.out + ".partial.jsonl"
+    from ..checkpoint import checkpoint_path_for, finish, read_checkpoint, sweep_key
+
+    checkpoint = checkpoint_path_for(args.out)
     start = time.perf_counter()
     try:
         if args.dask is not None:
@@ -156,7 +168,6 @@ def run(args) -> int:
             rows, where = _run_local(args, traces, scenarios, checkpoint)
     except KeyboardInterrupt as exc:
         from .._io import interrupt_status
-        from ..checkpoint import read_checkpoint, sweep_key
 
         saved = len(read_checkpoint(checkpoint, sweep_key(traces, scenarios), len(scenarios)))
         if saved:
@@ -167,15 +178,40 @@ def run(args) -> int:
                   file=sys.stderr)
         return interrupt_status(exc)
     elapsed = time.perf_counter() - start
+    # The checkpoint goes only once the CSV is in place: a failed write keeps every scenario.
     try:
         write_metrics_csv(rows, args.out)
-    except (FileNotFoundError, IsADirectoryError, PermissionError) as exc:
-        raise UserError(f"cannot write {args.out}: {exc}") from None
-    print(format_rows(rows))
+    except KeyboardInterrupt as exc:
+        from .._io import interrupt_status
+
+        print(f"decodesched sweep: interrupted while writing {_where(args.out)}; {_kept(checkpoint, args.out)}",
+              file=sys.stderr)
+        return interrupt_status(exc)
+    except (UserError, OSError) as exc:
+        from .._io import _describe
+
+        what = str(exc) if isinstance(exc, UserError) else f"{_where(args.out)}: cannot write ({_describe(exc)})"
+        raise UserError(f"{what}; {_kept(checkpoint, args.out)}") from None
+    finish(checkpoint)
+    table = sys.stderr if args.out == "-" else sys.stdout  # standard output holds the CSV alone
+    print(format_rows(rows), file=table)
     print(f"{len(scenarios)} scenarios over {len(args.traces)} trace{'s' if len(args.traces) != 1 else ''}"
           f"{f' x {args.replicates} replicates' if args.replicates > 1 else ''} in {elapsed:.2f} s ({where}); "
-          f"wrote {args.out}")
+          f"wrote {args.out}", file=table)
     return 0
+
+
+def _where(out: str) -> str:
+    return "standard output" if out == "-" else out
+
+
+def _kept(checkpoint: str, out: str) -> str:
+    """What a failed write of the CSV leaves: the finished scenarios in the checkpoint, for the rerun."""
+    from ..checkpoint import is_checkpoint
+
+    if not is_checkpoint(checkpoint):
+        return "nothing was saved"
+    return f"the scenarios are saved in {checkpoint}: rerun the same command to write {_where(out)} from them"
 
 
 def _run_local(args, traces, scenarios, checkpoint):
@@ -191,7 +227,7 @@ def _run_local(args, traces, scenarios, checkpoint):
 
         compile_notice(_cpu_kernel(args.engine), "the batch replay kernel")  # (built-in policies run there)
     rows = run_local(traces, scenarios, chunk_size=chunk, checkpoint_path=checkpoint, threads=threads,
-                     engine=args.engine, backend=args.backend, progress=None)
+                     engine=args.engine, backend=args.backend, progress=None, keep_checkpoint=True)
     return rows, f"{args.backend}, {threads} thread{'s' if threads != 1 else ''}"
 
 
@@ -208,7 +244,7 @@ def _run_dask(args, traces, scenarios, checkpoint):
         raise UserError("--dask runs the fast engine on the workers; drop --engine scan")
     return distributed.run_sweep(traces, scenarios, args.dask, progress=None, threads=args.threads,
                                  chunk_size=args.chunk_size or distributed.DEFAULT_CHUNK_SIZE,
-                                 checkpoint_path=checkpoint)
+                                 checkpoint_path=checkpoint, keep_checkpoint=True, quiet=True)
 
 
 def _cell(v) -> str:
