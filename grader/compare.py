@@ -33,7 +33,7 @@ EVENT_FIELDS = ("request_id", "action", "phase", "preempted_request_id", "genera
 def diff_event(exp, got, where: str) -> str:
     if _same(exp, got):
         return ""
-    if not isinstance(exp, dict) or not isinstance(got, dict):
+    if not isinstance(exp, dict) or not isinstance(got, dict) or _is_error(got) and not _is_error(exp):
         return f"{where}: expected {_event_head(exp)}, got {_describe_got(got)}"
     if exp.get("request_id") != got.get("request_id") or exp.get("action") != got.get("action") \
             or type(exp.get("request_id")) is not type(got.get("request_id")):
@@ -46,9 +46,15 @@ def diff_event(exp, got, where: str) -> str:
     return f"{where} ({_event_head(exp)}): unexpected event keys {extra}"
 
 
+def _is_error(x) -> bool:
+    """An observation that says the student's code raised or did not return (not a value it returned)."""
+    return isinstance(x, dict) and ("raised" in x or x.get("timeout") is True) and "action" not in x
+
+
 def _describe_got(got) -> str:
     if isinstance(got, dict) and "raised" in got:
-        return f"{got['raised']}"
+        msg = got.get("msg")
+        return f"{got['raised']}: {msg}" if isinstance(msg, str) and msg else f"{got['raised']}"
     if isinstance(got, dict) and got.get("timeout"):
         return "a timeout (the step did not return)"
     if got is None:
@@ -133,6 +139,20 @@ def _op_text(op) -> str:
         return f"_ensure_capacity(queue[{op[1]}])"
     if name == "state":
         return "(state)"
+    if name == "stepq":
+        return "step()"
+    if name == "stepf":
+        return "step()[" + ", ".join(repr(f) for f in op[1]) + "]"
+    if name == "reqf":
+        return f"queue[{op[1]}]." + "/".join(op[2])
+    if name == "free":
+        return "free_kv_blocks"
+    if name == "keyf":
+        return f"_schedule_key(queue[{op[1]}])[{op[2]}]"
+    if name == "runf":
+        return f"run(max_steps={op[1]})"
+    if name == "alldone":
+        return "all(req.done for req in queue)"
     if name == "set":
         return f"queue[{op[1]}].{op[2]} = {op[3]!r}"
     if name == "setclock":
@@ -166,6 +186,16 @@ def diff_op(op, exp, got, step_no: int) -> str:
         return f"after {step_no} step(s): " + (d or f"expected {_fmt(exp)}, got {_describe_got(got)}")
     if name == "replay":
         return diff_replay(exp, got)
+    if name in ("stepf", "reqf", "runf") and isinstance(exp, dict) and isinstance(got, dict) and not _is_error(got):
+        for f in exp:
+            if not _same(exp[f], got.get(f, "<missing>")):
+                what = {"len": "the number of events", "first": "the first event", "last": "the last event"}.get(f, f) \
+                    if name == "runf" else f
+                return (f"{_op_text(op)} after {step_no} step(s): expected {what}={_fmt(exp[f])}, "
+                        f"got {what}={_fmt(got.get(f, '<missing>'))}")
+    if name in ("stepf", "reqf", "runf", "free", "keyf", "alldone"):
+        return (f"{_op_text(op)} after {step_no} step(s): expected {_fmt(exp)}, got "
+                f"{_describe_got(got) if _is_error(got) or got is None else _fmt(got)}")
     return f"{_op_text(op)}: expected {_fmt(exp)}, got {_describe_got(got)}"
 
 
@@ -195,13 +225,22 @@ def _canon(x):
     return x
 
 
+NOT_RUN = "not run: "  # how `compare` starts for a check never started (the time budget was spent)
+
+
+def not_run(difference: str) -> bool:
+    """A difference that says the check was never started, not that it failed."""
+    return difference.startswith(NOT_RUN)
+
+
 def compare(scenario: dict, obs) -> str:
     """'' if the observations match the expected ones, else the first difference in words."""
     exp = scenario["expected"]
     if obs is None:
         return "did not run (the checks' process stopped before this check)"
     if isinstance(obs, list) and obs and isinstance(obs[0], dict) and "killed" in obs[0]:
-        return f"did not run to the end ({obs[0]['killed']})"
+        why = str(obs[0]["killed"])
+        return why if why.startswith(NOT_RUN) else f"did not run to the end ({why})"
     if not isinstance(obs, list):
         return "no usable observations"
     step_no = 0
@@ -209,14 +248,16 @@ def compare(scenario: dict, obs) -> str:
         e = exp[i] if i < len(exp) else None
         if i >= len(obs):
             return f"{_op_text(op)} did not return (time limit, or the run stopped)"
-        g = _canon(obs[i])
-        d = diff_op(op, _canon(e), g, step_no)
+        d = diff_op(op, _canon(e), _canon(obs[i]), step_no)
         if d:
-            return d
-        if op[0] == "step" and isinstance(e, dict):
+            # said again with the exception's message (the class alone decides what matches)
+            return diff_op(op, _canon(e), obs[i], step_no) or d
+        if op[0] in ("step", "stepq", "stepf") and isinstance(e, dict) or op[0] == "stepq" and e is None:
             step_no += 1
         elif op[0] == "run" and isinstance(e, list):
             step_no = len(e)
+        elif op[0] == "runf" and isinstance(e, dict):
+            step_no += e["len"]
     if len(obs) > len(exp):
         return "more observations than operations"
     return ""

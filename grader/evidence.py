@@ -33,6 +33,63 @@ def _norm(src: str) -> str:
     return "\n".join(line.rstrip() for line in src.replace("\r\n", "\n").strip().split("\n"))
 
 
+def _protected(release: dict) -> dict:
+    """The release's locked and test cells (not the solution cell), by grade_id."""
+    protected = {}
+    for cell in release["cells"]:
+        meta = _nbgrader_meta(cell)
+        gid = meta.get("grade_id")
+        if gid and gid != spec.SOLUTION_CELL and (meta.get("locked") or meta.get("grade")):
+            protected[gid] = cell
+    return protected
+
+
+def _same_but_whitespace(cell: dict, ref: dict) -> bool:
+    meta, rmeta = _nbgrader_meta(cell), _nbgrader_meta(ref)
+    return (cell.get("cell_type") == ref.get("cell_type")
+            and _norm(_cell_source(cell)) == _norm(_cell_source(ref))
+            and bool(meta.get("grade")) == bool(rmeta.get("grade"))
+            and meta.get("points") == rmeta.get("points")
+            and bool(meta.get("locked")) == bool(rmeta.get("locked")))
+
+
+def restore_protected(nb: dict, release: dict) -> tuple[dict, list[str]]:
+    """The notebook as nbgrader should get it, and a note per change: a locked or test cell whose source
+    differs from the release's only in whitespace (an editor that ends cells with a newline, a jupytext round
+    trip) gets the release's exact source, and an identical copy of one (Jupyter's copy/paste or "duplicate
+    cell" keeps the grading metadata) is dropped, the first one kept. Nothing the student wrote changes
+    meaning; a real alteration is left as it is (tamper evidence: `altered_cells`)."""
+    protected = _protected(release)
+    cells, notes, seen, respaced, dropped = [], [], set(), [], []
+    for cell in nb["cells"]:
+        gid = _nbgrader_meta(cell).get("grade_id")
+        if not isinstance(gid, str) or gid not in protected or not _same_but_whitespace(cell, protected[gid]):
+            cells.append(cell)
+            continue
+        if gid in seen:
+            dropped.append(gid)
+            continue
+        seen.add(gid)
+        ref_src = _cell_source(protected[gid])
+        if _cell_source(cell) != ref_src:
+            cell = {**cell, "source": ref_src}
+            if "checksum" in _nbgrader_meta(protected[gid]):
+                meta = dict(cell.get("metadata") or {})
+                meta["nbgrader"] = {**_nbgrader_meta(cell), "checksum": _nbgrader_meta(protected[gid])["checksum"]}
+                cell["metadata"] = meta
+            respaced.append(gid)
+        cells.append(cell)
+    if respaced:
+        notes.append("only the whitespace of these locked/test cells differed from the release; they were graded "
+                     "as released: " + ", ".join(sorted(set(respaced))))
+    if dropped:
+        notes.append("identical copies of these test cells were removed before grading (each is graded once): "
+                     + ", ".join(sorted(set(dropped))))
+    if not respaced and not dropped:
+        return nb, []
+    return {**nb, "cells": cells}, notes
+
+
 def altered_cells(nb: dict, release: dict) -> list[str]:
     """Locked and test cells of the release that the submission changed (tamper evidence).
 
@@ -44,12 +101,7 @@ def altered_cells(nb: dict, release: dict) -> list[str]:
         from nbformat import from_dict
     except ImportError:  # pragma: no cover - nbgrader is a grader dependency
         compute_checksum = None
-    protected = {}
-    for cell in release["cells"]:
-        meta = _nbgrader_meta(cell)
-        gid = meta.get("grade_id")
-        if gid and gid != spec.SOLUTION_CELL and (meta.get("locked") or meta.get("grade")):
-            protected[gid] = cell
+    protected = _protected(release)
     seen: dict[str, int] = {}
     altered = []
     for cell in nb["cells"]:
@@ -60,21 +112,15 @@ def altered_cells(nb: dict, release: dict) -> list[str]:
         seen[gid] = seen.get(gid, 0) + 1
         ref = protected[gid]
         rmeta = _nbgrader_meta(ref)
-        same = (
-            cell.get("cell_type") == ref.get("cell_type")
-            and _norm(_cell_source(cell)) == _norm(_cell_source(ref))
-            and bool(meta.get("grade")) == bool(rmeta.get("grade"))
-            and meta.get("points") == rmeta.get("points")
-            and bool(meta.get("locked")) == bool(rmeta.get("locked"))
-        )
+        same = _same_but_whitespace(cell, ref)
         if same and compute_checksum is not None and "checksum" in meta:
             # nbgrader's own check: the stored checksum must match the cell as submitted
             with contextlib.suppress(Exception):
                 same = compute_checksum(from_dict(cell)) == rmeta.get("checksum", meta["checksum"])
         if not same:
             altered.append(gid)
-    altered += [g for g, n in seen.items() if n > 1 and g not in altered]
-    return sorted(altered)
+    altered += [g for g, n in seen.items() if n > 1]  # copies that were not identical (identical ones: dropped)
+    return sorted(set(altered))
 
 
 _AST_LOCK = threading.Lock()

@@ -58,6 +58,7 @@ _any = any
 _ord = ord
 _iter = iter
 _set = set
+_all_done = all
 _RecursionError = RecursionError
 _os_write = os.write
 _os_exit = os._exit
@@ -73,6 +74,9 @@ _setitimer = signal.setitimer
 _ITIMER_REAL = signal.ITIMER_REAL
 _SIGALRM = signal.SIGALRM
 _ITIMER_PROF = signal.ITIMER_PROF
+FULL_TIMEOUTS = 2  # checks that may time out with the whole per-check budget; later ones get the short limit
+YIELD_MARGIN_S = 0.5  # a process this close to its CPU limit (plus the next check's) leaves the rest to a fresh one
+NOT_RUN = "not run: the time allowed for checks that time out was spent"
 WALL_FACTOR = 2.0  # a check that makes no progress is stopped after this many times its CPU budget
 MIN_PROGRESS = 0.05  # "progress": the check got at least this share of a core since it started
 WALL_CAP = 40.0  # a starved check is stopped anyway after this many times its CPU budget of wall clock
@@ -404,6 +408,8 @@ def run_op(ns, box, op):
     name = op[0]
     if name == "new":
         box["sim"] = None
+        if "DecodeSchedulerSim" not in ns:  # the cell did not load: say so, not the lookup's KeyError
+            return {"raised": "NameError", "msg": "the solution cell did not define DecodeSchedulerSim"}
         box["sim"] = ns["DecodeSchedulerSim"](**op[1])
         return "ok"
     sim = box.get("sim")
@@ -424,6 +430,32 @@ def run_op(ns, box, op):
         return normalise(sim._ensure_capacity(sim.queue[op[1]]))
     if name == "state":
         return state_of(sim)
+    # Probes that read only what a visible test cell reads (so its mirror checks no more than the cell does)
+    if name == "stepq":  # a step whose event the test does not look at
+        sim.step()
+        return None
+    if name == "stepf":  # the listed fields of step()'s event, as ``event[field]`` reads them
+        ev = normalise(sim.step())
+        return {f: ev[f] for f in op[1] if f in ev} if _type(ev) is _dict else ev
+    if name == "reqf":  # the listed fields of queue[i]
+        req = sim.queue[op[1]]
+        return {f: normalise(_getattr(req, f)) for f in op[2]}
+    if name == "free":
+        return normalise(sim.free_kv_blocks)
+    if name == "keyf":  # one item of the sort key
+        return normalise(sim._schedule_key(sim.queue[op[1]])[op[2]])
+    if name == "runf":  # how many events run() gave, the first and the last (request_id, action), all done?
+        evs = normalise(sim.run(max_steps=op[1]))
+        if _type(evs) is not _list:
+            return evs
+
+        def head(ev):
+            return [ev.get("request_id"), ev.get("action")] if _type(ev) is _dict else ev
+
+        return {"len": _len(evs), "first": head(evs[0]) if evs else None, "last": head(evs[-1]) if evs else None}
+    if name == "alldone":
+        queue = sim.queue
+        return normalise(_all_done([queue[i].done for i in _range(_len(queue))]))
     if name == "set":
         _setattr(sim.queue[op[1]], op[2], op[3])
         return None
@@ -645,7 +677,8 @@ def main(argv):
     restore_builtins()
     missing = [n for n in ("DecodeSchedulerSim", "RequestState") if n not in module.__dict__]
     if missing:
-        errors.append("the solution cell does not define %s" % ", ".join(missing))
+        errors = ["the solution cell did not define %s%s" % (", ".join(missing),
+                                                             ": " + "; ".join(errors) if errors else "")]
     line = {"load": "error", "error": "; ".join(errors)[:500]} if errors else {"load": "ok"}
     changed = changed_builtins()
     if changed:
@@ -655,11 +688,36 @@ def main(argv):
     emit(line)
     ns = module.__dict__
 
-    def run_all(scenarios):
+    # Checks that time out (SPEC: a hang) are counted, never timed: the first FULL_TIMEOUTS checks that time out
+    # had the whole per-check budget, every later check gets `short`, and once the checks that timed out have
+    # used `allowance` seconds (a sum of those fixed limits) the rest are not run. Which checks run, and with
+    # which limit, depends only on which earlier checks timed out: the same on every run, busy or not.
+    short = _float(job.get("short_timeout_s", budget))
+    allowance = _float(job.get("timeout_allowance_s", 1e9))
+    timeouts = [_int(job.get("timeouts_before", 0))]
+    cpu_limit = _float(job.get("cpu_limit_s", 1e9))
+
+    def limit_now():
+        return budget if timeouts[0] < FULL_TIMEOUTS else short
+
+    def spent_on_timeouts():
+        n = timeouts[0]
+        return budget * min(n, FULL_TIMEOUTS) + short * max(0, n - FULL_TIMEOUTS)
+
+    def run_all(scenarios, may_yield=False):
         count = 0
         for scenario in scenarios:
+            if spent_on_timeouts() + limit_now() > allowance + 1e-9:
+                emit({"id": scenario["id"], "obs": [{"killed": NOT_RUN}]})
+                count += 1
+                continue
+            limit = limit_now()
+            if may_yield and _process_time() + limit + YIELD_MARGIN_S > cpu_limit:
+                # this process could meet its CPU limit inside the check: a fresh one runs the rest
+                emit({"yield": count})
+                return None
             start = _monotonic()
-            _arm(budget)
+            _arm(limit)
             try:
                 obs = run_scenario(ns, scenario["ops"])
             except ScenarioTimeout as exc:
@@ -667,6 +725,8 @@ def main(argv):
             finally:
                 _disarm()
             restore_builtins()
+            if obs and _type(obs[-1]) is _dict and obs[-1].get("timeout") is True:
+                timeouts[0] += 1
             line = {"id": scenario["id"], "obs": obs, "wall_ms": _int((_monotonic() - start) * 1000)}
             changed = changed_builtins()
             if changed:
@@ -675,9 +735,11 @@ def main(argv):
             count += 1
         return count
 
-    emit({"done": run_all(job["scenarios"])})
+    count = run_all(job["scenarios"], may_yield=True)
+    if count is not None:
+        emit({"done": count})
     serve = _channel(job, "serve_fd")
-    if serve is not None:
+    if serve is not None and count is not None:
         # More batches (shrinking a failing trace) arrive down a pipe, one JSON list of scenarios per line;
         # each answered by its result lines and {"batch": N}. The grader closes its end to end us.
         with open(serve, encoding="utf-8") as more:

@@ -46,6 +46,15 @@ class Limits:
     scenario_cpu_s: float = 3.0
     max_output_bytes: int = 1_000_000
     hide: tuple = ()
+    # After the first checks that time out (a hang), each later check gets this much CPU (an honest check of the
+    # verdict takes a few milliseconds), and the checks that time out may use half of `cpu_s` in all: counted
+    # from the fixed limits of the checks that timed out, never measured, so every regrade runs the same checks.
+    short_scenario_cpu_s: float = 0.25
+    timeout_share: float = 0.5
+
+    def timeout_allowance_s(self) -> float:
+        """Seconds that checks that time out may use in all (a sum of their fixed limits)."""
+        return max(2 * self.scenario_cpu_s, self.cpu_s * self.timeout_share)
 
     def kwargs(self) -> dict:
         """Keyword arguments of `grader.sandbox.run_isolated` (whose watchdog stretches the quiet-machine

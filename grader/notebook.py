@@ -19,10 +19,14 @@ from decodesched.errors import UserError
 
 from . import spec
 
-STUDENT_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@+-]{0,63}$")
+# A letter or digit of any script, then letters, digits and ``_ . @ + -`` (64 at most): ``alice``, ``b.wang+1``,
+# ``张三``. nbgrader takes any Unicode student id (it only strips whitespace); a name in NFC (as typed) is plain,
+# one in NFD (macOS's decomposed accents) is not (its combining marks are no letters).
+STUDENT_ID_RE = re.compile(r"^[^\W_][\w.@+-]{0,63}\Z")
 
 
 MAX_NOTEBOOK_BYTES = 20 * 1024 * 1024
+_ARCHIVES = (".zip", ".tar", ".gz", ".tgz", ".bz2", ".xz", ".7z", ".rar")
 
 
 @dataclass
@@ -36,8 +40,28 @@ class InvalidSubmission(Exception):
     pass
 
 
-def collect_submissions(folder) -> list[Submission]:
-    """The submissions in `folder`, in either layout, sorted by student id."""
+def display_name(name: str) -> str:
+    """A file name as text that can always be written (UTF-8): bytes that are not UTF-8 (a name made on Windows or
+    an old Samba share, read here as surrogates) become ``\\xe9`` escapes, as elsewhere in the project."""
+    return os.fsencode(name).decode("utf-8", "backslashreplace")
+
+
+def _plain_id(name: str) -> tuple[str, str | None]:
+    """(the student id of a file or folder name, why it is not a plain name, or None)."""
+    sid = display_name(name)
+    if sid != name:
+        return sid, "the student id is not a plain name (the file name is not UTF-8)"
+    if not STUDENT_ID_RE.match(sid):
+        return sid, ("the student id is not a plain name (letters and digits of any script, then also "
+                     "_ . @ + -; 64 characters at most)")
+    return sid, None
+
+
+def collect_submissions(folder, skipped: list | None = None) -> list[Submission]:
+    """The submissions in `folder`, in either layout, sorted by student id.
+
+    Entries that are no submission are left out; each is appended to `skipped` as ``(name, reason)`` (names
+    as `display_name`), except hidden ones (``.DS_Store``, ``.ipynb_checkpoints``)."""
     folder = Path(folder)
     if not folder.is_dir():
         raise UserError(f"{folder}: not a folder of submissions")
@@ -48,27 +72,33 @@ def collect_submissions(folder) -> list[Submission]:
         raise UserError(f"{folder}: a course folder without a submitted/ folder; give the folder that holds the "
                         "submissions")
     subs: dict[str, Submission] = {}
-    flat = sorted(p for p in root.iterdir() if p.suffix == ".ipynb" and not p.is_dir())
-    dirs = sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+    entries = sorted(root.iterdir())
+    flat = [p for p in entries if p.suffix == ".ipynb" and not p.is_dir()]
+    dirs = [p for p in entries if p.is_dir() and not p.name.startswith(".")]
+    if skipped is not None:
+        skipped += [(display_name(p.name), "not a .ipynb notebook" + (" (unpack an archive into the folder first)"
+                                                                      if p.suffix.lower() in _ARCHIVES else ""))
+                    for p in entries if not p.name.startswith(".") and p not in flat and p not in dirs]
     for p in flat:
-        sid = p.stem
-        if not STUDENT_ID_RE.match(sid):
-            subs[sid] = Submission(sid, p, "the student id is not a plain name")
+        sid, problem = _plain_id(p.stem)
+        if problem:
+            subs[sid] = Submission(sid, p, problem)
         elif not p.is_file():  # listed, never opened: reading a FIFO would wait for ever
             subs[sid] = Submission(sid, None, "not a regular file (a FIFO, a device or a broken link)")
         else:
             subs[sid] = Submission(sid, p)
     for d in dirs:
-        sid = d.name
+        sid, problem = _plain_id(d.name)
         if sid in subs:
             subs[sid] = Submission(sid, None, "two submissions for the same student")
             continue
         nb = d / spec.ASSIGNMENT / spec.NOTEBOOK
-        if not STUDENT_ID_RE.match(sid):
-            subs[sid] = Submission(sid, None, "the student id is not a plain name")
+        if problem:
+            subs[sid] = Submission(sid, None, problem)
+        elif not (d / spec.ASSIGNMENT).is_dir():
+            if skipped is not None:  # a folder of something else (another assignment)
+                skipped.append((sid + "/", f"a folder without {spec.ASSIGNMENT}/ inside"))
         elif not nb.is_file():
-            if not (d / spec.ASSIGNMENT).is_dir():
-                continue  # a folder of something else (another assignment)
             subs[sid] = Submission(sid, None, f"no {spec.ASSIGNMENT}/{spec.NOTEBOOK} in the submission")
         else:
             subs[sid] = Submission(sid, nb)

@@ -60,6 +60,7 @@ class HarnessRun:
     evidence: list = field(default_factory=list)  # planted links or FIFOs, writes into hidden folders (`_evidence`)
     builtins_changed: list = field(default_factory=list)  # builtins the solution replaced (restored by the harness)
     slow_lines: list = field(default_factory=list)  # top-level statements of the cell that timed out
+    yielded: bool = False  # it stopped between checks, near its CPU limit: the rest run in a fresh process
     session: object | None = None  # a HarnessSession still serving (run_harness(serve=True)); caller closes
 
 
@@ -166,7 +167,13 @@ def _decode(chunks: list) -> tuple[list, list]:
 
 
 def _parse(chunks: list, scenarios: list[dict], first: bool = True):
-    """The harness's output lines, strictly: (load line, done?, obs by id, forged, builtins changed, slow lines).
+    """`_parse_all` without its last item (whether the harness yielded)."""
+    return _parse_all(chunks, scenarios, first)[:6]
+
+
+def _parse_all(chunks: list, scenarios: list[dict], first: bool = True):
+    """The harness's output lines, strictly: (load line, done?, obs by id, forged, builtins changed, slow lines,
+    yielded?).
 
     `chunks` are the lines of one batch (`_Output.lines`). In the `first` batch the load line comes before any
     result, and the done line counts every scenario: the harness loads the cell, then runs every check."""
@@ -194,7 +201,8 @@ def _parse(chunks: list, scenarios: list[dict], first: bool = True):
             seen.add(sid)
             obs[sid] = ln["obs"]
     slow = sorted({ln["load_timeout"] for ln in lines if isinstance(ln, dict) and type(ln.get("load_timeout")) is int})
-    return load, done, obs, forged, patched, slow
+    yielded = any(isinstance(ln, dict) and "yield" in ln for ln in lines)
+    return load, done, obs, forged, patched, slow, yielded
 
 
 def _planted(folder: str) -> list[str]:
@@ -241,7 +249,8 @@ class _Prepared:
     more_w: int | None  # the write end of the session's pipe
 
 
-def _prepare(source: str, scenarios: list[dict], limits: Limits, skip_lines, serve: bool) -> _Prepared:
+def _prepare(source: str, scenarios: list[dict], limits: Limits, skip_lines, serve: bool,
+             timeouts_before: int = 0, allowance_s: float | None = None) -> _Prepared:
     from .sandbox import scratch_root
 
     tmp = tempfile.mkdtemp(prefix="dsched-verdict-", dir=scratch_root())
@@ -260,6 +269,9 @@ def _prepare(source: str, scenarios: list[dict], limits: Limits, skip_lines, ser
     job = {"solution_source": source, "sys_path": sys_path, "scenario_timeout_s": limits.scenario_cpu_s,
            "load_timeout_s": limits.scenario_cpu_s * 1.5, "memory_mb": limits.memory_mb,
            "skip_lines": sorted(skip_lines), "out_fd": child_fds[0],
+           "short_timeout_s": min(limits.short_scenario_cpu_s, limits.scenario_cpu_s),
+           "timeout_allowance_s": limits.timeout_allowance_s() if allowance_s is None else allowance_s,
+           "timeouts_before": int(timeouts_before), "cpu_limit_s": limits.cpu_s,
            "scenarios": [{"id": s["id"], "ops": s["ops"]} for s in scenarios]}
     if serve:
         more_r, more_w = os.pipe()
@@ -274,7 +286,8 @@ ARGV = [sys.executable, "-I", "-S", "harness.py", "in.json"]
 
 
 def run_harness(source: str, scenarios: list[dict], *, limits: Limits | None = None, hide=(),
-                skip_lines=(), serve: bool = False) -> HarnessRun:
+                skip_lines=(), serve: bool = False, timeouts_before: int = 0,
+                allowance_s: float | None = None) -> HarnessRun:
     """Run the harness once on `scenarios` in a private temporary folder under the sandbox.
 
     With `serve`, a harness that gets through every scenario stays alive as ``HarnessRun.session``
@@ -282,11 +295,11 @@ def run_harness(source: str, scenarios: list[dict], *, limits: Limits | None = N
     """
     limits = limits or Limits()
     start = time.monotonic()
-    prep = _prepare(source, scenarios, limits, skip_lines, serve)
+    prep = _prepare(source, scenarios, limits, skip_lines, serve, timeouts_before, allowance_s)
     if serve:
         session = HarnessSession(prep, limits, hide)
         try:
-            load, done, obs, forged, patched, slow = _parse(session.wait_for(b'{"done":'), scenarios)
+            load, done, obs, forged, patched, slow, yielded = _parse_all(session.wait_for(b'{"done":'), scenarios)
         except BaseException:
             session.close()  # its sandbox ends and its folder goes, whatever went wrong here
             raise
@@ -298,13 +311,13 @@ def run_harness(source: str, scenarios: list[dict], *, limits: Limits | None = N
             session_out = None  # still serving: it got through every scenario within its limits
         return HarnessRun(load=load, obs=obs, done=done, outcome=session_out, wall_s=time.monotonic() - start,
                           forged=forged, evidence=evidence, builtins_changed=patched, slow_lines=slow,
-                          session=session)
+                          session=session, yielded=yielded)
     try:
         outcome = _run_sandboxed(ARGV, prep.tmp, limits, hide, prep.child_fds)
-        load, done, obs, forged, patched, slow = _parse(prep.out.lines(final=True)[0], scenarios)
+        load, done, obs, forged, patched, slow, yielded = _parse_all(prep.out.lines(final=True)[0], scenarios)
         return HarnessRun(load=load, obs=obs, done=done, outcome=outcome, wall_s=time.monotonic() - start,
                           forged=forged, evidence=_evidence(prep.tmp, outcome), builtins_changed=patched,
-                          slow_lines=slow)
+                          slow_lines=slow, yielded=yielded)
     finally:
         prep.out.close()
         shutil.rmtree(prep.tmp, ignore_errors=True)
@@ -411,6 +424,11 @@ def why_stopped(out) -> str:
     return f"the process exited early (exit code {getattr(out, 'returncode', None)})"
 
 
+def _timed_out(items) -> bool:
+    """A check that the harness stopped at its time limit (`harness._error`: ``{"timeout": true}``)."""
+    return isinstance(items, list) and bool(items) and isinstance(items[-1], dict) and items[-1].get("timeout") is True
+
+
 def collect_observations(source: str, scenarios: list[dict], limits: Limits, hide, max_runs: int = 100,
                          serve: bool = False):
     """Run the harness; if it dies part-way, restart it after the check that killed it.
@@ -418,7 +436,10 @@ def collect_observations(source: str, scenarios: list[dict], limits: Limits, hid
     The scenario being run when the process died (the first one without observations) is marked as
     failed with the reason; the rest run in a fresh process, so one crash or hang loses only its own
     checks.  The whole verdict stays within ``limits.cpu_s`` of CPU time (a run stopped by the
-    wall-clock backstop, which makes no progress, counts as having spent its whole budget).
+    wall-clock backstop, which makes no progress, counts as having spent its whole budget). Checks that time
+    out are budgeted by count (`Limits.timeout_allowance_s`, `harness.main`), so a hanging solution loses the
+    same checks on every run; a harness close to its run's CPU limit stops between two checks (``yield``)
+    and a fresh one goes on, so no honest check is cut short by that limit.
     With `serve`, a first run that gets through everything is kept alive as the returned session
     (else None); the caller closes it. Returns ``(obs, runs, session)``.
     """
@@ -428,12 +449,16 @@ def collect_observations(source: str, scenarios: list[dict], limits: Limits, hid
     per_run = max(15.0, min(limits.cpu_s * 0.4, 30.0))
     skip: set = set()
     spent = 0.0
+    allowance = limits.timeout_allowance_s()
     for _ in range(max_runs):
         left = limits.cpu_s - spent
         if not pending or left < 1.0:
             break
         run_limits = replace(limits, cpu_s=min(per_run, left))
-        hr = run_harness(source, pending, limits=run_limits, hide=hide, skip_lines=skip, serve=serve and not runs)
+        # checks that timed out so far, in order: the harness goes on counting (`harness.main`, run_all)
+        timeouts = sum(1 for sid in obs if _timed_out(obs[sid]))
+        hr = run_harness(source, pending, limits=run_limits, hide=hide, skip_lines=skip, serve=serve and not runs,
+                         timeouts_before=timeouts, allowance_s=allowance)
         runs.append(hr)
         out = hr.outcome
         spent += run_limits.cpu_s if getattr(out, "wall_exceeded", False) else float(getattr(out, "cpu_s", 0.0) or 0.0)
@@ -447,6 +472,12 @@ def collect_observations(source: str, scenarios: list[dict], limits: Limits, hid
         if not missing:
             pending = []
             break
+        if hr.yielded and hr.load is not None and hr.outcome is not None and not (
+                getattr(hr.outcome, "timed_out", False) or getattr(hr.outcome, "memory_exceeded", False)):
+            if len(missing) == len(pending):
+                break  # not even one check fitted in what is left of the budget: the rest are not run
+            pending = missing  # it stopped between two checks, near its CPU limit: nothing was lost
+            continue
         obs[missing[0]["id"]] = [{"killed": why_stopped(hr.outcome)}]
         pending = missing[1:]
         if hr.load is None and not new_slow:

@@ -39,13 +39,13 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from decodesched._io import Progress, atomic_writer
+from decodesched._io import Progress, atomic_writer, output_group
 from decodesched.errors import UserError
 
 from . import spec
 from .autograde import build_template, kernel_run, warm_server
 from .course import Course, open_course
-from .evidence import altered_cells, static_evidence
+from .evidence import altered_cells, restore_protected, static_evidence
 from .limits import Limits, load_factor
 from .notebook import (STUDENT_ID_RE, InvalidSubmission, Submission, collect_submissions, load_notebook,
                        solution_source, student_code_cells)
@@ -103,7 +103,10 @@ def grade_one(sub: Submission, course: Course, template: cf.Future, workroot: Pa
     except InvalidSubmission as exc:
         return Result(status="invalid", score=0.0, cells=_zero_cells(), lines={}, notes=[str(exc)], **base)
 
-    tampered, notes = [], []
+    tampered = []
+    # Whitespace-only changes and identical copies of locked/test cells are put back as released, for
+    # nbgrader too (its checksums and its one-cell-per-grade_id rule); a real alteration stays evidence.
+    nb, notes = restore_protected(nb, course.release)
     altered = altered_cells(nb, course.release)
     if altered:
         tampered.append("locked or test cells were altered: " + ", ".join(altered))
@@ -123,6 +126,9 @@ def grade_one(sub: Submission, course: Course, template: cf.Future, workroot: Pa
             kernel.shutdown()
     vstatus = verdict.status
     notes += [str(n) for n in (verdict.notes or [])]
+    elsewhere = defined_in_other_cells(nb, getattr(verdict, "undefined", None) or [])
+    if elsewhere:
+        notes.append(ONLY_SOLUTION_NOTE.format(names=", ".join(f"`{n}`" for n in elsewhere)))
     statuses = {vstatus}
     if vstatus == "tampered":
         tampered.append("the solution returned objects of the wrong type or forged its results")
@@ -146,6 +152,44 @@ def grade_one(sub: Submission, course: Course, template: cf.Future, workroot: Pa
                   seconds=time.monotonic() - start, pictures=pictures, **base)
 
 
+ONLY_SOLUTION_NOTE = (
+    "NameError: {names} is defined in another cell of your notebook, but the grader runs only the solution cell "
+    f"({spec.SOLUTION_CELL}): everything the classes use must be defined in that cell / 评分只运行解答单元格，"
+    "它用到的函数和变量都要定义在这个单元格里")
+
+
+def defined_in_other_cells(nb: dict, names) -> list[str]:
+    """Those of `names` that a code cell other than the solution cell defines at its top level (a def, a class,
+    an assignment, an import): the student's kernel had them, the grader's run of the solution cell has not."""
+    import ast
+
+    from .evidence import _AST_LOCK
+    from .harness import strip_magics
+    from .notebook import _cell_source, _nbgrader_meta
+
+    wanted, found = set(names), set()
+    if not wanted:
+        return []
+    for cell in nb["cells"]:
+        if cell.get("cell_type") != "code" or _nbgrader_meta(cell).get("grade_id") == spec.SOLUTION_CELL:
+            continue
+        try:
+            with _AST_LOCK:
+                tree = ast.parse(strip_magics(_cell_source(cell)))
+        except (SyntaxError, ValueError, RecursionError, MemoryError, InvalidSubmission):
+            continue
+        for node in tree.body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                found.add(node.name)
+            elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                found |= {(a.asname or a.name).split(".")[0] for a in node.names}
+            else:
+                for target in (node.targets if isinstance(node, ast.Assign) else
+                               [node.target] if isinstance(node, (ast.AnnAssign, ast.AugAssign)) else []):
+                    found |= {n.id for n in ast.walk(target) if isinstance(n, ast.Name)}
+    return sorted(wanted & found)
+
+
 def default_hide(course: Course, submissions: Path, out_dir: Path) -> tuple:
     """Paths the untrusted code must not see, each a writable trap (writes there are tamper evidence):
     the course, the submissions and the output folder.  Everything else outside the system folders
@@ -163,7 +207,8 @@ def grade(submissions, out_dir, *, course=None, options: Options | None = None) 
     options = options or Options()
     options.marker_prefix = marker_prefix(out_dir)
     course_obj = open_course(course)
-    subs = collect_submissions(submissions)
+    skipped: list = []
+    subs = collect_submissions(submissions, skipped)
     out_dir = Path(out_dir)
     made_out_dir = not out_dir.exists()
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -173,8 +218,9 @@ def grade(submissions, out_dir, *, course=None, options: Options | None = None) 
     workroot = Path(tempfile.mkdtemp(prefix="decodesched-grade-", dir=scratch_root())).resolve()
     os.chmod(workroot, 0o711)  # private uids must reach their own folder, but list nothing
     results: list[Result] = []
+    rendered: dict = {}
     try:
-        _grade_all(subs, course_obj, workroot, options, limits, jobs, results)
+        _grade_all(subs, course_obj, workroot, options, limits, jobs, results, rendered)
     except BaseException:
         if made_out_dir:  # an interrupted or failed grading leaves no empty output folder behind
             with contextlib.suppress(OSError):
@@ -183,20 +229,46 @@ def grade(submissions, out_dir, *, course=None, options: Options | None = None) 
     finally:
         sandbox.STOPPING.clear()  # every run of this grading has ended (the pools were shut down)
     results.sort(key=lambda r: r.student_id)
+    # Rendered before the gradebook was written (`_grade_all`): feedback pages, then grades.csv last.
     fb = out_dir / "feedback"
     fb.mkdir(exist_ok=True)
-    for r in results:
-        if STUDENT_ID_RE.match(r.student_id):
-            with atomic_writer(fb / f"{r.student_id}.html") as fh:
-                fh.write(feedback_html(r))
-    with atomic_writer(out_dir / "grades.csv") as fh:
-        fh.write(grades_csv_text(results))
+    with output_group():  # every page and grades.csv appear together, or none
+        for name, text in rendered["feedback"]:
+            with atomic_writer(fb / name) as fh:
+                fh.write(text)
+        with atomic_writer(out_dir / "grades.csv") as fh:
+            fh.write(rendered["grades.csv"])
+    for line in report_lines(skipped, results):
+        print(f"decodesched grade: {line}", file=sys.stderr)
     return results
 
 
-def _grade_all(subs, course_obj, workroot, options, limits, jobs, results: list) -> None:
+def report_lines(skipped: list, results: list) -> list[str]:
+    """One line for the instructor per entry of the folder that was skipped, and per `invalid` row, with its
+    reason (grades.csv has no reason column; a student id that is no plain name has no feedback page)."""
+    lines = [f"skipped {name}: {why}" for name, why in skipped]
+    lines += [f"invalid {r.student_id}: {'; '.join(r.notes) or 'no reason given'}"
+              for r in sorted(results, key=lambda r: r.student_id) if r.status == "invalid"]
+    return lines
+
+
+def render_outputs(results: list) -> dict:
+    """Every output file's text, made before anything is written (so a failure here writes nothing):
+    ``{"feedback": [(file name, html), ...], "grades.csv": text}``. A page is written for each plain
+    student id (`notebook.STUDENT_ID_RE`); the others are named only in grades.csv and on stderr."""
+    pages = [(f"{r.student_id}.html", feedback_html(r)) for r in sorted(results, key=lambda r: r.student_id)
+             if STUDENT_ID_RE.match(r.student_id)]
+    text = grades_csv_text(results)
+    for _name, page in pages:
+        page.encode("utf-8")  # surrogates would fail only half-way through the writes
+    text.encode("utf-8")
+    return {"feedback": pages, "grades.csv": text}
+
+
+def _grade_all(subs, course_obj, workroot, options, limits, jobs, results: list, rendered: dict) -> None:
     """Grade every submission into `results`, `jobs` at a time; on an interrupt (Ctrl-C) the queued ones
-    are cancelled and the runs under way stopped (`sandbox.STOPPING`) before it propagates."""
+    are cancelled and the runs under way stopped (`sandbox.STOPPING`) before it propagates. The outputs are
+    rendered into `rendered` (`render_outputs`) before the gradebook is written: a failure leaves all as it was."""
     with contextlib.ExitStack() as stack:
         stack.callback(shutil.rmtree, workroot, ignore_errors=True)
         # The fork server imports nbgrader while the template is built, and the verdicts start at once:
@@ -220,6 +292,7 @@ def _grade_all(subs, course_obj, workroot, options, limits, jobs, results: list)
             raise
         if template is not None and isinstance(template.exception(), UserError):
             raise template.exception()  # e.g. the gradebook lacks the assignment: no outputs at all
+        rendered.update(render_outputs(results))
         update_gradebook(course_obj, results, server)  # every sandboxed run has ended
 
 

@@ -59,6 +59,14 @@ def setf(i, name, value):
     return ["set", i, name, value]
 
 
+def reqf(i, *fields):
+    return ["reqf", i, list(fields)]
+
+
+def keyf(i, k):
+    return ["keyf", i, k]
+
+
 def setclock(v):
     return ["setclock", v]
 
@@ -80,42 +88,47 @@ def _targeted() -> list[dict]:
                 flat.append(op)
         S.append({"cell": cell, "id": sid, "what": what, "ops": flat})
 
-    # ---- visible TODO 1 (mirrors the notebook's visible test) ----
+    # ---- visible TODO 1-4: each mirrors its notebook cell and reads only what that cell reads (the probes
+    # ``reqf``, ``stepf``, ``keyf``, ``free``, ``runf``, ``alldone``, ``stepq``), so a visible cell that passes in
+    # the student's notebook scores its points here too. Whole states and events are checked by the hidden cells.
     c = "test_todo1_enqueue"
     sc(c, "v1_contract", "enqueue keeps the input fields; the request starts in prefill / 入队保留输入字段，从 prefill 开始",
-       new(), enq(1, 2, 2, priority=2, cache_hit=True), STATE)
+       new(), enq(1, 2, 2, priority=2, cache_hit=True),
+       reqf(0, "phase", "generated_len", "status", "priority", "cache_hit", "admitted"))
     sc(c, "v1_fields", "enqueue keeps blocks, deadline and preemptible / 入队保留 block、deadline 与可抢占性",
-       new(), enq(7, 3, 4, priority=-1, required_blocks=3, deadline_step=9, preemptible=False), STATE)
+       new(), enq(1, 2, 2, priority=2, cache_hit=True),
+       enq(7, 3, 4, priority=-1, required_blocks=3, deadline_step=9, preemptible=False),
+       reqf(1, "required_blocks", "deadline_step", "preemptible"))
 
     # ---- visible TODO 2 ----
     c = "test_todo2_schedule_key"
     sc(c, "v2_phase_first", "phase ranks before cache and priority / 阶段先于缓存与优先级",
        new(), enq(1, 4, 1, priority=0), enq(2, 4, 1, priority=9, cache_hit=True), setf(1, "phase", "decode"),
        key(0), key(1))
-    sc(c, "v2_priority", "a larger priority sorts first and runs first / 优先级大者先运行",
-       new(), enq(1, 4, 1, priority=1, cache_hit=True), enq(2, 4, 1, priority=3, cache_hit=True), key(0), key(1), STEP)
     sc(c, "v2_deadline", "policy deadline sorts by slack / deadline 策略按余量排序",
        new(policy="deadline"), enq(1, 4, 4, priority=9, deadline_step=20), enq(2, 2, 1, priority=0, deadline_step=1),
-       key(0), key(1), STEP)
+       keyf(0, 0), keyf(1, 0), ["stepf", ["request_id"]])
 
     # ---- visible TODO 3 ----
     c = "test_todo3_capacity"
     sc(c, "v3_admission", "a request that does not fit waits; finish frees blocks / 容量不足则等待，完成释放容量",
        new(free_kv_blocks=2), enq(1, 4, 1, priority=9, required_blocks=3), enq(2, 4, 1, priority=1, required_blocks=2),
-       STEP, STATE, STEP, STATE)
-    sc(c, "v3_preempt", "a higher priority request preempts and the victim resumes / 高优先级抢占，victim 恢复",
-       new(free_kv_blocks=2), enq(1, 4, 2, priority=1, required_blocks=2), STEP, enq(2, 2, 1, priority=9, required_blocks=2),
-       STEP, STATE, run(10), STATE)
+       ["stepf", ["request_id"]], ["free"], ["stepf", ["action"]], ["free"])
+    sc(c, "v3_preempt", "a higher priority request preempts; the victim keeps its phase / 高优先级抢占，victim 保留阶段",
+       new(free_kv_blocks=2), enq(1, 4, 2, priority=1, required_blocks=2), ["stepq"],
+       enq(2, 2, 1, priority=9, required_blocks=2), ["stepf", ["request_id", "preempted_request_id"]],
+       reqf(0, "status", "phase", "preemptions"))
     sc(c, "v3_non_preemptible", "a non-preemptible request is never preempted / 不可抢占请求受保护",
-       new(free_kv_blocks=2), enq(1, 4, 2, priority=1, required_blocks=2, preemptible=False), STEP,
-       enq(2, 2, 1, priority=9, required_blocks=2), STEP, STATE)
+       new(free_kv_blocks=2), enq(1, 4, 2, priority=1, required_blocks=2, preemptible=False), ["stepq"],
+       enq(2, 2, 1, priority=9, required_blocks=2), ["stepf", ["request_id", "preempted_request_id"]])
 
     # ---- visible TODO 4 ----
     c = "test_todo4_step"
     sc(c, "v4_progression", "two requests run to completion in 7 steps / 两个请求 7 步完成",
-       new(), enq(1, 2, 2, priority=2, cache_hit=True), enq(2, 3, 3, priority=1), run(20), STATE)
-    sc(c, "v4_guards", "bad input is rejected and run stops at max_steps / 非法输入被拒绝，run 遵守 max_steps",
-       new(), enq(1, 0, 2), enq(1, 1, 0), enq(1, 1, 2, required_blocks=0), enq(1, 1, 3), run(2), run(-1), STATE)
+       new(), enq(1, 2, 2, priority=2, cache_hit=True), enq(2, 3, 3, priority=1), ["runf", 20], ["alldone"],
+       reqf(1, "wait_steps"))
+    sc(c, "v4_guards", "run stops at max_steps and rejects a negative one / run 遵守 max_steps，拒绝负数",
+       new(), enq(1, 1, 3), ["runf", 2], run(-1))
 
     # ---- hidden TODO 1: the request state ----
     c = "hidden_todo1_enqueue"
@@ -187,7 +200,13 @@ def _targeted() -> list[dict]:
        key(0), key(1), key(2), STEP, STEP)
 
     # ---- hidden TODO 3: admission and preemption ----
+    sc(c, "h2_priority_runs_first", "a larger priority sorts first and runs first / 优先级大者先运行",
+       new(), enq(1, 4, 1, priority=1, cache_hit=True), enq(2, 4, 1, priority=3, cache_hit=True), key(0), key(1), STEP)
+
     c = "hidden_todo3_capacity"
+    sc(c, "h3_preempt_and_resume", "a higher priority request preempts and the victim resumes / 高优先级抢占，victim 恢复",
+       new(free_kv_blocks=2), enq(1, 4, 2, priority=1, required_blocks=2), STEP, enq(2, 2, 1, priority=9, required_blocks=2),
+       STEP, STATE, run(10), STATE)
     sc(c, "h3_exact_fit", "a request whose blocks equal the free blocks is admitted / 恰好够用即可准入",
        new(free_kv_blocks=3), enq(1, 1, 1, required_blocks=3), STEP, STATE, STEP, STATE)
     sc(c, "h3_skip_to_fitting", "a request that does not fit is skipped for one that fits / 放不下则跳到下一个",
@@ -231,6 +250,8 @@ def _targeted() -> list[dict]:
 
     # ---- hidden TODO 4: one step ----
     c = "hidden_todo4_step"
+    sc(c, "h4_two_requests_events", "two requests run to completion in 7 steps, every event and state / 两个请求 7 步完成（全部事件与状态）",
+       new(), enq(1, 2, 2, priority=2, cache_hit=True), enq(2, 3, 3, priority=1), run(20), STATE)
     sc(c, "h4_wait_accounting", "every unfinished request not chosen waits one step; the chosen one does not / 等待计数",
        new(free_kv_blocks=2), enq(1, 1, 2, priority=3, required_blocks=2), enq(2, 1, 1, priority=1),
        enq(3, 1, 1, priority=0), STEP, STATE, STEP, STATE, run(10), STATE)

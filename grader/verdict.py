@@ -13,11 +13,12 @@ scenario and the first difference; they never contain test source or tracebacks.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field, replace
 
-from .compare import compare, setup_text, trace_table
+from .compare import compare, not_run, setup_text, trace_table
 from .limits import Limits
-from .observe import collect_observations, run_harness, why_stopped, default_hide
+from .observe import _timed_out, collect_observations, run_harness, why_stopped, default_hide
 from .scenarios import N_RANDOM_TRACES, build_scenarios, expected_for, trace_scenario
 from .shrink import shrink, size
 from .spec import CELLS
@@ -41,6 +42,7 @@ class Verdict:
     total: float
     max_total: float
     notes: list[str] = field(default_factory=list)
+    undefined: list[str] = field(default_factory=list)  # names of NameErrors the solution's code raised
 
     def as_dict(self) -> dict:
         return {
@@ -109,25 +111,40 @@ def judge(scenarios: list[dict], observations, *, rerun=None, shrink_budget_s: f
             else:
                 lines.append(f"all {total} random traces match the reference engine event for event")
         else:
-            for k, (s, d) in enumerate(failures[:MAX_LINES_PER_CELL]):
+            skipped = [(s, d) for s, d in failures if not_run(d)]
+            ran = [(s, d) for s, d in failures if not not_run(d)]
+            for k, (s, d) in enumerate(ran[:MAX_LINES_PER_CELL]):
                 lines.append(f"FAIL {s['what']}: {d}")
                 if k == 0:
                     lines.append("  setup / 场景: " + setup_text(s))
                     picture = schedule_picture(s, obs_by_id.get(s["id"]), d)
-            if len(failures) > MAX_LINES_PER_CELL:
-                lines.append(f"... and {len(failures) - MAX_LINES_PER_CELL} more failing checks")
+            if len(ran) > MAX_LINES_PER_CELL:
+                lines.append(f"... and {len(ran) - MAX_LINES_PER_CELL} more failing checks")
+            if skipped:
+                lines.append(_not_run_line(skipped, "checks"))
             if not failures:
                 lines.append(f"all {total} checks passed")
         verdicts[cell.grade_id] = CellVerdict(score=score, max_score=float(cell.points), lines=lines, picture=picture)
     return verdicts
 
 
+def _not_run_line(skipped: list, what: str) -> str:
+    """One line for the checks that were never started: they score 0, but nothing says they would fail."""
+    return (f"NOT RUN {len(skipped)} {what} / 未运行: {skipped[0][1][len('not run: '):]} (they score 0; "
+            "they are not counted as failing)")
+
+
 def _differential_lines(failures, total, rerun, budget_s, obs_by_id) -> tuple[list[str], dict | None]:
-    lines = [f"FAIL {len(failures)} of {total} random traces differ from the reference engine"]
-    not_run = [s for s, d in failures if d.startswith("did not run")]
+    skipped = [(s, d) for s, d in failures if not_run(d)]
+    failures = [(s, d) for s, d in failures if not not_run(d)]
+    lines = [f"FAIL {len(failures)} of {total} random traces differ from the reference engine"] if failures else []
+    if skipped:
+        lines.append(_not_run_line(skipped, f"of {total} random traces"))
+    not_run_ = [s for s, d in failures if d.startswith("did not run")]
     ran = [(s, d) for s, d in failures if not d.startswith("did not run")]
     if not ran:
-        lines.append(f"{len(not_run)} traces did not run to the end (crash, time or memory limit)")
+        if not_run_:
+            lines.append(f"{len(not_run_)} traces did not run to the end (crash, time or memory limit)")
         return lines, None
     s, d = min(ran, key=lambda item: size(item[0]["trace"]))
     trace, diff, got = s["trace"], d, obs_by_id.get(s["id"])
@@ -243,7 +260,14 @@ def _verdict(source, scenarios, obs, runs, session, limits, hide, shrink_failure
         notes.append("memory limit reached: checks that ran out of memory score 0")
     elif timed_out or scenario_timeouts:
         status = "timeout"
-        notes.append("time limit reached: checks that did not finish score 0")
+        hung = sum(1 for o in obs.values() if _timed_out(o))
+        skipped = sum(1 for o in obs.values() if isinstance(o, list) and o and isinstance(o[0], dict)
+                      and str(o[0].get("killed", "")).startswith("not run: "))
+        notes.append("time limit reached: checks that did not finish score 0"
+                     + (f" ({hung} check(s) stopped at their time limit" if hung else "")
+                     + (f"; {skipped} check(s) not run: the time allowed for checks that time out was spent"
+                        if hung and skipped else "")
+                     + (")" if hung else ""))
     elif crashed:
         status = "crashed"
         reasons = [why_stopped(r.outcome) for r in runs if not r.done]
@@ -254,5 +278,26 @@ def _verdict(source, scenarios, obs, runs, session, limits, hide, shrink_failure
         status = "graded"
     if found and not suspicious:
         notes.append("non-plain values were returned (" + ", ".join(sorted(found)[:3]) + "): those checks failed")
+    errors = [load_errors] + _raised_messages(obs)
+    modules = sorted({m for text in errors for m in _NO_MODULE.findall(text)})
+    if modules:
+        notes.append(MODULES_NOTE + "; ".join(f"`import {m}` failed" for m in modules[:3])
+                     + " / 评分时解答单元格只能使用标准库和 NumPy")
+    undefined = sorted({n for text in errors for n in _UNDEFINED.findall(text)})
     total = round(sum(v.score for v in cells.values()), 2)
-    return Verdict(cells=cells, status=status, total=total, max_total=max_total, notes=notes)
+    return Verdict(cells=cells, status=status, total=total, max_total=max_total, notes=notes, undefined=undefined)
+
+
+MODULES_NOTE = "the grader runs your solution cell with the standard library and NumPy only; "
+_NO_MODULE = re.compile(r"No module named '([A-Za-z0-9_.]{1,60})'")
+_UNDEFINED = re.compile(r"name '([A-Za-z_][A-Za-z0-9_]{0,60})' is not defined")
+
+
+def _raised_messages(obs: dict) -> list[str]:
+    """The messages of the exceptions the solution's code raised in the checks (each message once)."""
+    found = set()
+    for items in obs.values():
+        for ob in items if isinstance(items, list) else ():
+            if isinstance(ob, dict) and isinstance(ob.get("raised"), str) and isinstance(ob.get("msg"), str):
+                found.add(f"{ob['raised']}: {ob['msg']}")
+    return sorted(found)

@@ -108,3 +108,25 @@ def test_worked_example_table_matches_the_model():
         assert int(cells[1]) == ev["request_id"] and cells[2] == f"`{ev['action']}`"
         assert int(cells[5]) == ev["free_kv_blocks"]
         assert cells[6] == ("" if ev["preempted_request_id"] is None else str(ev["preempted_request_id"]))
+
+
+def _task_text():
+    md = [_src(c) for c in NB["cells"] if c["cell_type"] == "markdown"]
+    return next(t for t in md if "Your task" in t)
+
+
+def test_the_task_says_up_front_that_only_the_solution_cell_runs_with_the_stdlib_and_numpy():
+    # Audit 6, findings 2 and 3: a helper in another cell, or `import numba`, scored ~10 with no word about why.
+    text = _task_text()
+    zh = text.index("只提供 Python 标准库和\nNumPy")
+    en = text.index("with the Python standard library and NumPy only")
+    assert zh < en  # Chinese first, English beside it
+    assert "只有这个单元格会被评分" in text and "every helper function, constant\nand `import`" in text
+    assert "numba" in text
+
+
+def test_the_task_promises_nothing_about_stderr_that_the_grader_does_not_do():
+    # Audit 6, finding 9: "a test cell with stderr output scores 0" was false (scores come from the verdict).
+    text = _task_text()
+    assert "scores 0" not in text and "记 0 分" not in text
+    assert "do not\nchange your score" in text and "不影响分数" in text

@@ -111,3 +111,54 @@ def test_static_evidence_accepts_honest_code():
     # the word alone, in prose, names no file: an honest docstring is no evidence
     prose = 'def schedule(queue):\n    """Fair to every request; nothing here touches the gradebook."""\n'
     assert evidence.static_evidence([honest, "def broken(:\n", prose]) == []
+
+
+def _released():
+    """The minimal notebook with nbgrader's checksums on its locked/test cells, as a release has them."""
+    from nbformat import from_dict
+    from nbgrader.utils import compute_checksum
+
+    nb = _nb()
+    for cell in nb["cells"]:
+        meta = cell.get("metadata", {}).get("nbgrader")
+        if meta and (meta.get("grade") or meta.get("locked")):
+            meta["checksum"] = compute_checksum(from_dict(cell))
+    return nb
+
+
+def test_whitespace_only_changes_and_identical_copies_are_restored_not_evidence():
+    # Audit 6, finding 6: a trailing newline added to a test cell (an editor, a jupytext round trip) was
+    # "altered" through nbgrader's checksum of the exact source; a duplicated test cell was "altered" too.
+    release = _released()
+    test_cell = json.loads(json.dumps(release["cells"][2]))
+    gid = test_cell["metadata"]["nbgrader"]["grade_id"]
+    spaced = json.loads(json.dumps(release))
+    spaced["cells"][2]["source"] = "\n".join(ln + "  " for ln in test_cell["source"].split("\n")) + "\n\n"
+    assert evidence.altered_cells(spaced, release) == [gid]  # as submitted: the checksum differs
+    fixed, notes = evidence.restore_protected(spaced, release)
+    assert evidence.altered_cells(fixed, release) == []
+    assert fixed["cells"][2]["source"] == test_cell["source"] and len(notes) == 1 and gid in notes[0]
+    assert spaced["cells"][2]["source"] != test_cell["source"]  # the submission itself is not changed
+
+    dup = json.loads(json.dumps(release))
+    dup["cells"].append(json.loads(json.dumps(test_cell)))
+    fixed, notes = evidence.restore_protected(dup, release)
+    assert len(fixed["cells"]) == len(release["cells"]) and evidence.altered_cells(fixed, release) == []
+    assert "identical copies" in notes[0] and gid in notes[0]
+
+    assert evidence.restore_protected(release, release) == (release, [])
+
+
+def test_a_real_alteration_stays_evidence_after_restoring():
+    release = _released()
+    edited = json.loads(json.dumps(release))
+    edited["cells"][2]["source"] = "pass\n"
+    copy = json.loads(json.dumps(edited["cells"][2]))
+    edited["cells"].append(copy)  # an altered copy as well
+    fixed, _notes = evidence.restore_protected(edited, release)
+    gid = release["cells"][2]["metadata"]["nbgrader"]["grade_id"]
+    assert evidence.altered_cells(fixed, release) == [gid]
+    half = json.loads(json.dumps(release))
+    half["cells"].append(json.loads(json.dumps(edited["cells"][2])))  # the original, then an altered copy
+    fixed, _notes = evidence.restore_protected(half, release)
+    assert evidence.altered_cells(fixed, release) == [gid]

@@ -258,6 +258,11 @@ def task_md():
 *Complete TODO 1–4 in the code cell below (keep the class names, method names and signatures; define the classes
 only in that cell).*
 
+**只有这个单元格会被评分 / Only this cell is graded.** 评分器只运行这一个单元格，且只提供 Python 标准库和
+NumPy：你的类用到的辅助函数、常量和 `import` 都必须写在这个单元格里，不能使用 numba、pandas 等其他包。
+*The grader runs this one cell, with the Python standard library and NumPy only: every helper function, constant
+and `import` your classes use must be in this cell, and other packages (numba, pandas, ...) are not available.*
+
 | TODO | 位置 / where | 要做什么 / what |
 |---|---|---|
 | TODO 1 | `enqueue` | 构造 `RequestState` 并入队 · build the request state (status `waiting`, phase `prefill`) |
@@ -275,8 +280,9 @@ the smallest failing case and the first diverging event.*
 |---|---|---|---|---|
 {rows}
 
-请不要在代码中打印到 stderr 或发出 warning（带 stderr 输出的测试单元格记 0 分）。
-*Do not print to stderr or emit warnings (a test cell with stderr output scores 0).*
+请让测试单元格保持安静：不要打印调试信息到 stderr，也尽量不要发出 warning（它们不影响分数，但会淹没测试的输出）。
+*Please keep the test cells quiet: no debugging output on stderr and, where you can, no warnings (they do not
+change your score, but they bury the tests' own output).*
 """
 
 
