@@ -26,6 +26,7 @@ import pytest
 from decodesched.grader import pipeline, sandbox, spec, verdict
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from grader_attacks.course import build_course, tool_env as _env  # noqa: E402
 from grader_attacks import attacks, nobody  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -33,12 +34,6 @@ pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
 TIMEOUT_S = 20
 IS_ROOT = os.geteuid() == 0
-
-
-def _env():
-    env = dict(os.environ)
-    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "/usr/bin:/bin")
-    return env
 
 
 def _tree_digest(root: Path) -> dict:
@@ -84,14 +79,8 @@ def _rows(out: Path) -> dict:
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     base = tmp_path_factory.mktemp("grade_e2e")
-    course = base / "course"
-    course.mkdir()
-    shutil.copy2(REPO / "assignments" / "nbgrader_config.py", course / "nbgrader_config.py")
-    shutil.copytree(REPO / "assignments" / "source", course / "source")
-    gen = subprocess.run([sys.executable, "-m", "nbgrader", "generate_assignment", spec.ASSIGNMENT, "--force"],
-                         cwd=course, capture_output=True, text=True, env=_env(), timeout=600)
-    assert gen.returncode == 0, gen.stderr[-2000:]
-    release = course / "release" / spec.ASSIGNMENT / spec.NOTEBOOK
+    course, release_path = build_course(base)
+    release = release_path
     subs = base / "submissions"
     tokens = (f"decodesched-attack-bg-{uuid.uuid4().hex}", str(random.randrange(900_000, 999_999)))
     attacks.build(release, subs, tokens)

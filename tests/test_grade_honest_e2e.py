@@ -8,7 +8,6 @@ import copy
 import csv
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +17,7 @@ import pytest
 from decodesched.grader import spec
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from grader_attacks.course import build_course, tool_env as _env  # noqa: E402
 from grader_attacks import attacks  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -28,12 +28,6 @@ HELPER = ("def effective_priority(req, policy, aging_interval):\n"
           "    return req.priority + (req.wait_steps // aging_interval if policy == 'aging' else 0)\n")
 
 
-def _env():
-    env = dict(os.environ)
-    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "/usr/bin:/bin")
-    return env
-
-
 def _gid(cell):
     return cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
 
@@ -41,14 +35,8 @@ def _gid(cell):
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
     base = tmp_path_factory.mktemp("honest_e2e")
-    course = base / "course"
-    course.mkdir()
-    shutil.copy2(REPO / "assignments" / "nbgrader_config.py", course / "nbgrader_config.py")
-    shutil.copytree(REPO / "assignments" / "source", course / "source")
-    gen = subprocess.run([sys.executable, "-m", "nbgrader", "generate_assignment", spec.ASSIGNMENT, "--force"],
-                         cwd=course, capture_output=True, text=True, env=_env(), timeout=600)
-    assert gen.returncode == 0, gen.stderr[-2000:]
-    release = json.loads((course / "release" / spec.ASSIGNMENT / spec.NOTEBOOK).read_text(encoding="utf-8"))
+    course, release_path = build_course(base)
+    release = json.loads(release_path.read_text(encoding="utf-8"))
     ref = attacks.reference_source()
     correct = attacks._with_solution(release, ref)
     subs = base / "subs"

@@ -88,20 +88,14 @@ def test_an_interrupt_during_grading_stops_the_runs_under_way_at_once(tmp_path, 
     stopped: exit 130 in seconds, no grades, no gradebook change, no process left, no empty output
     folder.  SIGTERM (a job scheduler's `kill`) does the same, with exit 143."""
     import json
-    import shutil
 
     from decodesched.grader import pipeline, sandbox, spec
 
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    course = tmp_path / "course"
-    course.mkdir()
-    shutil.copy2(os.path.join(repo, "assignments", "nbgrader_config.py"), course / "nbgrader_config.py")
-    shutil.copytree(os.path.join(repo, "assignments", "source"), course / "source")
-    env = dict(os.environ, PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
-    gen = subprocess.run([sys.executable, "-m", "nbgrader", "generate_assignment", spec.ASSIGNMENT, "--force"],
-                         cwd=course, capture_output=True, text=True, env=env, timeout=600)
-    assert gen.returncode == 0, gen.stderr[-2000:]
-    release = json.loads((course / "release" / spec.ASSIGNMENT / spec.NOTEBOOK).read_text())
+    from grader_attacks.course import build_course, tool_env
+
+    course, release_path = build_course(tmp_path)
+    env = tool_env()
+    release = json.loads(release_path.read_text())
     for cell in release["cells"]:
         if cell.get("metadata", {}).get("nbgrader", {}).get("grade_id") == spec.SOLUTION_CELL:
             cell["source"] = "while True:\n    pass\n"  # each run spends its whole CPU limit

@@ -27,26 +27,11 @@ REPO = HERE.parents[1]
 sys.path.insert(0, str(HERE.parent))
 
 from grader_attacks import attacks  # noqa: E402
+from grader_attacks.course import build_course, tool_env as _env  # noqa: E402
 
 from decodesched.grader import mutants  # noqa: E402
 
 ASSIGNMENT = "decode_scheduling"
-
-
-def _env():
-    env = dict(os.environ)
-    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "/usr/bin:/bin")
-    return env
-
-
-def build_course(root: Path) -> Path:
-    course = root / "course"
-    course.mkdir()
-    shutil.copy2(REPO / "assignments" / "nbgrader_config.py", course / "nbgrader_config.py")
-    shutil.copytree(REPO / "assignments" / "source", course / "source")
-    subprocess.run([sys.executable, "-m", "nbgrader", "generate_assignment", ASSIGNMENT, "--force"], cwd=course,
-                   check=True, capture_output=True, env=_env())
-    return course
 
 
 def honest_folder(release: Path, out: Path) -> None:
@@ -96,8 +81,7 @@ def main() -> int:
     args = ap.parse_args()
     root = Path(tempfile.mkdtemp(prefix="grade-throughput-"))
     try:
-        course = build_course(root)
-        release = course / "release" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb"
+        course, release = build_course(root)
         subs = root / "subs"
         if args.folder == "honest":
             honest_folder(release, subs)
