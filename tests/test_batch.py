@@ -153,6 +153,13 @@ def test_grid_order_and_validation():
         with pytest.raises(UserError, match=f"grid: {name} must be a list of values"):
             B.grid(*args)
     assert len(B.grid(1, ("aging", "fcfs"), range(1, 3), np.array([2, 3]))) == 6
+    # a grid or replicates beyond this machine's memory are refused before anything is built
+    with pytest.raises(UserError, match="the grid's scenarios would take at least .* GiB, more than this machine"):
+        B.grid(1, ["aging"], [4], [4], replicates=10**12)
+    rows1 = [{"request_id": 1, "arrival_step": 0, "prompt_len": 1, "max_new_tokens": 1, "priority": 0,
+              "cache_hit": False, "required_blocks": 1, "deadline_step": None, "preemptible": True}]
+    with pytest.raises(UserError, match="1000000000000 replicates of 1 trace would take"):
+        B.replicate_traces([rows1], 10**12)
     rows = [{"request_id": 1, "arrival_step": 0, "prompt_len": 1, "max_new_tokens": 1, "priority": 0,
              "cache_hit": False, "required_blocks": 1, "deadline_step": None, "preemptible": True}]
     with pytest.raises(UserError, match="scenario 1: unknown policy"):

@@ -129,3 +129,16 @@ def test_a_batch_result_is_picked_by_an_index_in_range(trace_csv):
         batch.result(2)
     with pytest.raises(TypeError, match="an integer"):
         batch.result("0")
+
+
+def test_a_sweep_beyond_memory_is_refused_at_once(trace_csv, tmp_path, capsys):
+    """`--replicates 100000000` (a typo's worth of zeros) built replicates for minutes, then swapped or died;
+    the grid's result rows alone would take hundreds of GiB: one line, exit 2, before anything is built."""
+    out = tmp_path / "sw.csv"
+    assert main(["sweep", str(trace_csv), "--policy", "aging", "--kv-blocks", "3", "--aging-interval", "4",
+                 "--replicates", "100000000", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "the result rows of 100000000 scenarios would take at least" in err and len(err.splitlines()) == 1
+    assert not out.exists()
+    assert decodesched.batch.grid_size(2, ["aging", "fcfs"], [1, 2], [3, 4], 3) == len(
+        decodesched.grid(2, ["aging", "fcfs"], [1, 2], [3, 4], replicates=3))

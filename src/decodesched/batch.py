@@ -98,11 +98,44 @@ def grid(traces, policies: Sequence, kv_blocks: Sequence[int], aging_intervals: 
         ("policies", policies), ("kv_blocks", kv_blocks), ("aging_intervals", aging_intervals)))
     if not intervals:
         raise UserError("grid needs at least one aging interval")
+    _check_fits_in_memory("the grid's scenarios",
+                          grid_size(n_traces, policies, kv_blocks, intervals, replicates) * _SCENARIO_BYTES)
     out = []
     for t, r, p, c in itertools.product(range(n_traces), range(replicates), policies, kv_blocks):
         for k in (intervals if uses_aging_interval(p) else intervals[:1]):
             out.append(Scenario(int(t) * replicates + r, p, c, k, max_steps, r))
     return out
+
+
+def grid_size(n_traces: int, policies: Sequence, kv_blocks: Sequence, aging_intervals: Sequence,
+              replicates: int = 1) -> int:
+    """How many scenarios `grid` makes of these axes (without making them)."""
+    per_trace = sum(len(aging_intervals) if uses_aging_interval(p) else 1 for p in policies) * len(kv_blocks)
+    return int(n_traces) * int(replicates) * per_trace
+
+
+def check_sweep_fits(n_scenarios: int) -> None:
+    """Refuse a sweep whose result rows (one dict of metrics per scenario) cannot fit in memory."""
+    _check_fits_in_memory(f"the result rows of {n_scenarios} scenarios", n_scenarios * _RESULT_ROW_BYTES)
+
+
+# What a Trace (its object and ten arrays), one of its rows (ten columns and the arrival order), one
+# Scenario and one scenario's result row (`BatchResult.rows`: a dict of ~100 metrics) take, at least.
+_TRACE_BYTES = 2048
+_TRACE_ROW_BYTES = 80
+_SCENARIO_BYTES = 200
+_RESULT_ROW_BYTES = 8192
+
+
+def _check_fits_in_memory(what: str, need: int) -> None:
+    """Refuse, before building it, something that cannot fit in this machine's memory (a typo such as
+    ``--replicates 100000000`` would otherwise build for minutes, then swap or die)."""
+    from .engine import _memory_bytes
+
+    memory = _memory_bytes()
+    if memory is not None and need > memory:
+        raise UserError(f"{what} would take at least {need / 2**30:.3g} GiB, more than this machine's memory "
+                        f"({memory / 2**30:.3g} GiB)")
 
 
 def _grid_axis(name: str, values) -> list:
@@ -138,6 +171,8 @@ def replicate_traces(traces, replicates: int, rules: Sequence[dict | None] | Non
     rules = list(rules) if rules is not None else [None] * len(traces)
     if len(rules) != len(traces):
         raise UserError(f"replicate_traces needs one rules entry per trace ({len(traces)}), got {len(rules)}")
+    _check_fits_in_memory(f"{replicates} replicates of {len(traces)} trace{'s' if len(traces) != 1 else ''}",
+                          replicates * sum(_TRACE_BYTES + len(t) * _TRACE_ROW_BYTES for t in traces))
     out = []
     for trace, rule in zip(traces, rules):
         rule = dict(rule or {})

@@ -33,7 +33,7 @@ import sys
 import time
 from pathlib import Path
 
-from ..batch import BACKENDS, convert_rules, grid, replicate_traces, write_metrics_csv
+from ..batch import BACKENDS, check_sweep_fits, convert_rules, grid, grid_size, replicate_traces, write_metrics_csv
 from ..cli import int_arg
 from ..engine import ENGINES, POLICIES, check_config
 from ..errors import UserError
@@ -149,6 +149,7 @@ def run(args) -> int:
         for blocks in args.kv_blocks:
             for interval in args.aging_interval:
                 check_config(policy, blocks, interval, args.max_steps)
+    check_sweep_fits(grid_size(len(args.traces), policies, args.kv_blocks, args.aging_interval, args.replicates))
     traces = [load_trace(t) for t in args.traces]
     if args.replicates > 1:
         from ..convert import read_meta
