@@ -533,3 +533,39 @@ def test_a_sweep_resumed_after_a_helper_was_edited_starts_afresh(tmp_path, monke
     assert main([*argv, "--out", str(out)]) == 0
     assert main([*argv, "--out", str(clean)]) == 0
     assert out.read_bytes() == clean.read_bytes()
+
+
+def test_the_fingerprint_follows_enum_members_and_survives_odd_globals():
+    """Numba compiles `Level.BOOST` as the member's value: editing it must change the fingerprint.  Any
+    object may sit in a policy module's globals: one whose repr, attributes or iteration raise, a huge
+    int, containers sharing parts 30 levels deep: a fingerprint, at once, never an exception."""
+    import enum
+    import time
+
+    from decodesched.policy import _describe_value
+
+    def levels(boost):
+        return enum.IntEnum("Level", {"LOW": 0, "BOOST": boost})
+
+    assert _describe_value(levels(1), 0, {}) == _describe_value(levels(1), 0, {})
+    assert _describe_value(levels(1), 0, {}) != _describe_value(levels(5), 0, {})
+
+    class Hostile(str):
+        def __repr__(self):
+            raise RuntimeError("no")
+
+        def __getattribute__(self, name):
+            raise RuntimeError("no")
+
+    class BadItems(dict):
+        def items(self):
+            raise RuntimeError("no")
+
+    shared = [1]
+    for _ in range(30):
+        shared = [shared, shared]  # 2**30 paths to one list
+    start = time.process_time()
+    for odd in (Hostile("x"), BadItems(a=1), 10**5000, shared):
+        assert isinstance(_describe_value(odd, 0, {}), bytes)
+    assert time.process_time() - start < 30  # (it was exponential: 22 levels took 7 s, each one more doubles)
+    assert _describe_value(10**5000, 0, {}) != _describe_value(10**5000 + 1, 0, {})

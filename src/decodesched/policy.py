@@ -119,12 +119,36 @@ def _code_names(code) -> list[str]:
 
 def _describe_value(value, depth: int, seen: dict[int, int]) -> bytes:
     """Deterministic bytes for what `value` contributes to compiled policy code (see `Policy.fingerprint`):
-    the same for the same code and values in any process or file, different when code or values differ."""
+    the same for the same code and values in any process or file, different when code or values differ.
+    Any object may sit in a module's globals: one whose attributes, repr or iteration raise is known by
+    its type's name, and past `_FINGERPRINT_OBJECTS` objects described (containers that share parts
+    are described once each) the rest are known by their types."""
+    try:
+        count = seen.get(-1, 0) + 1
+        seen[-1] = count  # (ids are >= 0: the key -1 counts the objects described)
+        if count > 4 * _FINGERPRINT_OBJECTS:
+            return b"<more>"
+        return _describe(value, depth, seen)
+    except RecursionError:
+        return b"<deep>"
+    except Exception:  # noqa: BLE001 - a hostile __repr__, __getattr__, __iter__, __class__ ...
+        try:
+            return f"<{_qualified(type(value))}>".encode()
+        except Exception:  # noqa: BLE001
+            return b"<object>"
+
+
+def _describe(value, depth: int, seen: dict[int, int]) -> bytes:
+    if type(value) is int:
+        return repr(("int", hex(value))).encode()  # (repr refuses ints of over 4,300 digits)
     if isinstance(value, _PLAIN_TYPES):
         return repr((type(value).__name__, value)).encode()
     if isinstance(value, (tuple, list, set, frozenset, dict)):
         if depth > 4 * _FINGERPRINT_DEPTH:  # (a container that holds itself)
             return b"<deep>"
+        if id(value) in seen:  # (a part shared by several containers: described once)
+            return f"<again {seen[id(value)]}>".encode()
+        seen[id(value)] = len(seen)
         if isinstance(value, dict):
             items = sorted(_describe_value(k, depth + 1, seen) + b":" + _describe_value(v, depth + 1, seen)
                            for k, v in value.items())
@@ -180,6 +204,10 @@ def _describe_value(value, depth: int, seen: dict[int, int]) -> bytes:
         name = value.__name__
         return f"<module {'<policy file>' if name.startswith(_FILE_MODULE_PREFIX) else name}>".encode()
     if isinstance(value, type):
+        if issubclass(value, enum.Enum):  # (Numba compiles `Level.BOOST` as the member's value)
+            members = [name.encode() + b"=" + _describe_value(m.value, depth + 1, seen)
+                       for name, m in value.__members__.items()]
+            return f"<enum {_qualified(value)}>(".encode() + b",".join(members) + b")"
         return f"<class {_qualified(value)}>".encode()
     try:
         text = repr(value) if type(value).__repr__ is not object.__repr__ else ""
