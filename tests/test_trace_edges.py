@@ -252,3 +252,13 @@ def test_a_checked_trace_is_not_checked_again_and_a_valid_replaced_one_is_equal(
     assert again is not t and again.name == "renamed" and load_trace(again) is again
     for name, col in t.columns().items():
         assert list(again.columns()[name]) == list(col), name
+
+
+def test_a_subset_that_repeats_a_row_is_checked_again_even_by_a_negative_index():
+    import decodesched
+
+    t = _two_requests()
+    assert load_trace(t.subset([0, 1])) is not None
+    for rows in ([1, 1], [1, -1], [-2, 0]):
+        with pytest.raises(TraceError, match="duplicate request_id"):
+            decodesched.simulate(t.subset(rows), "fcfs", 4)

@@ -154,6 +154,7 @@ class Trace:
         rows = np.asarray(rows, dtype=np.int64)
         kw = {name: getattr(self, name)[rows] for name in ARRAY_FIELDS}
         out = Trace(**kw, steps_per_second=self.steps_per_second, name=self.name, source=self.source)
+        rows = np.arange(len(self))[rows]  # (negative indices counted from the end, as NumPy does)
         if self._checked and len(rows) and len(np.unique(rows)) == len(rows):  # rows of a valid trace, once each
             object.__setattr__(out, "_checked", True)
         return out
