@@ -444,7 +444,7 @@ def run_op(ns, box, op):
         return normalise(sim.free_kv_blocks)
     if name == "keyf":  # one item of the sort key
         return normalise(sim._schedule_key(sim.queue[op[1]])[op[2]])
-    if name == "runf":  # how many events run() gave, the first and the last (request_id, action), all done?
+    if name == "runf":  # how many events run() gave, the first and the last (request_id, action); op[2]: which
         evs = normalise(sim.run(max_steps=op[1]))
         if _type(evs) is not _list:
             return evs
@@ -452,7 +452,10 @@ def run_op(ns, box, op):
         def head(ev):
             return [ev.get("request_id"), ev.get("action")] if _type(ev) is _dict else ev
 
-        return {"len": _len(evs), "first": head(evs[0]) if evs else None, "last": head(evs[-1]) if evs else None}
+        out = {"len": _len(evs), "first": head(evs[0]) if evs else None, "last": head(evs[-1]) if evs else None}
+        if _len(op) > 2:  # only the listed ones ("len", "first", "last"): what the cell reads
+            return {f: out[f] for f in op[2] if f in out}
+        return out
     if name == "alldone":
         queue = sim.queue
         return normalise(_all_done([queue[i].done for i in _range(_len(queue))]))
@@ -704,14 +707,16 @@ def main(argv):
         n = timeouts[0]
         return budget * min(n, FULL_TIMEOUTS) + short * max(0, n - FULL_TIMEOUTS)
 
-    def run_all(scenarios, may_yield=False):
+    def run_all(scenarios, may_yield=False, hang_rules=True):
+        # hang_rules=False (the batches of a shrinking): every check gets the full limit and none is "not run",
+        # so a smaller trace is never reported as failing for a limit or allowance that earlier checks spent
         count = 0
         for scenario in scenarios:
-            if spent_on_timeouts() + limit_now() > allowance + 1e-9:
+            if hang_rules and spent_on_timeouts() + limit_now() > allowance + 1e-9:
                 emit({"id": scenario["id"], "obs": [{"killed": NOT_RUN}]})
                 count += 1
                 continue
-            limit = limit_now()
+            limit = limit_now() if hang_rules else budget
             if may_yield and _process_time() + limit + YIELD_MARGIN_S > cpu_limit:
                 # this process could meet its CPU limit inside the check: a fresh one runs the rest
                 emit({"yield": count})
@@ -735,7 +740,7 @@ def main(argv):
             count += 1
         return count
 
-    count = run_all(job["scenarios"], may_yield=True)
+    count = run_all(job["scenarios"], may_yield=True, hang_rules=job.get("hang_rules", True) is not False)
     if count is not None:
         emit({"done": count})
     serve = _channel(job, "serve_fd")
@@ -750,7 +755,7 @@ def main(argv):
                     scenarios = json.loads(text)
                 except ValueError:
                     break
-                run_all(scenarios)
+                run_all(scenarios, hang_rules=False)
                 emit({"batch": batch})
     sys.stdout = real_stdout
     os.close(fd)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,10 +20,20 @@ from decodesched.errors import UserError
 
 from . import spec
 
-# A letter or digit of any script, then letters, digits and ``_ . @ + -`` (64 at most): ``alice``, ``b.wang+1``,
-# ``张三``. nbgrader takes any Unicode student id (it only strips whitespace); a name in NFC (as typed) is plain,
-# one in NFD (macOS's decomposed accents) is not (its combining marks are no letters).
+# A letter or digit of any script, then letters, digits and ``_ . @ + -``: ``alice``, ``b.wang+1``, ``张三``.
+# nbgrader takes any Unicode student id (it only strips whitespace). `id_problem` asks more of a plain id: at
+# most MAX_ID_BYTES of UTF-8 (``<id>.html``, the kernel run's ``k-<id>-XXXXXXXX`` folder and nbgrader's
+# paths must fit the 255-byte name limit), in NFC (an NFD name made on macOS, decomposed accents or Hangul
+# Jamo, would be a second student who looks the same) and unchanged by NFKC, with no invisible filler
+# (fullwidth ``ａｌｉｃｅ`` looks like ``alice``; U+3164 HANGUL FILLER shows as nothing).
 STUDENT_ID_RE = re.compile(r"^[^\W_][\w.@+-]{0,63}\Z")
+MAX_ID_BYTES = 64
+# Default_Ignorable_Code_Point (Unicode's DerivedCoreProperties): shown as nothing. Those that are letters
+# (the Hangul fillers) pass STUDENT_ID_RE; NFKC leaves U+115F and U+1160 as they are.
+_IGNORABLE = ((0x00AD, 0x00AD), (0x034F, 0x034F), (0x061C, 0x061C), (0x115F, 0x1160), (0x17B4, 0x17B5),
+              (0x180B, 0x180F), (0x200B, 0x200F), (0x202A, 0x202E), (0x2060, 0x206F), (0x3164, 0x3164),
+              (0xFE00, 0xFE0F), (0xFEFF, 0xFEFF), (0xFFA0, 0xFFA0), (0xFFF0, 0xFFF8), (0x1BCA0, 0x1BCA3),
+              (0x1D173, 0x1D17A), (0xE0000, 0xE0FFF))
 
 
 MAX_NOTEBOOK_BYTES = 20 * 1024 * 1024
@@ -40,21 +51,66 @@ class InvalidSubmission(Exception):
     pass
 
 
+def printable(text: str) -> str:
+    """`text` safe to print on a terminal: every character that is not printable (control characters such as a
+    newline or ESC, format characters such as a bidi override, surrogates) becomes the escape that `repr`
+    writes (``\\n``, ``\\x1b``, ``\\u202e``); printable text, backslashes included, stays as it is."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 def display_name(name: str) -> str:
-    """A file name as text that can always be written (UTF-8): bytes that are not UTF-8 (a name made on Windows or
-    an old Samba share, read here as surrogates) become ``\\xe9`` escapes, as elsewhere in the project."""
-    return os.fsencode(name).decode("utf-8", "backslashreplace")
+    """A file name as text that can always be written (UTF-8) and printed: bytes that are not UTF-8 (a name made
+    on Windows or an old Samba share, read here as surrogates) become ``\\xe9`` escapes, as elsewhere in the
+    project, and characters that are not printable their `printable` escapes."""
+    return printable(os.fsencode(name).decode("utf-8", "backslashreplace"))
+
+
+def exact_name(name: str) -> str:
+    """A file name shown so that two names never look the same: `display_name` with its own backslashes
+    doubled (``\\xe9`` is the byte 0xE9, ``\\\\xe9`` a backslash, an x, an e and a 9)."""
+    out = []
+    for c in os.fsencode(name).decode("utf-8", "surrogateescape"):
+        if c == "\\":
+            out.append("\\\\")
+        elif "\udc80" <= c <= "\udcff":
+            out.append("\\x%02x" % (ord(c) - 0xDC00))
+        else:
+            out.append(printable(c))
+    return "".join(out)
+
+
+def id_problem(sid: str) -> str | None:
+    """Why `sid` is no plain student id (see STUDENT_ID_RE), or None."""
+    if not STUDENT_ID_RE.match(sid):
+        return ("the student id is not a plain name (letters and digits of any script, then also _ . @ + -; "
+                f"{MAX_ID_BYTES} bytes of UTF-8 at most)")
+    size = len(sid.encode("utf-8"))
+    if size > MAX_ID_BYTES:
+        return (f"the student id is too long ({size} bytes of UTF-8, {MAX_ID_BYTES} at most: the file names "
+                "made from it must fit)")
+    if not unicodedata.is_normalized("NFC", sid):
+        return ("the student id is not in Unicode NFC (decomposed accents or Hangul, as macOS writes names): "
+                "it would be a second student who looks the same; rename it as typed")
+    if unicodedata.normalize("NFKC", sid) != sid or any(lo <= ord(c) <= hi for c in sid for lo, hi in _IGNORABLE):
+        return ("the student id has look-alike or invisible characters (fullwidth letters, compatibility forms, "
+                "fillers): rename it in plain letters")
+    return None
+
+
+def is_plain_id(sid: str) -> bool:
+    return id_problem(sid) is None
 
 
 def _plain_id(name: str) -> tuple[str, str | None]:
     """(the student id of a file or folder name, why it is not a plain name, or None)."""
     sid = display_name(name)
     if sid != name:
-        return sid, "the student id is not a plain name (the file name is not UTF-8)"
-    if not STUDENT_ID_RE.match(sid):
-        return sid, ("the student id is not a plain name (letters and digits of any script, then also "
-                     "_ . @ + -; 64 characters at most)")
-    return sid, None
+        why = ("is not UTF-8" if os.fsencode(name).decode("utf-8", "replace") != name
+               else "has characters that are not printable")
+        return sid, f"the student id is not a plain name (the file name {why})"
+    return sid, id_problem(sid)
 
 
 def collect_submissions(folder, skipped: list | None = None) -> list[Submission]:
@@ -79,29 +135,40 @@ def collect_submissions(folder, skipped: list | None = None) -> list[Submission]
         skipped += [(display_name(p.name), "not a .ipynb notebook" + (" (unpack an archive into the folder first)"
                                                                       if p.suffix.lower() in _ARCHIVES else ""))
                     for p in entries if not p.name.startswith(".") and p not in flat and p not in dirs]
+    entries_of: dict[str, list[str]] = {}  # student id -> the entries that gave it (`exact_name`)
+
+    def put(sub: Submission, entry: str) -> None:
+        """Record `sub`; a second entry with the same student id (``alice.ipynb`` and ``alice/``; two names that
+        display alike, such as the byte 0xE9 and a literal ``\\xe9``) makes one invalid row naming them all:
+        no submission silently replaces another."""
+        sid = sub.student_id
+        entries_of.setdefault(sid, []).append(entry)
+        if len(entries_of[sid]) == 1:
+            subs[sid] = sub
+        else:
+            subs[sid] = Submission(sid, None, "two submissions for the same student id: "
+                                   + ", ".join(entries_of[sid]) + "; keep one and grade again")
+
     for p in flat:
         sid, problem = _plain_id(p.stem)
         if problem:
-            subs[sid] = Submission(sid, p, problem)
+            put(Submission(sid, p, problem), exact_name(p.name))
         elif not p.is_file():  # listed, never opened: reading a FIFO would wait for ever
-            subs[sid] = Submission(sid, None, "not a regular file (a FIFO, a device or a broken link)")
+            put(Submission(sid, None, "not a regular file (a FIFO, a device or a broken link)"), exact_name(p.name))
         else:
-            subs[sid] = Submission(sid, p)
+            put(Submission(sid, p), exact_name(p.name))
     for d in dirs:
         sid, problem = _plain_id(d.name)
-        if sid in subs:
-            subs[sid] = Submission(sid, None, "two submissions for the same student")
-            continue
         nb = d / spec.ASSIGNMENT / spec.NOTEBOOK
         if problem:
-            subs[sid] = Submission(sid, None, problem)
+            put(Submission(sid, None, problem), exact_name(d.name) + "/")
         elif not (d / spec.ASSIGNMENT).is_dir():
             if skipped is not None:  # a folder of something else (another assignment)
                 skipped.append((sid + "/", f"a folder without {spec.ASSIGNMENT}/ inside"))
         elif not nb.is_file():
-            subs[sid] = Submission(sid, None, f"no {spec.ASSIGNMENT}/{spec.NOTEBOOK} in the submission")
+            put(Submission(sid, None, f"no {spec.ASSIGNMENT}/{spec.NOTEBOOK} in the submission"), exact_name(d.name) + "/")
         else:
-            subs[sid] = Submission(sid, nb)
+            put(Submission(sid, nb), exact_name(d.name) + "/")
     if not subs:
         raise UserError(f"{folder}: no submissions (expected <student_id>.ipynb files or submitted/<student>/{spec.ASSIGNMENT}/)")
     return [subs[k] for k in sorted(subs)]

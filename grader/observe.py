@@ -250,7 +250,7 @@ class _Prepared:
 
 
 def _prepare(source: str, scenarios: list[dict], limits: Limits, skip_lines, serve: bool,
-             timeouts_before: int = 0, allowance_s: float | None = None) -> _Prepared:
+             timeouts_before: int = 0, allowance_s: float | None = None, hang_rules: bool = True) -> _Prepared:
     from .sandbox import scratch_root
 
     tmp = tempfile.mkdtemp(prefix="dsched-verdict-", dir=scratch_root())
@@ -271,7 +271,7 @@ def _prepare(source: str, scenarios: list[dict], limits: Limits, skip_lines, ser
            "skip_lines": sorted(skip_lines), "out_fd": child_fds[0],
            "short_timeout_s": min(limits.short_scenario_cpu_s, limits.scenario_cpu_s),
            "timeout_allowance_s": limits.timeout_allowance_s() if allowance_s is None else allowance_s,
-           "timeouts_before": int(timeouts_before), "cpu_limit_s": limits.cpu_s,
+           "timeouts_before": int(timeouts_before), "cpu_limit_s": limits.cpu_s, "hang_rules": bool(hang_rules),
            "scenarios": [{"id": s["id"], "ops": s["ops"]} for s in scenarios]}
     if serve:
         more_r, more_w = os.pipe()
@@ -287,15 +287,17 @@ ARGV = [sys.executable, "-I", "-S", "harness.py", "in.json"]
 
 def run_harness(source: str, scenarios: list[dict], *, limits: Limits | None = None, hide=(),
                 skip_lines=(), serve: bool = False, timeouts_before: int = 0,
-                allowance_s: float | None = None) -> HarnessRun:
+                allowance_s: float | None = None, hang_rules: bool = True) -> HarnessRun:
     """Run the harness once on `scenarios` in a private temporary folder under the sandbox.
 
     With `serve`, a harness that gets through every scenario stays alive as ``HarnessRun.session``
     (a `HarnessSession`) for more scenarios of the same solution; the caller closes it.
+    With ``hang_rules=False`` (shrinking) every check gets the full per-check limit and none is "not run"
+    (`harness.main`); the session's later batches always run so.
     """
     limits = limits or Limits()
     start = time.monotonic()
-    prep = _prepare(source, scenarios, limits, skip_lines, serve, timeouts_before, allowance_s)
+    prep = _prepare(source, scenarios, limits, skip_lines, serve, timeouts_before, allowance_s, hang_rules)
     if serve:
         session = HarnessSession(prep, limits, hide)
         try:

@@ -8,7 +8,7 @@ import warnings
 
 from . import spec
 from .course import Course
-from .notebook import STUDENT_ID_RE
+from .notebook import is_plain_id
 
 def _fmt(x: float) -> str:
     return f"{x:g}"
@@ -45,7 +45,7 @@ def preload_gradebook() -> None:
 def gradebook_rows(results: list) -> list:
     """What the gradebook gets: (student_id, {grade_id: score}) of every result with a valid student id."""
     return [(r.student_id, {c.grade_id: r.cells[c.grade_id] for c in spec.CELLS})
-            for r in sorted(results, key=lambda r: r.student_id) if STUDENT_ID_RE.match(r.student_id)]
+            for r in sorted(results, key=lambda r: r.student_id) if is_plain_id(r.student_id)]
 
 
 def update_gradebook(course: Course, results: list, server=None) -> None:

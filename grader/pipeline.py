@@ -47,7 +47,7 @@ from .autograde import build_template, kernel_run, warm_server
 from .course import Course, open_course
 from .evidence import altered_cells, restore_protected, static_evidence
 from .limits import Limits, load_factor
-from .notebook import (STUDENT_ID_RE, InvalidSubmission, Submission, collect_submissions, load_notebook,
+from .notebook import (InvalidSubmission, Submission, collect_submissions, is_plain_id, load_notebook, printable,
                        solution_source, student_code_cells)
 from .feedback import feedback_html
 from .outputs import grades_csv_text, preload_gradebook, update_gradebook
@@ -245,19 +245,22 @@ def grade(submissions, out_dir, *, course=None, options: Options | None = None) 
 
 def report_lines(skipped: list, results: list) -> list[str]:
     """One line for the instructor per entry of the folder that was skipped, and per `invalid` row, with its
-    reason (grades.csv has no reason column; a student id that is no plain name has no feedback page)."""
+    reason (grades.csv has no reason column; a student id that is no plain name has no feedback page).
+    Nothing of a name is printed raw: a newline, ESC or other character that is not printable is shown as its
+    escape (`notebook.printable`), so a file name can neither forge a line nor send the terminal a sequence."""
     lines = [f"skipped {name}: {why}" for name, why in skipped]
     lines += [f"invalid {r.student_id}: {'; '.join(r.notes) or 'no reason given'}"
               for r in sorted(results, key=lambda r: r.student_id) if r.status == "invalid"]
-    return lines
+    return [printable(line) for line in lines]
 
 
 def render_outputs(results: list) -> dict:
     """Every output file's text, made before anything is written (so a failure here writes nothing):
     ``{"feedback": [(file name, html), ...], "grades.csv": text}``. A page is written for each plain
-    student id (`notebook.STUDENT_ID_RE`); the others are named only in grades.csv and on stderr."""
+    student id (`notebook.is_plain_id`: at most 64 bytes, so the page's name fits the 255-byte limit); the
+    others are named only in grades.csv and on stderr."""
     pages = [(f"{r.student_id}.html", feedback_html(r)) for r in sorted(results, key=lambda r: r.student_id)
-             if STUDENT_ID_RE.match(r.student_id)]
+             if is_plain_id(r.student_id) and len(f"{r.student_id}.html".encode("utf-8")) <= 255]
     text = grades_csv_text(results)
     for _name, page in pages:
         page.encode("utf-8")  # surrogates would fail only half-way through the writes
@@ -312,7 +315,7 @@ def _grade_safely(sub, course, template, workroot, options, limits, server) -> R
     except Exception as exc:  # noqa: BLE001
         import traceback
 
-        print(f"decodesched grade: internal error while grading {sub.student_id}:\n{traceback.format_exc()}",
+        print(f"decodesched grade: internal error while grading {printable(sub.student_id)}:\n{traceback.format_exc()}",
               file=sys.stderr)
         return Result(sub.student_id, "crashed", 0.0, float(spec.MAX_SCORE), _zero_cells(), {},
                       [f"grader error: {exc.__class__.__name__}: {exc}"])

@@ -128,7 +128,7 @@ def _targeted() -> list[dict]:
        new(), enq(1, 2, 2, priority=2, cache_hit=True), enq(2, 3, 3, priority=1), ["runf", 20], ["alldone"],
        reqf(1, "wait_steps"))
     sc(c, "v4_guards", "run stops at max_steps and rejects a negative one / run 遵守 max_steps，拒绝负数",
-       new(), enq(1, 1, 3), ["runf", 2], run(-1))
+       new(), enq(1, 1, 3), ["runf", 2, ["len"]], run(-1))  # the cell reads len(run(max_steps=2)) only
 
     # ---- hidden TODO 1: the request state ----
     c = "hidden_todo1_enqueue"

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 
-from .compare import compare
+from .compare import compare, not_run
 from .scenarios import SENTINEL, expected_for, trace_scenario
 
 def size(trace: dict) -> tuple:
@@ -102,7 +102,9 @@ def shrink(trace: dict, diff: str, rerun, budget_s: float = 120.0, max_rounds: i
     `max_rounds` rounds; `budget_s` of wall clock is only a backstop).
 
     Returns ``(trace, diff, got)``: the smallest failing trace, its first difference, and the
-    submission's observations on it (`got` as given when nothing smaller fails)."""
+    submission's observations on it (`got` as given when nothing smaller fails). A candidate that did not
+    run, or not to the end ("did not ...", "not run: ...") never counts as failing; `rerun` gives every
+    candidate the full per-check limit (`observe.run_harness(hang_rules=False)`)."""
     deadline = time.monotonic() + budget_s
     for round_no in range(max_rounds):
         if time.monotonic() > deadline:
@@ -123,7 +125,9 @@ def shrink(trace: dict, diff: str, rerun, budget_s: float = 120.0, max_rounds: i
                 continue
             sc_["expected"] = expected_for(sc_["ops"])
             dd = compare(sc_, obs[sc_["id"]])
-            if dd and not dd.startswith("did not") and (best is None or size(t) < size(best[0])):
+            if not dd or dd.startswith("did not") or not_run(dd):
+                continue  # it passed, or never ran (to the end): not a smaller failure
+            if best is None or size(t) < size(best[0]):
                 best = (t, dd, obs[sc_["id"]])
         if best is None:
             break

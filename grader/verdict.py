@@ -230,7 +230,7 @@ def _verdict(source, scenarios, obs, runs, session, limits, hide, shrink_failure
         if session is not None and session.alive():
             return session.run(more)
         small = replace(limits, cpu_s=min(limits.cpu_s, 20.0))
-        return run_harness(source, more, limits=small, hide=hide).obs
+        return run_harness(source, more, limits=small, hide=hide, hang_rules=False).obs  # full limit per candidate
 
     can_rerun = shrink_failures and not timed_out and not memory and not crashed and not scenario_timeouts
     cells = judge(scenarios, obs, rerun=rerun if can_rerun else None)

@@ -39,13 +39,31 @@ def test_hanging_checks_lose_the_same_checks_on_every_run_and_not_run_is_said_ap
     assert roomy.total > first.total
 
 
+def _killed(o):
+    return isinstance(o, list) and bool(o) and isinstance(o[0], dict) and "killed" in o[0]
+
+
 def test_a_harness_near_its_cpu_limit_yields_between_checks_and_loses_nothing():
     scen = scenarios.build_scenarios(0, 8)
-    # 2.5 s of CPU in all: the first check that hangs (3 s) would meet the run's limit, so it yields first
-    run = observe.run_harness(HANGS, scen, limits=limits.Limits(cpu_s=2.5), hide=observe.default_hide())
-    assert run.yielded and not run.done
-    assert not getattr(run.outcome, "timed_out", False)
-    assert all(not (isinstance(o, list) and o and isinstance(o[0], dict) and "killed" in o[0]) for o in run.obs.values())
+    hangs = 8  # he_constructor, h3_zero_capacity, h4_none_when_stuck and 5 random traces hang
+    # 3 s of CPU per run, 0.5 s per check (no shorter limit, no allowance spent): a run gets through the honest
+    # checks and a few hangs, then yields before a check that could meet its CPU limit; a fresh run goes on
+    small = limits.Limits(cpu_s=3, scenario_cpu_s=0.5, short_scenario_cpu_s=0.5, timeout_share=100)
+    pending, seen, runs = list(scen), [], []
+    while pending and len(runs) < 8:
+        timeouts = sum(1 for o in seen if o[-1] == {"timeout": True})
+        run = observe.run_harness(HANGS, pending, limits=small, hide=observe.default_hide(), timeouts_before=timeouts)
+        runs.append(run)
+        assert not getattr(run.outcome, "timed_out", False)
+        assert run.obs, "a run yielded before its first check"
+        assert run.done or run.yielded
+        assert not any(_killed(o) for o in run.obs.values()), run.obs  # nothing cut short, nothing "not run"
+        assert list(run.obs) == [s["id"] for s in pending[:len(run.obs)]]  # in order, from where the last stopped
+        seen += run.obs.values()
+        pending = pending[len(run.obs):]
+    assert not pending and len(runs) >= 2 and runs[0].yielded  # it did yield, and the rest ran in fresh runs
+    assert len(seen) == len(scen)  # every check exactly once across the runs
+    assert sum(1 for o in seen if o[-1] == {"timeout": True}) == hangs
     obs, runs, _ = observe.collect_observations(HANGS, scen, limits.Limits(cpu_s=40), observe.default_hide())
     assert len(obs) == len(scen)
     assert not any("killed" in o[0] for o in obs.values() if isinstance(o[0], dict)

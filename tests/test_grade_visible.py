@@ -21,6 +21,8 @@ AUDIT_BUGS = {
     "s08_no_wait_for_preempted": ("            if req is not chosen:\n                req.wait_steps += 1\n",
                                   "            if req is not chosen and req.status != 'preempted':\n"
                                   "                req.wait_steps += 1\n"),
+    # review finding 2: the cell reads only len(run(max_steps=2)); its mirror compared the last event's action too
+    "renamed_decode_action": ("'decode_one_step'", "'decode'"),
 }
 
 
@@ -70,4 +72,17 @@ def test_a_visible_cell_that_passes_in_the_notebook_scores_its_points(name, sour
     for gid in VISIBLE:
         if _passes_in_notebook(source, gid):
             assert cells[gid].score == cells[gid].max_score, (name, gid, cells[gid].lines)
+    capsys.readouterr()
+
+
+def test_a_renamed_decode_action_passes_the_visible_todo4_cell_and_its_mirror(capsys):
+    old, new = AUDIT_BUGS["renamed_decode_action"]
+    source = REFERENCE.replace(old, new)
+    assert _passes_in_notebook(source, "test_todo4_step")
+    scen = [s for s in scenarios.build_scenarios() if s["cell"] == "test_todo4_step"]
+    mod = types.ModuleType("visible_under_test")
+    harness.load_solution(source, mod.__dict__, 5.0)
+    obs = {s["id"]: harness.run_scenario(mod.__dict__, json.loads(json.dumps(s["ops"]))) for s in scen}
+    cell = verdict.judge(scen, obs)["test_todo4_step"]
+    assert cell.score == cell.max_score == 3, cell.lines
     capsys.readouterr()
