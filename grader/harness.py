@@ -25,7 +25,9 @@ Every observed value is normalised with strict types: ``None``, ``bool``, ``int`
 lists/dicts of them (exact types, so an object whose ``==`` is always true cannot pass).  Anything
 else becomes the string ``"<bad type: Name>"``, which the judge treats as wrong (and, when a class
 of the solution's own defines comparisons, as evidence of tampering; a value of a well-known type,
-a NumPy scalar, an ``Enum``, a ``Fraction``, is just wrong: `_bad`).
+a NumPy scalar, an ``Enum``, a ``Fraction``, is just wrong: `_bad`).  Two reads go by value instead,
+as ``==`` sees them (`as_eq`: ``1e9`` is ``1_000_000_000``, ``True`` is ``1``): the items of the sort
+key (``key``) and the items of the tuples the TODO 4 cell compares (``runf``).
 
 This file contains no reference solution and judges nothing: the grading process compares the
 observations with the reference model.  It is also imported by the grader to run the very same
@@ -126,6 +128,7 @@ def _progressing():
     return True
 _BaseException = BaseException
 _ValueError = ValueError
+_KeyError = KeyError
 _MemoryError = MemoryError
 _builtins = __builtins__ if _type(__builtins__) is _dict else __builtins__.__dict__
 _BUILTINS = _dict(_builtins)  # restored after every operation: the student's patches never reach us
@@ -187,6 +190,9 @@ def to_json(x):
         return "{" + ",".join([_json_str(k) + ":" + to_json(v) for k, v in x.items()]) + "}"
     return _json_str("<bad type: unserialisable>")
 
+# enqueue's parameters in the seed's order: an "enqueue" op ``["enqueue", kwargs, n]`` passes the first n positionally
+ENQ_ORDER = ("request_id", "prompt_len", "max_new_tokens", "priority", "cache_hit", "required_blocks",
+             "deadline_step", "preemptible")
 STATE_FIELDS = (
     "request_id", "prompt_len", "max_new_tokens", "generated_len", "phase", "priority", "cache_hit",
     "wait_steps", "required_blocks", "admitted", "deadline_step", "preemptible", "status", "preemptions",
@@ -269,16 +275,8 @@ def _honest_comparisons(klass):
     return False
 
 
-def _bad(x):
-    """The "<bad type: ...>" of a value that is not plain data. "overrides comparison" (tamper evidence) only
-    when a class of its own defines comparisons: a NumPy float, an Enum or a Fraction is merely the wrong type."""
-    t = _type(x)
-    name = "?"
-    try:
-        name = _type_name(t)
-    except _BaseException:
-        pass
-    suspicious = False
+def _overrides_comparison(t):
+    """Whether a class of `t`'s MRO that is not trusted (`_honest_comparisons`) defines comparisons of its own."""
     try:
         for klass in _type_mro(t):
             if _honest_comparisons(klass):
@@ -288,9 +286,22 @@ def _bad(x):
                 # A dataclass instance: honest code may return one by mistake; its == is generated.
                 continue
             if _any([m in own for m in COMPARISON_METHODS]):
-                suspicious = True
+                return True
     except _BaseException:
-        suspicious = True
+        return True
+    return False
+
+
+def _bad(x):
+    """The "<bad type: ...>" of a value that is not plain data. "overrides comparison" (tamper evidence) only
+    when a class of its own defines comparisons: a NumPy float, an Enum or a Fraction is merely the wrong type."""
+    t = _type(x)
+    name = "?"
+    try:
+        name = _type_name(t)
+    except _BaseException:
+        pass
+    suspicious = _overrides_comparison(t)
     return "<bad type: %s%s>" % (name[:60], "; overrides comparison" if suspicious else "")
 
 
@@ -322,6 +333,71 @@ def normalise(x, depth=0):
             out[k] = normalise(x[k], depth + 1)
         return out
     return _bad(x)
+
+
+def _numpy_float(x):
+    """An exact NumPy float scalar (a C type) -> float; else None."""
+    np = sys.modules.get("numpy")
+    if np is None:
+        return None
+    t = _type(x)
+    for name in ("float16", "float32", "float64"):
+        if t is _getattr(np, name, None):
+            return _float(x)
+    return None
+
+
+def as_eq(x):
+    """A scalar as ``==`` against a plain value sees it, for the reads a visible cell compares with ``==`` (the
+    items of a tuple it builds or gets: expect_equal checks the tuple's type, not its items') and for the sort
+    key: a bool, an integral float (Python's or NumPy's) or an int subclass is the int it equals (``True == 1``,
+    ``1e9 == 1_000_000_000``), another float stays ``"<float: ...>"``, a str subclass is its str. Only comparisons
+    Python or NumPy define count: a class of the solution's own that defines comparisons is `_bad` (forgery)."""
+    t = _type(x)
+    if x is None or t is _int or t is _str:
+        return normalise(x)
+    if t is _bool:
+        return _int(x)
+    value = _numpy_float(x)
+    if value is None:
+        ok, plain = _numpy_scalar(x)
+        if ok:
+            return _int(plain)
+        if _overrides_comparison(t):
+            return _bad(x)
+        try:
+            mro = _type_mro(t)
+            if _int in mro:
+                return _int.__int__(x)
+            if _str in mro:
+                return normalise(_str.__str__(x))
+            if _float not in mro:
+                return normalise(x)
+            value = _float.__float__(x)
+        except _BaseException:
+            return _bad(x)
+    if _float.is_integer(value):
+        return _int(value)
+    return "<float: %s>" % (_float.__repr__(value),)
+
+
+def _plain_scalar(x):
+    """None or a value of a builtin scalar or sequence type: what ``value[field]`` cannot read a field of."""
+    t = _type(x)
+    return x is None or t is _bool or t is _int or t is _float or t is _str or t is _list or t is _tuple
+
+
+def _fields(ev, names):
+    """``ev[name]`` for each name, as a visible cell reads an event (any mapping that answers, a dict subclass
+    included); a missing name is left out. The values keep their strict types."""
+    out = {}
+    for f in names:
+        try:
+            value = ev[f]
+        except _KeyError:
+            continue
+        out[f] = normalise(value)
+    return out
 
 
 def _error(exc):
@@ -416,14 +492,23 @@ def run_op(ns, box, op):
     if sim is None:
         return {"raised": "NoSimulator", "msg": "the simulator was not constructed"}
     if name == "enqueue":
-        sim.enqueue(**op[1])
+        if _len(op) > 2:  # the first op[2] parameters positionally, as a visible cell passes them
+            kw = _dict(op[1])
+            args = [kw.pop(k) for k in ENQ_ORDER[:op[2]]]
+            sim.enqueue(*args, **kw)
+        else:
+            sim.enqueue(**op[1])
         return "ok"
     if name == "step":
         return normalise(sim.step())
     if name == "run":
         return normalise(sim.run(max_steps=op[1]))
-    if name == "key":
-        return normalise(sim._schedule_key(sim.queue[op[1]]))
+    if name == "key":  # the sort key's items by value (`as_eq`): it is only ever compared, with == and <
+        key = sim._schedule_key(sim.queue[op[1]])
+        t = _type(key)
+        if (t is _tuple or t is _list) and _len(key) <= MAX_ITEMS:
+            return [as_eq(v) for v in key]
+        return normalise(key)
     if name == "eff":
         return normalise(sim._effective_priority(sim.queue[op[1]]))
     if name == "ensure":
@@ -435,8 +520,8 @@ def run_op(ns, box, op):
         sim.step()
         return None
     if name == "stepf":  # the listed fields of step()'s event, as ``event[field]`` reads them
-        ev = normalise(sim.step())
-        return {f: ev[f] for f in op[1] if f in ev} if _type(ev) is _dict else ev
+        ev = sim.step()
+        return normalise(ev) if _plain_scalar(ev) else _fields(ev, op[1])
     if name == "reqf":  # the listed fields of queue[i]
         req = sim.queue[op[1]]
         return {f: normalise(_getattr(req, f)) for f in op[2]}
@@ -444,17 +529,27 @@ def run_op(ns, box, op):
         return normalise(sim.free_kv_blocks)
     if name == "keyf":  # one item of the sort key
         return normalise(sim._schedule_key(sim.queue[op[1]])[op[2]])
-    if name == "runf":  # how many events run() gave, the first and the last (request_id, action); op[2]: which
-        evs = normalise(sim.run(max_steps=op[1]))
-        if _type(evs) is not _list:
-            return evs
+    if name == "runf":
+        # What the TODO 4 cell reads of run(): len(events), and (events[i]['request_id'], events[i]['action']) for
+        # the first and the last, a tuple it compares with == (`as_eq`); op[2]: only those it reads
+        evs = sim.run(max_steps=op[1])
+        t = _type(evs)
+        if evs is None or t is _bool or t is _int or t is _float or t is _str:  # no events to read: say what came
+            return normalise(evs)
+        n = _len(evs)
 
-        def head(ev):
-            return [ev.get("request_id"), ev.get("action")] if _type(ev) is _dict else ev
+        def head(i):
+            ev = evs[i]
+            if _plain_scalar(ev):
+                return normalise(ev)
+            return [as_eq(ev["request_id"]), as_eq(ev["action"])]
 
-        out = {"len": _len(evs), "first": head(evs[0]) if evs else None, "last": head(evs[-1]) if evs else None}
-        if _len(op) > 2:  # only the listed ones ("len", "first", "last"): what the cell reads
-            return {f: out[f] for f in op[2] if f in out}
+        out = {}
+        for f in (op[2] if _len(op) > 2 else ("len", "first", "last")):
+            if f == "len":
+                out[f] = n
+            elif f in ("first", "last"):
+                out[f] = (head(0) if f == "first" else head(-1)) if n else None
         return out
     if name == "alldone":
         queue = sim.queue

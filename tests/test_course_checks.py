@@ -148,6 +148,33 @@ def test_partial_credit_is_proportional_and_never_above_points():
     assert verdict.judge(scen, {})["hidden_differential"].score == 0
 
 
+@pytest.mark.parametrize("name, own, spared", [
+    # TODO 4's wait accounting: no longer 30 points of TODO 1-3 through the events' and states' wait_steps
+    # (hidden_todo3_capacity keeps one check: under aging, the waits decide who may preempt)
+    ("m08_wait_counted_for_chosen", "hidden_todo4_step",
+     ("hidden_todo1_enqueue", "hidden_input_errors", "hidden_todo2_schedule_key")),
+    # TODO 3's block accounting: no longer points of TODO 1-2 through every event's free_kv_blocks
+    ("m21_admission_takes_no_blocks", "hidden_todo3_capacity",
+     ("hidden_todo1_enqueue", "hidden_input_errors", "hidden_todo2_schedule_key")),
+])
+def test_a_bug_costs_points_in_its_own_todo_not_through_an_unrelated_field(name, own, spared):
+    scen = scenarios.build_scenarios(n_random=0)
+    cells = verdict.judge(scen, _inprocess_obs(mutants.by_name(name).source(), scen))
+    assert cells[own].score < cells[own].max_score
+    for gid in spared:
+        assert cells[gid].score == cells[gid].max_score, (name, gid, cells[gid].lines)
+
+
+def test_the_todo1_cell_still_reads_a_late_request_whole():
+    """TODO 1's checks leave TODO 3-4's fields out of states read after a step, but not what enqueue sets."""
+    old = "        self.queue.append(request)\n"
+    assert REFERENCE.count(old) == 1
+    late_waits = REFERENCE.replace(old, "        request.wait_steps = self.clock\n" + old)
+    scen = [s for s in scenarios.build_scenarios(n_random=0) if s["cell"] == "hidden_todo1_enqueue"]
+    cell = verdict.judge(scen, _inprocess_obs(late_waits, scen))["hidden_todo1_enqueue"]
+    assert cell.score < cell.max_score and any("wait_steps" in ln for ln in cell.lines), cell.lines
+
+
 def test_shrinking_finds_a_minimal_trace_and_names_the_first_diverging_event():
     src = mutants.by_name("m05_preempts_equal_priority").source()
     scen = scenarios.build_scenarios()

@@ -107,6 +107,27 @@ def test_comparisons_the_solution_defines_are_still_forged():
         assert harness.normalise(value).endswith("; overrides comparison>"), value
 
 
+def test_as_eq_reads_a_value_as_eq_sees_it_and_still_catches_forgery():
+    np = pytest.importorskip("numpy")
+
+    class Label(str):
+        pass
+
+    class Liar(int):
+        def __eq__(self, other):
+            return True
+
+        __hash__ = int.__hash__
+
+    for value, seen in [(1e9, 1_000_000_000), (True, 1), (np.float64(3.0), 3), (np.float32(1e9), 1_000_000_000),
+                        (np.int64(4), 4), (_Rank.LOW, 1), (Label("finish"), "finish"), (7, 7), (None, None)]:
+        got = harness.as_eq(value)
+        assert got == seen and type(got) is type(seen), (value, got)
+    assert harness.as_eq(1.5) == "<float: 1.5>" and harness.as_eq(float("inf")) == "<float: inf>"
+    assert harness.as_eq(Liar(3)).endswith("; overrides comparison>")
+    assert harness.as_eq(fractions.Fraction(4)).startswith("<bad type: Fraction")  # not read by value: documented
+
+
 def test_a_patched_standard_class_is_no_longer_trusted(monkeypatch):
     monkeypatch.setattr(fractions.Fraction, "__eq__", lambda self, other: True)
     assert harness.normalise(fractions.Fraction(1, 3)).endswith("; overrides comparison>")
