@@ -181,6 +181,46 @@ def test_grid_order_and_validation():
     assert len(decodesched.simulate_batch(rows, [B.Scenario(0, "aging", 1)]).traces) == 1
 
 
+ROW = {"request_id": 1, "arrival_step": 0, "prompt_len": 2, "max_new_tokens": 2, "priority": 0, "cache_hit": False,
+       "required_blocks": 1, "deadline_step": None, "preemptible": True}
+
+
+@pytest.mark.parametrize("memory", ["known", "unknown"])
+def test_event_logs_whose_offsets_pass_int64_are_refused_not_wrapped(monkeypatch, memory):
+    """Scenarios whose worst-case event logs sum past 2**63 rows (capacity 0 makes them stop at once):
+    the int64 offsets wrapped around, so the scenario between them got a slice outside the log and an
+    empty timeline beside its 3 events, with no error (or NumPy's "negative dimensions").  A real case:
+    a trace of 2**21 rows of 2**40 - 1 tokens (2**61 work steps), 4 scenarios at capacity 0, one on a
+    small trace, 4 more at capacity 0.  Here `event_capacity` says 2**61 for the big ones."""
+    caps = iter([2**61] * 4 + [3] + [2**61] * 4)
+    monkeypatch.setattr(B, "event_capacity", lambda trace, max_steps: next(caps))
+    if memory == "unknown":
+        monkeypatch.setattr(decodesched.engine, "_memory_bytes", lambda: None)
+    scenarios = [B.Scenario(0, "fcfs", 0)] * 4 + [B.Scenario(0, "fcfs", 5)] + [B.Scenario(0, "fcfs", 0)] * 4
+    with pytest.raises(UserError, match="the event log may need 18446744073709551619 rows"):
+        B.simulate_batch([[ROW]], scenarios, record_events=True, threads=1)
+
+
+def test_results_beyond_memory_are_one_clear_line(monkeypatch):
+    """The per-request results of every scenario (80 bytes per request and scenario) beyond this machine's
+    memory: a raw NumPy MemoryError before (a 100,000-row trace x 400,000 capacities asked 2.91 TiB)."""
+    scenarios = B.grid(1, ["fcfs"], list(range(1, 101)), [4])
+    monkeypatch.setattr(decodesched.engine, "_memory_bytes", lambda: 10_000)
+    with pytest.raises(UserError, match=r"the per-request results of 100 scenarios \(200 rows\) would take at least"):
+        B.simulate_batch([[ROW, dict(ROW, request_id=2)]], scenarios)
+    monkeypatch.setattr(decodesched.engine, "_memory_bytes", lambda: 10**9)
+    assert len(B.simulate_batch([[ROW, dict(ROW, request_id=2)]], scenarios)) == 100
+
+
+def test_a_scenario_replicate_that_is_no_whole_number_is_refused_before_the_run():
+    """`Scenario.replicate` only labels a row, but `BatchResult.rows` writes it with int(): "x" or None
+    raised a raw ValueError/TypeError there, after the whole batch ran, and 1.5 became 1."""
+    for rep in ("x", None, 1.5, -1, True):
+        with pytest.raises(UserError, match="scenario 0: replicate must be a whole number >= 0"):
+            B.simulate_batch([[ROW]], [B.Scenario(0, "fcfs", 4, replicate=rep)])
+    assert B.simulate_batch([[ROW]], [B.Scenario(0, "fcfs", 4, replicate=np.int64(2))]).rows()[0]["replicate"] == 2
+
+
 def test_cuda_backend_without_gpu_is_a_clear_error(monkeypatch):
     from numba import cuda
 

@@ -262,3 +262,23 @@ def test_a_subset_that_repeats_a_row_is_checked_again_even_by_a_negative_index()
     for rows in ([1, 1], [1, -1], [-2, 0]):
         with pytest.raises(TraceError, match="duplicate request_id"):
             decodesched.simulate(t.subset(rows), "fcfs", 4)
+
+
+def test_a_subset_by_boolean_mask_takes_the_rows_where_it_is_true():
+    """A mask was read as row indices 1 and 0: ``t.subset(t.priority > 0)`` gave rows [0, 1] of a
+    two-row trace (both rows, silently), or repeated row 1 in a longer one.  Floats were truncated
+    to indices; a 2-D index made a trace of 2-D columns (refused only when replayed)."""
+    import decodesched
+
+    t = load_trace(base())
+    assert t.subset(t.priority > 0).request_id.tolist() == [2]
+    assert t.subset(np.array([True, True])).request_id.tolist() == [1, 2]
+    assert t.subset(np.zeros(2, bool)).request_id.tolist() == []
+    assert t.subset([]).request_id.tolist() == [] and t.subset(range(2)).request_id.tolist() == [1, 2]
+    assert t.subset(np.array([1, 0], np.uint8)).request_id.tolist() == [2, 1]
+    assert decodesched.simulate(t.subset(t.priority > 0), "fcfs", 4).n_events == 2
+    for rows, match in (([True], "one entry per row"), ([0.9, 1.2], "integer row indices"),
+                        ([[0, 1]], "1-D sequence"), (0, "1-D sequence"),
+                        (np.array([2**64 - 1], np.uint64), "integer row indices")):
+        with pytest.raises(IndexError, match=match):
+            t.subset(rows)

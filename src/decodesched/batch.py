@@ -352,6 +352,9 @@ def check_scenarios(scenarios: Sequence[Scenario], n_traces: int) -> list[tuple[
         t = sc.trace
         if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or not 0 <= t < n_traces:
             raise UserError(f"scenario {i}: trace index {t!r} is not one of 0..{n_traces - 1}")
+        rep = sc.replicate  # (only a label, but `BatchResult.rows` writes it as an integer)
+        if isinstance(rep, bool) or not isinstance(rep, (int, np.integer)) or rep < 0:
+            raise UserError(f"scenario {i}: replicate must be a whole number >= 0, got {show(rep)}")
         try:
             out.append((int(t), *check_config(sc.policy, sc.free_kv_blocks, sc.aging_interval, sc.max_steps)))
         except UserError as exc:
@@ -400,12 +403,21 @@ def simulate_batch(traces, scenarios: Sequence[Scenario], *, record_events: bool
     cols = [np.concatenate(c) for c in zip(*(trace_arrays(t) for t in traces))]
     req_start = np.zeros(n_sc + 1, np.int64)
     req_start[1:] = np.cumsum(lengths[sc_trace])
+    _check_fits_in_memory(f"the per-request results of {n_sc} scenario{'s' if n_sc != 1 else ''} "
+                          f"({int(req_start[-1])} rows)", int(req_start[-1]) * E.RQ_NCOLS * 8)
+    caps = [event_capacity(traces[t], int(m)) for t, m in zip(sc_trace.tolist(), sc_max_steps.tolist())] \
+        if record_events else [0]
+    # Sized from the exact (Python int) total first: a log beyond memory is refused there, before the
+    # int64 offsets below could wrap around (and hand a scenario an empty or foreign slice).
+    events = event_log_buffer(sum(caps))
     event_start = np.zeros(n_sc + 1, np.int64)
     if record_events:
-        caps = [event_capacity(traces[t], int(m)) for t, m in zip(sc_trace.tolist(), sc_max_steps.tolist())]
         event_start[1:] = np.cumsum(caps)
-    events = event_log_buffer(int(event_start[-1]))
-    req_out = np.zeros((int(req_start[-1]), E.RQ_NCOLS), np.int64)
+    try:
+        req_out = np.zeros((int(req_start[-1]), E.RQ_NCOLS), np.int64)
+    except MemoryError:
+        raise UserError(f"no memory for the per-request results of {n_sc} scenarios ({int(req_start[-1])} rows)") \
+            from None
     summary = np.zeros((n_sc, E.SM_NCOLS), np.int64)
     summary[:, E.SM_STOP] = -1  # every replay writes its stop reason last: none left here means it failed
     arrays = (*cols, trace_start, sc_trace, sc_policy, sc_capacity, sc_interval, sc_max_steps)

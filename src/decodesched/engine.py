@@ -108,9 +108,10 @@ def event_log_buffer(n_events: int) -> np.ndarray:
     memory = _memory_bytes()
     hint = ("record fewer steps (max_steps, --max-steps) or none (record_events=False; on the command line, "
             "leave out --events)")
-    if memory is not None and need > memory:
+    if (memory is not None and need > memory) or need > INT64_MAX:  # (no NumPy array is that large)
+        has = f" ({memory / 2**30:.3g} GiB)" if memory is not None else ""
         raise UserError(f"the event log may need {n_events} rows ({need / 2**30:.3g} GiB), more than this machine's "
-                        f"memory ({memory / 2**30:.3g} GiB); {hint}")
+                        f"memory{has}; {hint}")
     try:
         return np.zeros((n_events, E.EV_NCOLS), dtype=np.int64)
     except MemoryError:

@@ -150,8 +150,18 @@ class Trace:
         }
 
     def subset(self, rows) -> "Trace":
-        """A new trace with the given rows, in the given order."""
-        rows = np.asarray(rows, dtype=np.int64)
+        """A new trace with the given rows, in the given order: integer row indices (negative ones count
+        from the end), or a boolean mask as long as the trace (the rows where it is True), as in NumPy."""
+        rows = np.asarray(rows)
+        if rows.ndim != 1:
+            raise IndexError(f"rows must be a 1-D sequence of row indices or a boolean mask; got {show(rows.tolist())}")
+        if rows.dtype == np.bool_:  # (as int64 a mask would pick rows 0 and 1, silently)
+            if rows.shape != (len(self),):
+                raise IndexError(f"a boolean mask needs one entry per row ({len(self)}); got shape {rows.shape}")
+            rows = np.flatnonzero(rows)
+        elif rows.size and (rows.dtype.kind not in "iu" or (rows.dtype.kind == "u" and rows.max() > INT64_MAX)):
+            raise IndexError(f"rows must be integer row indices or a boolean mask; got {show(rows.tolist())}")
+        rows = rows.astype(np.int64)
         kw = {name: getattr(self, name)[rows] for name in ARRAY_FIELDS}
         out = Trace(**kw, steps_per_second=self.steps_per_second, name=self.name, source=self.source)
         rows = np.arange(len(self))[rows]  # (negative indices counted from the end, as NumPy does)
