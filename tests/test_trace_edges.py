@@ -282,3 +282,43 @@ def test_a_subset_by_boolean_mask_takes_the_rows_where_it_is_true():
                         (np.array([2**64 - 1], np.uint64), "integer row indices")):
         with pytest.raises(IndexError, match=match):
             t.subset(rows)
+
+
+def test_a_loaded_trace_is_read_only_so_no_edit_reaches_the_kernels_unchecked():
+    """Every replay trusts a checked trace. An edit in place used to skip the checks: a negative
+    required_blocks segfaulted the fast kernel, a moved arrival left the cached order stale. Now the
+    columns are read-only views; a changed trace is made with dataclasses.replace and checked again."""
+    import dataclasses
+    import pickle
+
+    from decodesched import simulate
+    from decodesched.engine import trace_arrays
+    from decodesched.synthetic import backlog_trace
+
+    t = backlog_trace(57, seed=99)
+    for name in TRACE_COLUMNS + ("has_deadline",):
+        with pytest.raises(ValueError, match="read-only"):
+            getattr(t, name)[0] = getattr(t, name)[0]
+    with pytest.raises(ValueError, match="read-only"):
+        t.arrival_order[0] = 1
+    before = simulate(t, "fixed_priority", 28, engine="fast").requests
+    # the kernels get writable arrays (one Numba type, one compiled kernel), the trace's own, not copies
+    from decodesched.kernels.fields import KERNEL_TRACE_ARGS
+
+    for a, name in zip(trace_arrays(t), KERNEL_TRACE_ARGS):
+        assert a.flags.writeable and np.shares_memory(a, t.arrival_order if name == "order" else getattr(t, name))
+    bad = dataclasses.replace(t, required_blocks=np.where(np.arange(len(t)) == 43, -2**62, t.required_blocks))
+    with pytest.raises(TraceError, match="row 44, column required_blocks: must be positive"):
+        simulate(bad, "fixed_priority", 28, engine="fast")
+    moved = dataclasses.replace(t, arrival_step=t.arrival_step[::-1].copy())
+    assert _same(simulate(moved, "fixed_priority", 28, engine="fast").requests,
+                 simulate(moved, "fixed_priority", 28, engine="scan").requests)
+    again = pickle.loads(pickle.dumps(t))  # read-only after unpickling too; replays the same
+    with pytest.raises(ValueError, match="read-only"):
+        again.priority[0] = 5
+    assert _same(simulate(again, "fixed_priority", 28, engine="fast").requests, before)
+    assert t.subset(np.arange(10)).priority.flags.writeable is False
+
+
+def _same(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(np.array_equal(a[k], b[k], equal_nan=a[k].dtype.kind == "f") for k in a)

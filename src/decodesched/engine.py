@@ -84,7 +84,21 @@ def check_flag(name: str, value, *, none: bool = False) -> bool | None:
 
 def trace_arrays(trace: Trace):
     """The trace arrays in the order every replay kernel takes them (`kernels.fields.TRACE_FIELDS`)."""
-    return tuple(trace.arrival_order if name == "order" else getattr(trace, name) for name in KERNEL_TRACE_ARGS)
+    return tuple(_writable(trace.arrival_order if name == "order" else getattr(trace, name))
+                 for name in KERNEL_TRACE_ARGS)
+
+
+def _writable(a: np.ndarray) -> np.ndarray:
+    """A checked trace's read-only column as the kernels take it: the writable array it views (Numba types a
+    read-only array apart, and would compile and cache every kernel a second time), else a copy (an array
+    unpickled read-only, in a Dask worker say). The kernels only read it."""
+    if a.flags.writeable:
+        return a
+    base = a.base
+    if (isinstance(base, np.ndarray) and base.flags.writeable and base.dtype == a.dtype and base.shape == a.shape
+            and base.strides == a.strides and base.ctypes.data == a.ctypes.data):
+        return base
+    return a.copy()
 
 
 def event_capacity(trace: Trace, max_steps: int) -> int:

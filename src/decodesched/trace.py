@@ -99,11 +99,17 @@ class Trace:
     def __len__(self) -> int:
         return int(self.request_id.shape[0])
 
+    def __setstate__(self, state: dict) -> None:
+        """Unpickled (a Dask worker's copy), a checked trace is read-only again (`_checked`)."""
+        self.__dict__.update(state)
+        if self._checked:
+            _checked(self)
+
     @property
     def arrival_order(self) -> np.ndarray:
         """Row indices in enqueue order: by (arrival_step, row)."""
         if self._order is None:
-            object.__setattr__(self, "_order", np.argsort(self.arrival_step, kind="stable").astype(np.int64))
+            object.__setattr__(self, "_order", _read_only(np.argsort(self.arrival_step, kind="stable").astype(np.int64)))
         return self._order
 
     @property
@@ -166,7 +172,7 @@ class Trace:
         out = Trace(**kw, steps_per_second=self.steps_per_second, name=self.name, source=self.source)
         rows = np.arange(len(self))[rows]  # (negative indices counted from the end, as NumPy does)
         if self._checked and len(rows) and len(np.unique(rows)) == len(rows):  # rows of a valid trace, once each
-            object.__setattr__(out, "_checked", True)
+            _checked(out)
         return out
 
     def to_csv(self, path: str | os.PathLike) -> None:
@@ -249,8 +255,24 @@ def load_trace(source: Any, *, steps_per_second: float | None = None, name: str 
 
 
 def _checked(trace: Trace) -> Trace:
+    """Marks a trace whose columns `load_trace` checked, and makes its arrays read-only. Every replay trusts a
+    checked trace, so a column edited in place would reach the kernels unchecked (a negative required_blocks
+    crashed the fast kernel; a moved arrival left the cached order stale): it raises NumPy's "assignment
+    destination is read-only" instead. `dataclasses.replace(trace, column=...)` or `load_trace(columns)` make a
+    changed trace, checked again."""
+    for name in ARRAY_FIELDS:
+        object.__setattr__(trace, name, _read_only(getattr(trace, name)))
     object.__setattr__(trace, "_checked", True)
     return trace
+
+
+def _read_only(a: np.ndarray) -> np.ndarray:
+    """A read-only view of `a` (the private array stays writable, for `engine.trace_arrays`)."""
+    if not a.flags.writeable:
+        return a
+    view = a.view()
+    view.flags.writeable = False
+    return view
 
 
 def _recheck(trace: Trace) -> Trace:
