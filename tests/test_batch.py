@@ -197,7 +197,7 @@ def test_event_logs_whose_offsets_pass_int64_are_refused_not_wrapped(monkeypatch
     if memory == "unknown":
         monkeypatch.setattr(decodesched.engine, "_memory_bytes", lambda: None)
     scenarios = [B.Scenario(0, "fcfs", 0)] * 4 + [B.Scenario(0, "fcfs", 5)] + [B.Scenario(0, "fcfs", 0)] * 4
-    with pytest.raises(UserError, match="the event log may need 18446744073709551619 rows"):
+    with pytest.raises(UserError, match="the event log of 18446744073709551619 rows would take at least"):
         B.simulate_batch([[ROW]], scenarios, record_events=True, threads=1)
 
 

@@ -38,7 +38,8 @@ import numpy as np
 
 from . import metrics as _metrics
 from ._io import Progress, atomic_writer
-from .engine import ENGINES, SimulationResult, check_config, check_flag, event_capacity, event_log_buffer, trace_arrays
+from .engine import (ENGINES, SimulationResult, check_config, check_flag, event_capacity, event_log_buffer,
+                     refuse_beyond_memory, trace_arrays, zeros_within_memory)
 from .errors import UserError
 from .kernels import enums as E
 from .policy import Policy, policy_name
@@ -98,7 +99,7 @@ def grid(traces, policies: Sequence, kv_blocks: Sequence[int], aging_intervals: 
         ("policies", policies), ("kv_blocks", kv_blocks), ("aging_intervals", aging_intervals)))
     if not intervals:
         raise UserError("grid needs at least one aging interval")
-    _check_fits_in_memory("the grid's scenarios",
+    refuse_beyond_memory("the grid's scenarios",
                           grid_size(n_traces, policies, kv_blocks, intervals, replicates) * _SCENARIO_BYTES)
     out = []
     for t, r, p, c in itertools.product(range(n_traces), range(replicates), policies, kv_blocks):
@@ -116,7 +117,7 @@ def grid_size(n_traces: int, policies: Sequence, kv_blocks: Sequence, aging_inte
 
 def check_sweep_fits(n_scenarios: int) -> None:
     """Refuse a sweep whose result rows (one dict of metrics per scenario) cannot fit in memory."""
-    _check_fits_in_memory(f"the result rows of {n_scenarios} scenarios", n_scenarios * _RESULT_ROW_BYTES)
+    refuse_beyond_memory(f"the result rows of {n_scenarios} scenarios", n_scenarios * _RESULT_ROW_BYTES)
 
 
 # What a Trace (its object and ten arrays), one of its rows (ten columns and the arrival order), one
@@ -125,17 +126,6 @@ _TRACE_BYTES = 2048
 _TRACE_ROW_BYTES = 80
 _SCENARIO_BYTES = 200
 _RESULT_ROW_BYTES = 8192
-
-
-def _check_fits_in_memory(what: str, need: int) -> None:
-    """Refuse, before building it, something that cannot fit in this machine's memory (a typo such as
-    ``--replicates 100000000`` would otherwise build for minutes, then swap or die)."""
-    from .engine import _memory_bytes
-
-    memory = _memory_bytes()
-    if memory is not None and need > memory:
-        raise UserError(f"{what} would take at least {need / 2**30:.3g} GiB, more than this machine's memory "
-                        f"({memory / 2**30:.3g} GiB)")
 
 
 def _grid_axis(name: str, values) -> list:
@@ -171,7 +161,7 @@ def replicate_traces(traces, replicates: int, rules: Sequence[dict | None] | Non
     rules = list(rules) if rules is not None else [None] * len(traces)
     if len(rules) != len(traces):
         raise UserError(f"replicate_traces needs one rules entry per trace ({len(traces)}), got {len(rules)}")
-    _check_fits_in_memory(f"{replicates} replicates of {len(traces)} trace{'s' if len(traces) != 1 else ''}",
+    refuse_beyond_memory(f"{replicates} replicates of {len(traces)} trace{'s' if len(traces) != 1 else ''}",
                           replicates * sum(_TRACE_BYTES + len(t) * _TRACE_ROW_BYTES for t in traces))
     out = []
     for trace, rule in zip(traces, rules):
@@ -403,8 +393,8 @@ def simulate_batch(traces, scenarios: Sequence[Scenario], *, record_events: bool
     cols = [np.concatenate(c) for c in zip(*(trace_arrays(t) for t in traces))]
     req_start = np.zeros(n_sc + 1, np.int64)
     req_start[1:] = np.cumsum(lengths[sc_trace])
-    _check_fits_in_memory(f"the per-request results of {n_sc} scenario{'s' if n_sc != 1 else ''} "
-                          f"({int(req_start[-1])} rows)", int(req_start[-1]) * E.RQ_NCOLS * 8)
+    req_out = zeros_within_memory(f"the per-request results of {n_sc} scenario{'s' if n_sc != 1 else ''} "
+                                  f"({int(req_start[-1])} rows)", int(req_start[-1]), E.RQ_NCOLS)
     caps = [event_capacity(traces[t], int(m)) for t, m in zip(sc_trace.tolist(), sc_max_steps.tolist())] \
         if record_events else [0]
     # Sized from the exact (Python int) total first: a log beyond memory is refused there, before the
@@ -413,11 +403,6 @@ def simulate_batch(traces, scenarios: Sequence[Scenario], *, record_events: bool
     event_start = np.zeros(n_sc + 1, np.int64)
     if record_events:
         event_start[1:] = np.cumsum(caps)
-    try:
-        req_out = np.zeros((int(req_start[-1]), E.RQ_NCOLS), np.int64)
-    except MemoryError:
-        raise UserError(f"no memory for the per-request results of {n_sc} scenarios ({int(req_start[-1])} rows)") \
-            from None
     summary = np.zeros((n_sc, E.SM_NCOLS), np.int64)
     summary[:, E.SM_STOP] = -1  # every replay writes its stop reason last: none left here means it failed
     arrays = (*cols, trace_start, sc_trace, sc_policy, sc_capacity, sc_interval, sc_max_steps)

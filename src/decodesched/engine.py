@@ -115,21 +115,34 @@ def _memory_bytes() -> int | None:
         return None
 
 
+def refuse_beyond_memory(what: str, need: int, hint: str = "") -> None:
+    """Refuse (UserError), before building it, something of `need` bytes that cannot fit in this machine's
+    memory (or in any NumPy array): a typo such as ``--replicates 100000000`` would otherwise build for
+    minutes, then swap or die."""
+    memory = _memory_bytes()
+    if need > INT64_MAX or (memory is not None and need > memory):
+        has = f" ({memory / 2**30:.3g} GiB)" if memory is not None else ""
+        raise UserError(f"{what} would take at least {need / 2**30:.3g} GiB, more than this machine's memory{has}"
+                        + (f"; {hint}" if hint else ""))
+
+
+def zeros_within_memory(what: str, rows: int, cols: int, hint: str = "") -> np.ndarray:
+    """A zeroed int64 array of `rows` x `cols`, or one UserError line when it cannot fit (`refuse_beyond_memory`)
+    or the allocation fails all the same."""
+    need = int(rows) * int(cols) * 8
+    refuse_beyond_memory(what, need, hint)
+    try:
+        return np.zeros((rows, cols), dtype=np.int64)
+    except MemoryError:
+        raise UserError(f"no memory for {what} ({need / 2**30:.3g} GiB)" + (f"; {hint}" if hint else "")) from None
+
+
 def event_log_buffer(n_events: int) -> np.ndarray:
     """The zeroed event-log array of `n_events` rows; a log that cannot fit in this machine's memory
     is refused (UserError) before the replay, rather than failing (or swapping) in it."""
-    need = n_events * E.EV_NCOLS * 8
-    memory = _memory_bytes()
-    hint = ("record fewer steps (max_steps, --max-steps) or none (record_events=False; on the command line, "
-            "leave out --events)")
-    if (memory is not None and need > memory) or need > INT64_MAX:  # (no NumPy array is that large)
-        has = f" ({memory / 2**30:.3g} GiB)" if memory is not None else ""
-        raise UserError(f"the event log may need {n_events} rows ({need / 2**30:.3g} GiB), more than this machine's "
-                        f"memory{has}; {hint}")
-    try:
-        return np.zeros((n_events, E.EV_NCOLS), dtype=np.int64)
-    except MemoryError:
-        raise UserError(f"no memory for an event log of {n_events} rows ({need / 2**30:.3g} GiB); {hint}") from None
+    return zeros_within_memory(f"the event log of {n_events} rows", n_events, E.EV_NCOLS,
+                               "record fewer steps (max_steps, --max-steps) or none (record_events=False; on the "
+                               "command line, leave out --events)")
 
 
 def replay_kernel(engine: str, policy=None):
