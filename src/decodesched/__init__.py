@@ -9,7 +9,7 @@
 
 __version__ = "0.1.0"
 
-import sys as _sys  # noqa: E402
+import sys as _sys
 
 
 class _KernelCacheHook:
@@ -30,11 +30,22 @@ class _KernelCacheHook:
 if not any(type(f).__name__ == "_KernelCacheHook" for f in _sys.meta_path):
     _sys.meta_path.insert(0, _KernelCacheHook())
 
-from .model import DecodeSchedulerSim, RequestState  # noqa: E402
-from .trace import Trace, TraceError, load_trace  # noqa: E402
-from .engine import SimulationResult, simulate  # noqa: E402
-from .batch import BatchResult, Scenario, grid, simulate_batch  # noqa: E402
-from .policy import Policy  # noqa: E402
+# The public names, imported on first use (PEP 562): ``import decodesched`` (and so the `decodesched`
+# command's start, whose Ctrl-C would otherwise print a traceback) imports no NumPy or Numba.
+_PUBLIC = {
+    "DecodeSchedulerSim": "model",
+    "RequestState": "model",
+    "Trace": "trace",
+    "TraceError": "trace",
+    "load_trace": "trace",
+    "SimulationResult": "engine",
+    "simulate": "engine",
+    "BatchResult": "batch",
+    "Scenario": "batch",
+    "grid": "batch",
+    "simulate_batch": "batch",
+    "Policy": "policy",
+}
 
 __all__ = [
     "DecodeSchedulerSim",
@@ -51,3 +62,29 @@ __all__ = [
     "simulate",
     "__version__",
 ]
+
+
+def __getattr__(name: str):
+    """A public name (imported from its module on first use, then kept), or a submodule
+    (``decodesched.batch`` after a bare ``import decodesched``, as when the names were imported eagerly)."""
+    import importlib
+
+    module = _PUBLIC.get(name)
+    if module is not None:
+        value = getattr(importlib.import_module(f".{module}", __name__), name)
+        globals()[name] = value
+        return value
+    if not name.startswith("__"):
+        import importlib.util
+
+        try:
+            found = importlib.util.find_spec(f"{__name__}.{name}") is not None
+        except (ImportError, ValueError):
+            found = False
+        if found:
+            return importlib.import_module(f".{name}", __name__)  # (the import sets the attribute too)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))

@@ -8,27 +8,79 @@ with no traceback.
 
 from __future__ import annotations
 
-import argparse
-import csv
-import importlib
-import math
+# Only what the interpreter has already loaded (the console script imports `re` itself): the command's
+# modules, NumPy and Numba are imported inside `main`, where Ctrl-C ends the command with one line.
 import os
 import re
 import sys
-import warnings
 
-from .errors import UserError
+
+def _interrupted_early(signum, frame):
+    """SIGINT while the console script is still importing this module or calling `main` (before `main`
+    can catch KeyboardInterrupt): one line and exit 130, not Python's traceback."""
+    try:
+        sys.stderr.write("decodesched: interrupted\n")
+        sys.stderr.flush()
+    except (OSError, ValueError, AttributeError):
+        pass
+    raise SystemExit(130)
+
+
+def _run_as_command() -> bool:
+    """Whether this process is the `decodesched` command (pip's console script, or ``python -m``)."""
+    if __name__ == "__main__":
+        return True
+    path = getattr(sys.modules.get("__main__"), "__file__", None) or ""
+    name, folder = os.path.basename(path), os.path.basename(os.path.dirname(path))
+    return name in ("decodesched", "decodesched-script.py", "decodesched-script.pyw") or \
+        (name == "__main__.py" and folder.lower() == "decodesched.exe")  # (pip's Windows launcher)
+
+
+def _install_early_interrupt() -> None:
+    import signal
+
+    try:
+        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # (not someone else's, nor ignored)
+            signal.signal(signal.SIGINT, _interrupted_early)
+    except (ValueError, OSError):  # not the main thread
+        pass
+
+
+def _end_early_interrupt() -> None:
+    """From here on Ctrl-C raises KeyboardInterrupt again (the commands and `immediate_interrupt` expect it)."""
+    import signal
+
+    try:
+        if signal.getsignal(signal.SIGINT) is _interrupted_early:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+    except (ValueError, OSError):
+        pass
+
+
+if _run_as_command():
+    _install_early_interrupt()
+
+from .errors import UserError  # noqa: E402
 
 # Subcommand modules, in the order `--help` lists them.
 COMMANDS = ("simulate", "demo", "trace", "sweep", "warmup", "report", "assignment", "grade")
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line, exit 2 (argparse prints the usage block too by default)
-        self.exit(2, shorten(f"{self.prog}: error: {message} (see --help)") + "\n")
+def _parser_class():
+    import argparse
+
+    class _Parser(argparse.ArgumentParser):
+        def error(self, message):  # one line, exit 2 (argparse prints the usage block too by default)
+            self.exit(2, shorten(f"{self.prog}: error: {message} (see --help)") + "\n")
+
+    return _Parser
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser():
+    """The command line's `argparse.ArgumentParser` (importing every subcommand's module)."""
+    import importlib
+
+    _Parser = _parser_class()
     parser = _Parser(prog="decodesched", description="Fast, exact LLM decode-scheduling simulator and course unit.")
     from . import __version__
 
@@ -47,6 +99,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def int_arg(text: str) -> int:
     """An integer option value, spelled as in trace files: ASCII digits with an optional '-'."""
+    import argparse
+
     from .trace import MAX_INT_DIGITS, parse_decimal
 
     try:
@@ -56,14 +110,17 @@ def int_arg(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a whole number{why}, got {shorten(repr(text), 60)}") from None
 
 
-_DECIMAL_RE = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?", re.ASCII)
+_DECIMAL = r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?"
 
 
 def positive_float_arg(text: str) -> float:
     """A positive, finite number option value, in ASCII decimal or exponent notation (no inf, nan,
     digit separators or other scripts' digits, which `float` would take)."""
+    import argparse
+    import math
+
     s = text.strip()
-    value = float(s) if _DECIMAL_RE.fullmatch(s) else math.nan
+    value = float(s) if re.fullmatch(_DECIMAL, s, re.ASCII) else math.nan
     if not (math.isfinite(value) and value > 0):
         raise argparse.ArgumentTypeError(f"expected a positive number, got {shorten(repr(text), 60)}")
     return value
@@ -71,6 +128,8 @@ def positive_float_arg(text: str) -> float:
 
 def seed_arg(text: str) -> int:
     """A seed option: a whole number from 0 to 2**128 - 1 (NumPy's `SeedSequence` entropy is 128 bits)."""
+    import argparse
+
     s = text.strip()
     if not (s.isascii() and s.isdigit() and len(s.lstrip("0")) <= 39 and int(s) < 2**128):
         raise argparse.ArgumentTypeError(f"expected a whole number from 0 to 2**128 - 1, got {shorten(repr(text), 60)}")
@@ -112,17 +171,34 @@ def _silence(stream) -> None:
 
 
 def main(argv=None) -> int:
-    """Run one command; bad input and OS errors print one line on stderr and return 2.
+    """Run one command; bad input and OS errors print one line on stderr and return 2; Ctrl-C (even
+    while the command's modules are still being imported) one line and 130.
 
     Library warnings (numpy, matplotlib, Numba) are not shown unless Python was asked for them
     (``-W`` or ``PYTHONWARNINGS``)."""
-    from ._io import terminate_like_interrupt
+    try:
+        _end_early_interrupt()
+        import warnings
 
-    _lenient_text_streams()
-    with warnings.catch_warnings(), terminate_like_interrupt():
-        if not sys.warnoptions:
-            warnings.simplefilter("ignore")
-        return _main(argv)
+        from ._io import terminate_like_interrupt
+
+        _lenient_text_streams()
+        with warnings.catch_warnings(), terminate_like_interrupt():
+            if not sys.warnoptions:
+                warnings.simplefilter("ignore")
+            return _main(argv)
+    except KeyboardInterrupt as exc:  # (before or after `_main`'s own handler: importing, unwinding)
+        return _interrupted("decodesched", exc)
+
+
+def _interrupted(prog: str, exc: KeyboardInterrupt) -> int:
+    """One line for Ctrl-C (or SIGTERM, SIGHUP: `_io.Terminated`) and its exit status, 128 + the signal."""
+    signum = getattr(exc, "signum", None)
+    try:
+        print(f"{prog}: {exc if signum else 'interrupted'}", file=sys.stderr)
+    except (OSError, ValueError):
+        _silence(sys.stderr)
+    return 128 + signum if signum else 130
 
 
 def _lenient_text_streams() -> None:
@@ -135,7 +211,8 @@ def _lenient_text_streams() -> None:
 
 
 def _main(argv) -> int:
-    parser = build_parser()
+    import csv
+
     prog = "decodesched"  # (the subcommand's words once parsed)
 
     def fail(message: str, status: int = 2) -> int:
@@ -151,6 +228,7 @@ def _main(argv) -> int:
         return status
 
     try:
+        parser = build_parser()
         try:
             args = parser.parse_args(argv)
         except SystemExit as exc:  # --help or --version printed on stdout, or a usage error on stderr
@@ -181,18 +259,15 @@ def _main(argv) -> int:
     except csv.Error as exc:
         return fail(f"unreadable CSV ({exc})")
     except ValueError as exc:
-        if not _INT_ERRORS.search(str(exc)):
+        if not re.search(_INT_ERRORS, str(exc)):
             raise
         return fail(str(exc))
     except KeyboardInterrupt as exc:
-        from ._io import Terminated, interrupt_status
-
-        print(f"{prog}: {exc if isinstance(exc, Terminated) else 'interrupted'}", file=sys.stderr)
-        return interrupt_status(exc)
+        return _interrupted(prog, exc)
 
 
 # ValueErrors that are bad input, not bugs: Python's integer-parsing limits.
-_INT_ERRORS = re.compile(r"invalid literal for int|Exceeds the limit \(\d+ digits\)|integer string conversion")
+_INT_ERRORS = r"invalid literal for int|Exceeds the limit \(\d+ digits\)|integer string conversion"
 
 
 if __name__ == "__main__":  # pragma: no cover
