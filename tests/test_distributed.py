@@ -216,6 +216,52 @@ def test_unreachable_scheduler_is_a_user_error():
             pass
 
 
+@pytest.mark.parametrize("address", ["tcp://127.0.0.1:{port}", "127.0.0.1:{port}", "tcp://127.0.0.1:1"])
+def test_a_closed_port_fails_at_once_without_waiting_for_dask_s_timeout(address, monkeypatch):
+    """Nothing listening at the address: Dask's client retried the refused connection for its whole
+    30 s timeout.  A plain TCP connection is tried first; refused, it is one line naming the address."""
+    from decodesched.distributed import connect
+
+    address = address.format(port=_free_port())
+
+    def no_client(*args, **kwargs):
+        raise AssertionError("Dask's client was asked to connect")
+
+    monkeypatch.setattr(distributed, "Client", no_client)
+    start = time.monotonic()
+    with pytest.raises(UserError, match="cannot reach the Dask scheduler at") as info:
+        with connect(address):  # (the default 30 s timeout)
+            pass
+    assert address in str(info.value) and "refused" in str(info.value) and "\n" not in str(info.value)
+    assert time.monotonic() - start < 20
+
+
+@pytest.mark.parametrize("address, why", [("tcp://127.0.0.1:99999", "not a TCP port"),
+                                          ("tcp://no-such-host.invalid:8786", "unknown host")])
+def test_an_address_that_cannot_be_connected_to_is_one_line(address, why, monkeypatch):
+    from decodesched.distributed import connect
+
+    monkeypatch.setattr(distributed, "Client", lambda *a, **k: pytest.fail("Dask's client was asked to connect"))
+    with pytest.raises(UserError, match=why) as info:
+        with connect(address):
+            pass
+    assert address in str(info.value)
+
+
+def test_sweep_with_a_closed_scheduler_port_exits_2_at_once_and_writes_nothing(traces, tmp_path, capsys):
+    from decodesched.cli import main
+
+    traces[0].to_csv(tmp_path / "t.csv")
+    before = sorted(p.name for p in tmp_path.iterdir())
+    start = time.monotonic()
+    assert main(["sweep", str(tmp_path / "t.csv"), "--policy", "fcfs", "--kv-blocks", "40,90",
+                 "--dask", "tcp://127.0.0.1:1", "--out", str(tmp_path / "m.csv")]) == 2
+    assert time.monotonic() - start < 20  # (it waited 30 s)
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "tcp://127.0.0.1:1" in err and "refused" in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
 @pytest.mark.parametrize("answer", [b"\xff" * 64, b"HTTP/1.1 400 Bad Request\r\n\r\n" * 4, b""])
 def test_a_peer_that_is_not_a_scheduler_is_a_user_error(answer):
     # Something else listening at the address (a web server, a proxy) answers bytes that Dask's
@@ -230,12 +276,13 @@ def test_a_peer_that_is_not_a_scheduler_is_a_user_error(answer):
     server.bind(("127.0.0.1", 0))
     server.listen()
 
-    def serve():
+    def serve():  # every connection (the reachability probe's, then Dask's) gets the answer
         with contextlib.suppress(OSError):
-            conn, _ = server.accept()
-            with conn:
-                conn.sendall(answer)
-                time.sleep(0.5)
+            while True:
+                conn, _ = server.accept()
+                with conn, contextlib.suppress(OSError):
+                    conn.sendall(answer)
+                    time.sleep(0.5)
 
     server_thread = threading.Thread(target=serve, daemon=True)
     server_thread.start()
@@ -335,6 +382,19 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _wait_for_port(port: int, process, seconds: float = 120) -> None:
+    import socket
+
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=5).close()
+            return
+        except OSError:
+            assert process.poll() is None and time.monotonic() < deadline, "the scheduler did not start"
+            time.sleep(0.1)
+
+
 def test_a_lost_scheduler_is_one_line_on_stderr(tmp_path):
     """`kill -9` of the scheduler mid-sweep: Dask's client logged about 35 lines of tracebacks
     (ConnectionRefusedError, CommClosedError, CancelledError) before the sweep's one-line error."""
@@ -352,6 +412,7 @@ def test_a_lost_scheduler_is_one_line_on_stderr(tmp_path):
                                   "--port", str(port), "--dashboard-address", ":0"], **quiet)
     worker = sweep = None
     try:
+        _wait_for_port(port, scheduler)  # (a refused port is an error at once, not waited for)
         worker = subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_worker", address, "--nthreads", "1",
                                    "--no-nanny"], **quiet)
         out = tmp_path / "d.csv"

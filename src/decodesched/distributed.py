@@ -36,6 +36,8 @@ from .errors import UserError
 
 INSTALL_HINT = "pip install 'decodesched[dask]'"
 DEFAULT_CHUNK_SIZE = 64
+PROBE_SECONDS = 5.0  # a scheduler that does not accept a TCP connection within this is taken as unreachable
+_TCP_SCHEMES = ("tcp", "tls", "ws", "wss")  # (Dask's schemes over plain TCP; others, such as ucx, are not probed)
 
 
 def _import_dask():
@@ -103,6 +105,7 @@ def connect(address: str, *, n_workers: int = 2, timeout: float = 30, quiet: boo
         finally:
             cluster.close()
         return
+    probe(address, min(timeout, PROBE_SECONDS))
     try:
         client = distributed.Client(address, timeout=timeout)
     except (OSError, TimeoutError, ValueError) as exc:
@@ -114,6 +117,41 @@ def connect(address: str, *, n_workers: int = 2, timeout: float = 30, quiet: boo
         yield client
     finally:
         client.close()
+
+
+def probe(address: str, seconds: float = PROBE_SECONDS) -> None:
+    """Fail fast where nothing listens: a plain TCP connection to a scheduler address (``tcp://HOST:PORT``,
+    ``HOST:PORT``, ``tls://``, ``ws://``, ``wss://``), closed at once.  Dask's own client retries a refused
+    connection until its whole timeout (30 s) has passed; here a refused port answers at once, and a host
+    that does not answer within `seconds` is given up.  Raises `UserError` naming the address; an
+    address this cannot read, or of another scheme, is left to Dask."""
+    import socket
+
+    try:
+        from distributed.comm.addressing import parse_address, parse_host_port
+
+        scheme, location = parse_address(address)
+        host, port = parse_host_port(location)
+    except Exception:  # noqa: BLE001 - Dask's own parsing says what is wrong with it, or takes it
+        return
+    if scheme not in _TCP_SCHEMES or not host:
+        return
+    if not 0 < port < 65536:
+        raise UserError(f"cannot reach the Dask scheduler at {address}: port {port} is not a TCP port (1-65535)")
+    why = None
+    try:
+        with socket.create_connection((host, port), timeout=seconds):
+            pass
+    except ConnectionRefusedError:
+        why = "connection refused (is a scheduler running there?)"
+    except socket.gaierror as exc:
+        why = f"unknown host {host!r} ({exc.strerror or exc})"
+    except (socket.timeout, TimeoutError):
+        why = f"no answer within {seconds:g} s"
+    except OSError as exc:
+        why = exc.strerror or str(exc) or type(exc).__name__
+    if why is not None:
+        raise UserError(f"cannot reach the Dask scheduler at {address}: {why}")
 
 
 def run_sweep(traces, scenarios: Sequence, address, *, chunk_size: int = DEFAULT_CHUNK_SIZE,
