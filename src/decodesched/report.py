@@ -50,7 +50,7 @@ from ._io import _describe, _same_file, input_file, replace_together, temp_prefi
 from .errors import UserError
 from .metrics import offered_load
 from .palette import POLICY_ORDER, policy_colors, policy_marker, policy_style, sorted_policies
-from .trace import show
+from .trace import MAX_INT_DIGITS, show
 
 LATENCY_LABELS = {"queue_wait": "queue wait", "ttft": "TTFT", "e2e": "end-to-end latency", "tpot": "TPOT"}
 LOAD_LABEL = "offered load (work steps per step)"
@@ -137,34 +137,53 @@ def _log_if_wide(ax, values, axis: str = "y", ratio: float = 50.0) -> bool:
 METRIC_LIMIT = 2**63  # no count, step or second of a replay comes near it; larger values cannot be drawn
 # A number cell: ASCII decimal, optional '-' and exponent (what `batch.write_metrics_csv` writes), or
 # inf / nan in any letter case; not '4_0', '+7', '0x10' or other scripts' digits (docs/files.md).
-_DECIMAL_CELL = re.compile(r"-?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?", re.ASCII)
-_SPECIAL_CELL = re.compile(r"-?(inf|infinity|nan)", re.ASCII | re.IGNORECASE)
+# (One pattern: an integer by the trace readers' rule, `trace.parse_decimal`, or a decimal, or inf / nan.)
+_NUMBER_CELL = re.compile(r"(-?[0-9]+)|-?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?|-?(inf|infinity|nan)",
+                          re.ASCII | re.IGNORECASE)
 
 
 def _parse_cell(text: str) -> int | float:
-    """A number cell of the sweep CSV: an integer by the trace readers' rule (`trace.parse_decimal`),
-    else a decimal or exponent number, ``inf`` or ``nan``; ValueError otherwise."""
-    from .trace import parse_decimal
-
+    """A number cell of the sweep CSV: an integer by the trace readers' rule (`trace.parse_decimal`: at
+    most `trace.MAX_INT_DIGITS` digits, else it is read as a float), else a decimal or exponent number,
+    ``inf`` or ``nan``; ValueError otherwise."""
     s = text.strip()
-    try:
-        return parse_decimal(s)
-    except ValueError:
-        pass
-    if _DECIMAL_CELL.fullmatch(s) or _SPECIAL_CELL.fullmatch(s):
-        return float(s)
-    raise ValueError(f"not a number: {text!r}")
+    m = _NUMBER_CELL.fullmatch(s)
+    if m is None:
+        raise ValueError(f"not a number: {text!r}")
+    if m.group(1) is not None and len(s.lstrip("-").lstrip("0")) <= MAX_INT_DIGITS:
+        return int(s)
+    return float(s)
 
 
-def read_sweep(path) -> list[dict]:
+# The columns of a sweep CSV the report reads (`build_report` keeps only these in memory; every cell of
+# every column is still checked): the scenario's key, the trace's load and time scale, and the metrics
+# of the figures and tables (`_missing_columns` names the same ones).
+REPORT_COLUMNS = re.compile(
+    r"(trace|policy|replicate|kv_blocks|aging_interval|offered_load|steps_per_second"
+    r"|ttft_p50|ttft_p99|queue_wait_p99|e2e_p99|unfinished|slo_attainment|starvation|fairness_jain|preemptions)"
+    r"|(ttft_p99|slo_attainment|unfinished)_class-?[0-9]+", re.ASCII)
+
+
+def read_sweep(path, columns=None) -> list[dict]:
     """The rows of a sweep metrics CSV: numbers as int/float (empty cells NaN, ``inf`` censored), text
-    as str; a CSV without a ``replicate`` column gets replicate 0."""
+    as str; a CSV without a ``replicate`` column gets replicate 0.
+
+    `columns` (a compiled pattern, such as `REPORT_COLUMNS`): besides ``trace`` and ``policy``, only the
+    columns whose whole name it matches are kept in the rows (every cell is checked all the same).
+    Rows are parsed as they are read, so a large sweep is never held as text."""
     path = input_file(path, "sweep metrics CSV")
+    out = []
     try:
         with open(path, newline="", encoding="utf-8") as fh:
             reader = csv.DictReader(fh)
-            rows = [(reader.line_num, row) for row in reader]
             header = reader.fieldnames or []
+            missing = [c for c in ("trace", "policy", "kv_blocks", "aging_interval") if c not in header]
+            if missing:
+                raise UserError(f"{path}: not a sweep metrics CSV (no column {', '.join(missing)})")
+            keep = {k for k in header if columns is None or columns.fullmatch(k)}
+            names: dict[str, str] = {}  # one str object per trace and policy name, not one per row
+            for row in reader:
+                out.append(_parse_row(path, reader.line_num, row, header, keep, names))
     except FileNotFoundError:
         raise UserError(f"{path}: no such file") from None
     except UnicodeDecodeError as exc:
@@ -173,38 +192,41 @@ def read_sweep(path) -> list[dict]:
         raise UserError(f"{path}: cannot read it ({_describe(exc)})") from None
     except csv.Error as exc:
         raise UserError(f"{path}: not a CSV file ({exc})") from None
-    missing = [c for c in ("trace", "policy", "kv_blocks", "aging_interval") if c not in header]
-    if missing:
-        raise UserError(f"{path}: not a sweep metrics CSV (no column {', '.join(missing)})")
-    if not rows:
+    if not out:
         raise UserError(f"{path}: the sweep has no rows")
-    out = []
-    for lineno, row in rows:
-        if None in row or None in row.values():  # more or fewer cells than the header
-            cells = len(header) + len(row.get(None, ())) - sum(v is None for v in row.values())
-            raise UserError(f"{path}: line {lineno}: {cells} cells, the header has {len(header)}")
-        parsed = {"replicate": 0}
-        for k, v in row.items():
-            if k in ("trace", "policy"):
-                if not v:
-                    raise UserError(f"{path}: line {lineno}, column {k}: empty")
-                parsed[k] = v
-                continue
-            if v is None or v == "":
-                parsed[k] = math.nan
-                continue
+    return out
+
+
+def _parse_row(path, lineno: int, row: dict, header: list, keep: set, names: dict) -> dict:
+    if None in row or None in row.values():  # more or fewer cells than the header
+        cells = len(header) + len(row.get(None, ())) - sum(v is None for v in row.values())
+        raise UserError(f"{path}: line {lineno}: {cells} cells, the header has {len(header)}")
+    parsed = {"replicate": 0}
+    kv = None
+    for k, v in row.items():
+        if k in ("trace", "policy"):
+            if not v:
+                raise UserError(f"{path}: line {lineno}, column {k}: empty")
+            parsed[k] = names.setdefault(v, v)
+            continue
+        if v is None or v == "":
+            value = math.nan
+        else:
             try:
-                parsed[k] = _parse_cell(v)
+                value = _parse_cell(v)
             except ValueError:
                 raise UserError(f"{path}: line {lineno}, column {k}: not a number: {show(v)}") from None
-            if math.isfinite(parsed[k]) and abs(parsed[k]) > METRIC_LIMIT:
+            if math.isfinite(value) and abs(value) > METRIC_LIMIT:
                 raise UserError(f"{path}: line {lineno}, column {k}: {show(v)} is beyond any metric of a "
                                 "replay (at most 2**63)")
-        if not (isinstance(parsed["kv_blocks"], int) and parsed["kv_blocks"] >= 0):
-            raise UserError(f"{path}: line {lineno}, column kv_blocks: not a whole number of blocks: "
-                            f"{show(row['kv_blocks'])}")
-        out.append(parsed)
-    return out
+        if k in keep:
+            parsed[k] = value
+        if k == "kv_blocks":
+            kv = value
+    if not (isinstance(kv, int) and kv >= 0):
+        raise UserError(f"{path}: line {lineno}, column kv_blocks: not a whole number of blocks: "
+                        f"{show(row['kv_blocks'])}")
+    return parsed
 
 
 @dataclass
@@ -253,12 +275,14 @@ def trace_info(rows: list[dict], results_path=None, *, loads: dict | None = None
     dirs = [Path(results_path).parent] if results_path else []
     dirs += [Path(".")] + [Path(d) for d in trace_dirs]
     info = {}
+    first = {}  # each trace's first row
+    for r in rows:
+        first.setdefault(r["trace"], r)
     for name in names:
-        mine = [r for r in rows if r["trace"] == name]
         path = _find_trace_file(name, dirs, results_path)
         meta = read_meta(path) if path else None
-        sps = _number(mine[0].get("steps_per_second")) or (_number(meta.get("steps_per_second")) if meta else None)
-        load = float(loads[name]) if name in loads else _number(mine[0].get("offered_load"))
+        sps = _number(first[name].get("steps_per_second")) or (_number(meta.get("steps_per_second")) if meta else None)
+        load = float(loads[name]) if name in loads else _number(first[name].get("offered_load"))
         if load is None and meta:
             load = _meta_load(meta)
         if path is not None and (load is None or sps is None):
@@ -326,6 +350,13 @@ class SweepView:
         self.families = families(info)
         self.replicates = len({r.get("replicate", 0) for r in rows})
         self.columns = set().union(*rows)
+        self._groups: dict[tuple, list] = {}  # (policy, trace, kv_blocks) -> its rows, in CSV order
+        for r in rows:
+            self._groups.setdefault((r["policy"], r["trace"], r["kv_blocks"]), []).append(r)
+
+    def group(self, policy: str, trace: str, kv_blocks) -> list:
+        """The rows of (`policy`, `trace`, `kv_blocks`), in CSV order."""
+        return self._groups.get((policy, trace, kv_blocks), [])
 
     def _keep(self, r) -> bool:
         return not _finite(r["aging_interval"]) or r["aging_interval"] == self.aging_interval
@@ -337,8 +368,8 @@ class SweepView:
         """`key` of every replicate of (`policy`, `trace`) at the cut (capacity `kv_blocks`, default the cut's)."""
         kv = self.kv_blocks if kv_blocks is None else kv_blocks
         seen, out = set(), []
-        for r in self.rows:
-            if r["policy"] != policy or r["trace"] != trace or r["kv_blocks"] != kv or not self._keep(r):
+        for r in self.group(policy, trace, kv):
+            if not self._keep(r):
                 continue
             if r.get("replicate", 0) in seen:
                 continue  # an older CSV repeats interval-independent policies per interval
@@ -576,9 +607,8 @@ def _interval_figure(view: SweepView, out: Path, policy: str, classes: list[int]
             for name, shade in zip(names, shades):
                 y = []
                 for k in intervals:
-                    vals = [float(r.get(key, math.nan)) * (view.scale(r) if time else 1.0) for r in view.rows
-                            if r["policy"] == policy and r["trace"] == name and r["kv_blocks"] == view.kv_blocks
-                            and r["aging_interval"] == k]
+                    vals = [float(r.get(key, math.nan)) * (view.scale(r) if time else 1.0)
+                            for r in view.group(policy, name, view.kv_blocks) if r["aging_interval"] == k]
                     y.append(view._spread(vals)[0])
                 y = np.asarray(y, dtype=float)
                 ok = np.isfinite(y)
@@ -963,7 +993,7 @@ def build_report(out_dir, *, results=None, trace=None, policies=None, kv_blocks=
     if not parent.is_dir():
         raise UserError(f"cannot write {out_dir}: no such directory {parent}")
     _refuse_inputs_among_outputs(out_dir, [results, trace, f"{trace}.meta.json" if trace is not None else None])
-    rows = read_sweep(results) if results is not None else None
+    rows = read_sweep(results, REPORT_COLUMNS) if results is not None else None
     info = None
     if rows is not None:
         info = trace_info(rows, results, loads=loads, trace_dirs=trace_dirs)
@@ -1010,6 +1040,10 @@ def build_report(out_dir, *, results=None, trace=None, policies=None, kv_blocks=
         write_html(tmp, plots, notes, "decodesched report")
         out_dir.mkdir(exist_ok=True)
         replace_together([(f, out_dir / f.name) for f in sorted(tmp.iterdir())])
+    except OSError as exc:  # a full disk while a figure is saved (matplotlib's error names no file): say where
+        if isinstance(exc, UserError) or (exc.filename is not None and Path(exc.filename).parent != tmp):
+            raise
+        raise UserError(f"{out_dir}: cannot write the report ({_describe(exc)}); nothing in it was changed") from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return plots
