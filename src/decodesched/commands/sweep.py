@@ -178,6 +178,15 @@ def run(args) -> int:
             print("decodesched sweep: interrupted before any scenario finished; nothing was saved",
                   file=sys.stderr)
         return interrupt_status(exc)
+    except OSError as exc:  # writing the checkpoint (a full disk: the error names no file)
+        if isinstance(exc, UserError) or exc.filename is not None:
+            raise
+        from .._io import _describe
+
+        saved = len(read_checkpoint(checkpoint, sweep_key(traces, scenarios), len(scenarios)))
+        kept = f"{saved} of {len(scenarios)} scenarios are saved in it, rerun the same command to resume" if saved \
+            else "no scenario was saved"
+        raise UserError(f"{checkpoint}: cannot write the sweep's checkpoint ({_describe(exc)}); {kept}") from None
     elapsed = time.perf_counter() - start
     # The checkpoint goes only once the CSV is in place: a failed write keeps every scenario.
     try:
