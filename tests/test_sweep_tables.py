@@ -308,8 +308,7 @@ def test_ctrl_c_stops_a_local_sweep_and_keeps_finished_chunks(tmp_path):
     proc = subprocess.Popen(
         [sys.executable, "-m", "decodesched.cli", "sweep", str(trace_path), "--policy", "aging,fcfs",
          "--kv-blocks", caps, "--aging-interval", "1,2,4", "--chunk-size", "2", "--threads", "1", "--out", str(out)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # a background job ignores SIGINT
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         for _ in range(1200):  # until the first chunk is saved
             if partial.exists() and len(partial.read_text().splitlines()) >= 2 or proc.poll() is not None:
