@@ -39,7 +39,8 @@ def _event_box(x: float, y: float, ev, wrong: bool) -> str:
                 f'stroke-width="2"/><text x="{x + CELL_W / 2 - 1}" y="{y + 19}" text-anchor="middle">?</text>')
     rid = ev.get("request_id")
     color = PALETTE[rid % len(PALETTE)] if type(rid) is int else "#bbb"
-    mark = ACTION_MARK.get(ev.get("action"), "?")
+    action = ev.get("action")
+    mark = ACTION_MARK.get(action, "?") if type(action) is str else "?"  # (a list or dict of the student's: no key)
     victim = ev.get("preempted_request_id")
     title = f"step {ev.get('step')}: request {rid} {ev.get('action')}" + (f", preempts {victim}" if victim is not None else "")
     stroke = ' stroke="#c00" stroke-width="2.5"' if wrong else ' stroke="#fff"'
@@ -118,6 +119,16 @@ def picture_html(title: str, picture: dict) -> str:
     return "\n".join(parts)
 
 
+def _picture_or_note(title: str, picture: dict) -> str:
+    """The picture of the first failing scenario, drawn from the student's own values; one that cannot be
+    drawn is a sentence instead, so that no student's values can keep the whole run from writing its outputs."""
+    try:
+        return picture_html(title, picture)
+    except Exception as exc:  # noqa: BLE001 - any value the student's step() returned
+        return (f"<p class=\"picture\">{html.escape(title)}: the schedule could not be drawn "
+                f"({html.escape(type(exc).__name__)}) / 无法绘制调度图</p>")
+
+
 def feedback_html(r) -> str:
     """The page of one `pipeline.Result` (``r.pictures`` maps grade_id to a `verdict.schedule_picture`)."""
     e = html.escape
@@ -135,8 +146,8 @@ def feedback_html(r) -> str:
     # The first failing scenario: the shrunk random trace when there is one, else the first cell in notebook order.
     first = next((c for c in spec.CELLS if c.grade_id == "hidden_differential" and c.grade_id in pictures),
                  next((c for c in spec.CELLS if c.grade_id in pictures), None))
-    picture = picture_html(f"{first.title}: where your schedule goes wrong / 你的调度从哪里开始出错", pictures[first.grade_id]) \
-        if first is not None else ""
+    picture = _picture_or_note(f"{first.title}: where your schedule goes wrong / 你的调度从哪里开始出错",
+                               pictures[first.grade_id]) if first is not None else ""
     return (
         "<!DOCTYPE html>\n<html lang=\"zh-CN\"><head><meta charset=\"utf-8\">"
         f"<title>{e(spec.ASSIGNMENT)} - {e(r.student_id)}</title>"

@@ -66,3 +66,22 @@ def test_feedback_picture_escapes_what_the_student_returned():
     picture["got"] = [{"request_id": "<script>x</script>", "action": "<b>"}, "not an event"]
     page = feedback.feedback_html(_result("amy", pictures={"hidden_differential": picture}))
     assert "<script>" not in page and "&lt;script&gt;" in page
+
+
+def test_a_picture_of_any_plain_values_is_drawn_or_said_never_raised(monkeypatch):
+    """A trailing comma made an action a tuple (JSON: a list); `ACTION_MARK.get` raised TypeError in
+    `render_outputs`, after every submission was graded: no grades.csv, no pages, no gradebook for anyone."""
+    for odd in (["prefill_to_decode"], {"a": 1}, None, 1.5, True, [[["deep"]]]):
+        picture, _ = _two_request_picture()
+        picture["got"] = [dict(e, action=odd, request_id=odd) for e in picture["got"]]
+        page = feedback.feedback_html(_result("amy", pictures={"hidden_differential": picture}))
+        assert "<svg" in page and "first difference" in page, odd
+    picture, _ = _two_request_picture()
+
+    def fails(*args):
+        raise TypeError("a value no figure expected")
+
+    monkeypatch.setattr(feedback, "picture_html", fails)  # whatever else may fail in a picture: a sentence, the page
+    page = feedback.feedback_html(_result("amy", pictures={"hidden_differential": picture}))
+    assert "could not be drawn (TypeError)" in page and "<table>" in page
+    assert pipeline.render_outputs([_result("amy", pictures={"hidden_differential": picture})])["grades.csv"]
