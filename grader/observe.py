@@ -401,8 +401,9 @@ def _run_sandboxed(argv, cwd, limits: Limits, hide, child_fds=()):
     return run_isolated(argv, cwd=cwd, **{**limits.kwargs(), "hide": tuple(hide)}, pass_fds=child_fds)
 
 
-def _package_paths() -> list[str]:
-    """Where our own code lives (editable checkout or site-packages): the reference model must stay unreadable."""
+def package_paths() -> list[str]:
+    """Where our own code lives (editable checkout or site-packages): the reference model must stay unreadable,
+    to the verdict harness and to the kernel run alike (`pipeline.default_hide`)."""
     import decodesched
 
     return sorted({str(Path(decodesched.__file__).resolve().parent), str(Path(__file__).resolve().parent)})
@@ -410,7 +411,7 @@ def _package_paths() -> list[str]:
 
 def default_hide() -> list[str]:
     from .spec import COURSE_ROOT
-    return [str(COURSE_ROOT)] + _package_paths()
+    return [str(COURSE_ROOT)] + package_paths()
 
 
 def why_stopped(out) -> str:

@@ -47,6 +47,7 @@ from .autograde import build_template, kernel_run, warm_server
 from .course import Course, open_course
 from .evidence import altered_cells, restore_protected, static_evidence
 from .limits import Limits, load_factor
+from .observe import package_paths
 from .notebook import (InvalidSubmission, Submission, collect_submissions, is_plain_id, load_notebook, printable,
                        solution_source, student_code_cells)
 from .feedback import feedback_html
@@ -192,9 +193,11 @@ def defined_in_other_cells(nb: dict, names) -> list[str]:
 
 def default_hide(course: Course, submissions: Path, out_dir: Path) -> tuple:
     """Paths the untrusted code must not see, each a writable trap (writes there are tamper evidence):
-    the course, the submissions and the output folder.  Everything else outside the system folders
-    is covered anyway when running as root (`sandbox.covered_dirs`)."""
-    hide = {course.root, Path(submissions).resolve(), Path(out_dir).resolve()}
+    the course, the submissions, the output folder and this package (the reference model and the source
+    notebook: installed with pip, they sit under ``sys.prefix``, which the sandbox binds back for Python,
+    and a kernel run that could read them could hand them to its own verdict harness).  Everything else
+    outside the system folders is covered anyway when running as root (`sandbox.covered_dirs`)."""
+    hide = {course.root, Path(submissions).resolve(), Path(out_dir).resolve(), *map(Path, package_paths())}
     return tuple(sorted(str(p) for p in hide))
 
 

@@ -386,3 +386,28 @@ def test_without_root_a_user_namespace_hides_covers_and_binds_back_read_only():
         assert (got["planted"], got["pwned"], got["mine"]) == (False, False, True)
     finally:
         nobody.cleanup(base)
+
+
+@pytest.mark.skipif(os.geteuid() != 0 and not sandbox.userns_available(), reason="needs root or user namespaces")
+def test_a_kernel_run_cannot_read_the_reference_even_where_python_s_prefix_is_bound_back(tmp_path):
+    """Installed with pip, the package sits under sys.prefix, which every run binds back read-only for
+    Python. The kernel run's hide list (`pipeline.default_hide`) left it out: a kernel read
+    grader/solutions/reference.py and relayed it to its own verdict harness, a buggy solution scored 100
+    (red-team finding). Here the package's folders are bound back as sys.prefix would be (`expose`)."""
+    from decodesched.grader import observe, pipeline
+
+    course = type("C", (), {"root": tmp_path / "course"})()
+    course.root.mkdir()
+    hide = pipeline.default_hide(course, tmp_path / "subs", tmp_path / "out")
+    work = tmp_path / "work"
+    work.mkdir()
+    reference = Path(observe.__file__).resolve().parent / "solutions" / "reference.py"
+    from decodesched import model as model_module
+
+    model = Path(model_module.__file__).resolve()
+    code = f"import os\nprint([os.path.exists(p) for p in ({str(reference)!r}, {str(model)!r})])\n"
+    (work / "x.py").write_text(code)
+    out = sandbox.run_isolated([sys.executable, "-I", "-S", "x.py"], cwd=work, timeout_s=20, cpu_s=10,
+                               memory_mb=400, hide=hide, expose=observe.package_paths())
+    assert reference.exists() and model.exists()
+    assert out.stdout.decode().strip() == "[False, False]", (out.stdout, out.stderr[-2000:])
