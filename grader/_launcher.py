@@ -37,6 +37,7 @@ CLONE_NEWNS = 0x00020000
 CLONE_NEWPID = 0x20000000
 CLONE_NEWUSER = 0x10000000
 CLONE_NEWIPC = 0x08000000
+CLONE_NEWNET = 0x40000000
 MS_RDONLY = 1
 MS_NOSUID = 2
 MS_NODEV = 4
@@ -117,6 +118,25 @@ def _unshare(user=False):
                 fh.write(text)
     if libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None) != 0:
         raise OSError(ctypes.get_errno(), "mount --make-rprivate / failed")
+
+
+def _private_network():
+    """A network namespace of the command's own, with only its loopback up (nbgrader talks to its kernel
+    over 127.0.0.1): no port another run holds, and no socket another run serves (the abstract UNIX
+    sockets live in the network namespace), can reach or starve this one. Best effort, as before it existed."""
+    import fcntl
+    import socket
+    import struct
+
+    if _libc().unshare(CLONE_NEWNET) != 0:
+        return
+    siocgifflags, siocsifflags, iff_up = 0x8913, 0x8914, 0x1
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            flags = struct.unpack("16sh", fcntl.ioctl(s, siocgifflags, struct.pack("16sh", b"lo", 0)))[1]
+            fcntl.ioctl(s, siocsifflags, struct.pack("16sh", b"lo", flags | iff_up))
+    except OSError:
+        pass
 
 
 def _private_ipc():
@@ -305,6 +325,7 @@ def launch(spec, status_fd, start=_exec):
         kinds = {p: ("dir" if os.path.isdir(p) else "file" if os.path.exists(p) else None) for p in hide}
         _unshare(user=userns)
         _private_ipc()
+        _private_network()
         _cover(spec.get("cover", []), [spec["cwd"]] + spec.get("expose", []), writable=[spec["cwd"]])
         traps = _hide(hide, kinds)
         _expose(spec.get("expose", []))

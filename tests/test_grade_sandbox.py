@@ -411,3 +411,39 @@ def test_a_kernel_run_cannot_read_the_reference_even_where_python_s_prefix_is_bo
                                memory_mb=400, hide=hide, expose=observe.package_paths())
     assert reference.exists() and model.exists()
     assert out.stdout.decode().strip() == "[False, False]", (out.stdout, out.stderr[-2000:])
+
+
+@pytest.mark.skipif(os.geteuid() != 0 and not sandbox.userns_available(), reason="needs root or user namespaces")
+def test_each_run_has_a_network_of_its_own_with_loopback_up(tmp_path):
+    """A red-team submission held every local port; an honest kernel run beside it could not start its
+    kernel ('crashed'), and two runs of one submission talked over an abstract UNIX socket. Here the
+    grader holds a port and serves an abstract socket; the run binds that very port, cannot reach the
+    socket, and its loopback works (nbgrader talks to its kernel over 127.0.0.1)."""
+    import socket
+
+    held = socket.socket()
+    held.bind(("127.0.0.1", 0))
+    held.listen()
+    port = held.getsockname()[1]
+    name = "\0decodesched-test-" + uuid.uuid4().hex
+    served = socket.socket(socket.AF_UNIX)
+    served.bind(name)
+    served.listen()
+    code = (
+        "import socket\n"
+        f"s = socket.socket(); s.bind(('127.0.0.1', {port})); s.listen()\n"
+        "c = socket.create_connection(('127.0.0.1', " + str(port) + ")); print('port free, loopback up')\n"
+        "try:\n"
+        f"    socket.socket(socket.AF_UNIX).connect({name!r}); print('reached the grader')\n"
+        "except OSError:\n"
+        "    print('abstract socket unreachable')\n"
+    )
+    (tmp_path / "x.py").write_text(code)
+    try:
+        out = sandbox.run_isolated([sys.executable, "-I", "-S", "x.py"], cwd=tmp_path, timeout_s=20, cpu_s=10,
+                                   memory_mb=400)
+    finally:
+        held.close()
+        served.close()
+    assert out.stdout.decode().split("\n")[:2] == ["port free, loopback up", "abstract socket unreachable"], \
+        (out.stdout, out.stderr[-2000:])
