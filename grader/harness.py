@@ -633,12 +633,42 @@ def strip_magics(source):
             lines[k] = ""
             continue
         stripped = body.lstrip()
-        if state[0] == 0 and state[1] is None and not state[2] and stripped.startswith(("%", "!")):
-            lines[k] = body[: _len(body) - _len(stripped)] + "pass"
-            in_magic = body.endswith("\\")
-            continue
+        if state[0] == 0 and state[1] is None and not state[2]:
+            indent = body[: _len(body) - _len(stripped)]
+            target = _magic_target(stripped)
+            if stripped.startswith(("%", "!", "?")) or _help_line(stripped):  # ``%time f()``, ``!ls``, ``obj?``
+                lines[k] = indent + "pass"
+                in_magic = body.endswith("\\")
+                continue
+            if target is not None:  # ``files = !ls``, ``a, b = %magic``: each name is bound, to None
+                lines[k] = indent + " = ".join([t.strip() for t in target.split(",")]) + " = None"
+                in_magic = body.endswith("\\")
+                continue
         _scan_line(body, state)
     return "\n".join(lines)
+
+
+def _dotted_name(text):
+    """Whether `text` is a name or a dotted attribute chain (``DecodeSchedulerSim.run``)."""
+    parts = text.strip().split(".")
+    return _all_done([p.isidentifier() for p in parts])
+
+
+def _help_line(stripped):
+    """IPython's help syntax at the end of a statement: ``obj?``, ``obj.attr??``."""
+    text = stripped.rstrip()
+    return text.endswith("?") and _dotted_name(text.rstrip("?"))
+
+
+def _magic_target(stripped):
+    """``NAMES = !cmd`` or ``NAMES = %magic``: the NAMES (plain or dotted, comma-separated), else None."""
+    i = stripped.find("=")
+    if i <= 0 or stripped[i + 1: i + 2] == "=" or stripped[i - 1] in "=!<>+-*/%&|^@:":
+        return None
+    left, right = stripped[:i].strip(), stripped[i + 1:].lstrip()
+    if not right.startswith(("!", "%")) or right.startswith("%="):
+        return None
+    return left if _all_done([_dotted_name(t) for t in left.split(",")]) else None
 
 
 class _Anything:

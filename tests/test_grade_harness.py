@@ -41,9 +41,26 @@ def test_magics_that_start_a_statement_become_pass():
                                             "s = '('  # ( not open\npass\npass\n\ny = 2\n")
 
 
+HELP_AND_ASSIGNED = [  # IPython's help syntax and magics assigned to a name: not Python, run fine in the kernel
+    "DecodeSchedulerSim.run?\nx = 1\n", "?len\n", "x = 1\nsim.step??\n", "files = !ls\n",
+    "t = %timeit -o -q sum([1])\ny = 2\n", "a, b = !echo 1 2\n", "if x:\n    out = !ls\n",
+]
+
+
+@pytest.mark.parametrize("cell", HELP_AND_ASSIGNED)
+def test_help_syntax_and_assigned_magics_do_not_stop_the_cell_loading(cell):
+    """``DecodeSchedulerSim.run?`` or ``files = !ls`` beside a correct solution scored 0: the cell did not
+    parse, so not one statement ran (red-team finding). The notebook runs them, and so does the grader."""
+    module = types.ModuleType("magic_solution")
+    module.__dict__["sim"] = module.__dict__["x"] = 1
+    assert harness.load_solution(cell + attacks.reference_source(), module.__dict__, 5.0) == []
+    assert "DecodeSchedulerSim" in module.__dict__
+
+
 def test_strip_magics_agrees_with_ipython():
     transformer = pytest.importorskip("IPython.core.inputtransformer2").TransformerManager()
-    cells = KEPT + ["%matplotlib inline\nx = 1\n", "if x:\n    !ls\n    y = (x\n         != 2)\n"]
+    cells = KEPT + HELP_AND_ASSIGNED + ["%matplotlib inline\nx = 1\n", "if x:\n    !ls\n    y = (x\n         != 2)\n",
+                                        "x = 1  # why?\ny = x != 2\nz = {'a': 1}\n"]
     for cell in cells:
         ours = harness.strip_magics(cell).split("\n")
         theirs = transformer.transform_cell(cell).split("\n")
