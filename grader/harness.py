@@ -83,6 +83,7 @@ WALL_FACTOR = 2.0  # a check that makes no progress is stopped after this many t
 MIN_PROGRESS = 0.05  # "progress": the check got at least this share of a core since it started
 WALL_CAP = 40.0  # a starved check is stopped anyway after this many times its CPU budget of wall clock
 _ARMED = [0.0, 0.0, 0.0, 0]  # budget, monotonic and process time, resident bytes when the check started
+_FIRED = [None]  # the alarm that interrupted the running check, if one did (see `_alarm`)
 # A check stopped for time whose resident memory grew by more than this many bytes since it started (a
 # quarter of the memory limit, set from the job) ran out of memory: where fresh memory is slow to come
 # by (a VM whose host takes back free pages: 150-250 MB/s, charged as the process's CPU time), a memory
@@ -108,6 +109,7 @@ def _arm(seconds):
     quiet and on a busy machine. The wall clock only catches a check that sleeps: at WALL_FACTOR times
     the budget, a check that got CPU (it is starved by load, not sleeping) is given more time."""
     _ARMED[0], _ARMED[1], _ARMED[2] = seconds, _monotonic(), _process_time()
+    _FIRED[0] = None
     _ARMED[3] = _resident() if _MEMORY_GROWTH[0] > 0 else 0
     _setitimer(_ITIMER_PROF, seconds)
     _setitimer(_ITIMER_REAL, seconds * WALL_FACTOR)
@@ -744,9 +746,10 @@ def load_solution(source, namespace, budget_s, skip_lines=(), timed_out_lines=No
 def _alarm(signum, _frame):
     if signum == _SIGALRM and _progressing():
         return
-    if _MEMORY_GROWTH[0] > 0 and _resident() - _ARMED[3] > _MEMORY_GROWTH[0]:
-        raise ScenarioOutOfMemory()
-    raise ScenarioTimeout()
+    # Noted before it is raised: a check that catches it and goes on (``except BaseException``) still timed out.
+    _FIRED[0] = ScenarioOutOfMemory() if _MEMORY_GROWTH[0] > 0 and _resident() - _ARMED[3] > _MEMORY_GROWTH[0] \
+        else ScenarioTimeout()
+    raise _FIRED[0]
 
 
 def _channel(job, key):
@@ -855,6 +858,9 @@ def main(argv):
             finally:
                 _disarm()
             restore_builtins()
+            fired = _FIRED[0]
+            if fired is not None and not (obs and obs[-1] == _error(fired)):  # the student's code swallowed it
+                obs = _list(obs) + [_error(fired)]
             if obs and _type(obs[-1]) is _dict and obs[-1].get("timeout") is True:
                 timeouts[0] += 1
             line = {"id": scenario["id"], "obs": obs, "wall_ms": _int((_monotonic() - start) * 1000)}

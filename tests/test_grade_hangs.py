@@ -68,3 +68,39 @@ def test_a_harness_near_its_cpu_limit_yields_between_checks_and_loses_nothing():
     assert len(obs) == len(scen)
     assert not any("killed" in o[0] for o in obs.values() if isinstance(o[0], dict)
                    and not str(o[0].get("killed", "")).startswith("not run"))
+
+
+SLOW_ONCE = """
+import time as _time
+_step_once = DecodeSchedulerSim.step
+_slow = [True]
+
+def _slow_first_step(self):
+    if _slow[0]:
+        _slow[0] = False
+        start = _time.process_time()
+        while _time.process_time() - start < 1.5:  # past the per-check limit below, once per process
+            pass
+    return _step_once(self)
+"""
+SWALLOWS = SLOW_ONCE + """
+def _step(self):
+    while True:
+        try:
+            return _slow_first_step(self)
+        except BaseException:  # the time limit too: try again
+            continue
+DecodeSchedulerSim.step = _step
+"""
+
+
+def test_a_check_that_swallows_its_time_limit_still_timed_out():
+    """The limit's exception can be caught: a step() that took too long once and retried inside
+    `except BaseException` scored 100 'graded' where the same step() without the retry lost the check
+    (red-team finding). The alarm is noted before it is raised, so both lose the same check."""
+    small = limits.Limits(cpu_s=30, scenario_cpu_s=0.5)
+    plain = verdict.verdict_for_source(REFERENCE + SLOW_ONCE + "DecodeSchedulerSim.step = _slow_first_step\n",
+                                       limits=small, shrink_failures=False)
+    swallowed = verdict.verdict_for_source(REFERENCE + SWALLOWS, limits=small, shrink_failures=False)
+    assert plain.status == "timeout" and plain.total < 100, _summary(plain)
+    assert (swallowed.status, swallowed.total) == (plain.status, plain.total), (_summary(swallowed), _summary(plain))
