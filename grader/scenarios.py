@@ -132,7 +132,8 @@ def _targeted() -> list[dict]:
     # ---- visible TODO 3 ----
     c = "test_todo3_capacity"
     sc(c, "v3_admission", "a request that does not fit waits; finish frees blocks / 容量不足则等待，完成释放容量",
-       new(free_kv_blocks=2), enqp(1, 4, 1, priority=9, required_blocks=3), enqp(2, 4, 1, priority=1, required_blocks=2),
+       new(free_kv_blocks=2), enqp(1, 4, 1, priority=9, required_blocks=3),
+       enqp(2, 4, 1, priority=1, required_blocks=2),
        ["stepf", ["request_id"]], ["free"], ["stepf", ["action"]], ["free"])
     sc(c, "v3_preempt", "a higher priority request preempts; the victim keeps its phase / 高优先级抢占，victim 保留阶段",
        new(free_kv_blocks=2), enqp(1, 4, 2, priority=1, required_blocks=2), ["stepq"],

@@ -131,3 +131,10 @@ def test_ctrl_c_in_the_first_second_of_the_console_script_prints_no_traceback(lo
             p.wait()
     check_interrupted(rc, "".join(seen) + rest)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_python_dash_m_decodesched_is_the_command():
+    out = subprocess.run([sys.executable, "-m", "decodesched", "--version"], capture_output=True, text=True)
+    assert (out.returncode, out.stdout.strip(), out.stderr) == (0, "decodesched 0.1.0", "")
+    code = "import sys, runpy; sys.argv = ['decodesched']; import decodesched.cli as c; print(c._run_as_command())"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"

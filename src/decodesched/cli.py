@@ -33,7 +33,7 @@ def _run_as_command() -> bool:
     path = getattr(sys.modules.get("__main__"), "__file__", None) or ""
     name, folder = os.path.basename(path), os.path.basename(os.path.dirname(path))
     return name in ("decodesched", "decodesched-script.py", "decodesched-script.pyw") or \
-        (name == "__main__.py" and folder.lower() == "decodesched.exe")  # (pip's Windows launcher)
+        (name == "__main__.py" and folder.lower() in ("decodesched", "decodesched.exe"))  # (-m; pip's Windows launcher)
 
 
 def _install_early_interrupt() -> None:

@@ -109,7 +109,8 @@ class Trace:
     def arrival_order(self) -> np.ndarray:
         """Row indices in enqueue order: by (arrival_step, row)."""
         if self._order is None:
-            object.__setattr__(self, "_order", _read_only(np.argsort(self.arrival_step, kind="stable").astype(np.int64)))
+            order = np.argsort(self.arrival_step, kind="stable").astype(np.int64)
+            object.__setattr__(self, "_order", _read_only(order))
         return self._order
 
     @property

@@ -1,0 +1,5 @@
+"""``python -m decodesched ...``: the `decodesched` command."""
+
+from decodesched.cli import main
+
+raise SystemExit(main())
