@@ -1070,5 +1070,6 @@ def test_every_replay_kernel_takes_the_trace_fields_in_their_one_order():
     assert tail == ("policy", "free_kv_blocks", "aging_interval", "max_steps", "events", "req_out", "summary")
     trace = backlog_trace(20, seed=1)
     arrays = trace_arrays(trace)
-    assert len(arrays) == n and arrays[-1] is trace.arrival_order and arrays[0] is trace.request_id
+    # the trace's own arrays (the writable ones its read-only columns view), not copies
+    assert len(arrays) == n and arrays[-1] is trace.arrival_order.base and arrays[0] is trace.request_id.base
     assert set(TRACE_COLUMNS) < set(KERNEL_TRACE_ARGS)
