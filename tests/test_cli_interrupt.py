@@ -102,6 +102,31 @@ sys.exit(main(["simulate", {str(long_trace)!r}, "--policy", "aging", "--kv-block
     assert list(tmp_path.iterdir()) == []
 
 
+def test_ctrl_c_that_python_wraps_in_another_exception_is_still_ctrl_c(long_trace, tmp_path):
+    """Ctrl-C inside a class body's ``__set_name__`` (Numba's import has some) reaches us as
+    ``RuntimeError: Error calling __set_name__``, raised from the KeyboardInterrupt: CI saw its traceback."""
+    code = f"""
+import sys
+class Interrupt:
+    def find_spec(self, name, path=None, target=None):
+        if name == "numba":
+            sys.meta_path.remove(self)
+            class Lands:
+                def __set_name__(self, owner, name):
+                    raise KeyboardInterrupt
+            class Owner:
+                x = Lands()
+sys.meta_path.insert(0, Interrupt())
+from decodesched.cli import main
+sys.exit(main(["simulate", {str(long_trace)!r}, "--policy", "aging", "--kv-blocks", "2000", "--engine", "scan",
+               "--events", {str(tmp_path / "ev.csv")!r}]))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    check_interrupted(out.returncode, out.stderr)
+    assert out.returncode == 130 and out.stderr.strip().endswith("interrupted"), out.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize("delay", [0.0, 0.05, 0.1, 0.2, 0.35, 0.5, 0.7, 1.0])
 def test_ctrl_c_in_the_first_second_of_the_console_script_prints_no_traceback(long_trace, tmp_path, delay):
     """SIGINT `delay` seconds after the console script has imported `decodesched.cli` (seen in
