@@ -80,17 +80,16 @@ def check_interrupted(rc: int, err: str) -> None:
     assert rc == 130 or (rc == -signal.SIGINT and not said), (rc, err[-3000:])
 
 
-@pytest.mark.parametrize("module", ["decodesched._io", "argparse", "decodesched.commands.simulate", "numpy",
-                                    "numba", "decodesched.trace", "decodesched.engine"])
-def test_ctrl_c_while_main_imports_the_command_exits_130_with_one_line(long_trace, tmp_path, module):
-    """Deterministic: KeyboardInterrupt raised where the import of `module` begins (inside `main`)."""
+def interrupted_at_import(module: str, interrupt: str, long_trace, tmp_path) -> None:
+    """Run `decodesched simulate` with `interrupt` (lines of Python, indented 12) run where the import of
+    `module` begins (inside `main`): exit 130, one line, no traceback, no output file."""
     code = f"""
 import sys
 class Interrupt:
     def find_spec(self, name, path=None, target=None):
         if name == {module!r}:
             sys.meta_path.remove(self)
-            raise KeyboardInterrupt
+{interrupt}
 sys.meta_path.insert(0, Interrupt())
 from decodesched.cli import main
 sys.exit(main(["simulate", {str(long_trace)!r}, "--policy", "aging", "--kv-blocks", "2000", "--engine", "scan",
@@ -100,31 +99,24 @@ sys.exit(main(["simulate", {str(long_trace)!r}, "--policy", "aging", "--kv-block
     check_interrupted(out.returncode, out.stderr)
     assert out.returncode == 130 and out.stderr.strip().endswith("interrupted"), out.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("module", ["decodesched._io", "argparse", "decodesched.commands.simulate", "numpy",
+                                    "numba", "decodesched.trace", "decodesched.engine"])
+def test_ctrl_c_while_main_imports_the_command_exits_130_with_one_line(long_trace, tmp_path, module):
+    """Deterministic: KeyboardInterrupt raised where the import of `module` begins (inside `main`)."""
+    interrupted_at_import(module, "            raise KeyboardInterrupt", long_trace, tmp_path)
 
 
 def test_ctrl_c_that_python_wraps_in_another_exception_is_still_ctrl_c(long_trace, tmp_path):
     """Ctrl-C inside a class body's ``__set_name__`` (Numba's import has some) reaches us as
     ``RuntimeError: Error calling __set_name__``, raised from the KeyboardInterrupt: CI saw its traceback."""
-    code = f"""
-import sys
-class Interrupt:
-    def find_spec(self, name, path=None, target=None):
-        if name == "numba":
-            sys.meta_path.remove(self)
-            class Lands:
-                def __set_name__(self, owner, name):
-                    raise KeyboardInterrupt
-            class Owner:
-                x = Lands()
-sys.meta_path.insert(0, Interrupt())
-from decodesched.cli import main
-sys.exit(main(["simulate", {str(long_trace)!r}, "--policy", "aging", "--kv-blocks", "2000", "--engine", "scan",
-               "--events", {str(tmp_path / "ev.csv")!r}]))
-"""
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-    check_interrupted(out.returncode, out.stderr)
-    assert out.returncode == 130 and out.stderr.strip().endswith("interrupted"), out.stderr
-    assert list(tmp_path.iterdir()) == []
+    lands = ("            class Lands:\n"
+             "                def __set_name__(self, owner, name):\n"
+             "                    raise KeyboardInterrupt\n"
+             "            class Owner:\n"
+             "                x = Lands()")
+    interrupted_at_import("numba", lands, long_trace, tmp_path)
 
 
 @pytest.mark.parametrize("delay", [0.0, 0.05, 0.1, 0.2, 0.35, 0.5, 0.7, 1.0])
