@@ -13,7 +13,8 @@ folders' traps, are tamper evidence. What the grader reads and parses is bounded
 `_parse`): ``MAX_OUTPUT_BYTES`` per batch, ``MAX_LINE_BYTES`` per line and ``MAX_CONTAINERS`` JSON
 objects and arrays per batch, each far above what an honest harness writes (a batch of every check:
 under 1 MiB, lines under 10 KiB, about 5 000 containers); a result line over them fails its check,
-and any other line over them is forged (the harness writes no other long line).
+and any other line over them is forged (the harness writes no other long line). A line nested deeper
+than ``MAX_DEPTH``, or a result line whose id is not a known check's, is forged too.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ HARNESS = Path(__file__).with_name("harness.py")
 MAX_OUTPUT_BYTES = 16 * 2**20  # read per batch of output (an honest first batch: about 0.8 MiB)
 MAX_LINE_BYTES = 2 * 2**20  # one line (honest: under 10 KiB)
 MAX_CONTAINERS = 400_000  # JSON objects and arrays parsed per batch (honest: about 5 000): ~30 MB of Python objects
+MAX_DEPTH = 32  # objects and arrays nested in one line (honest: at most 12, `harness.normalise` stops at 7)
 _PREFIX = 512  # what is kept of a line too large to parse: enough for its scenario id
 _RESULT_START = re.compile(rb'\{"id":("(?:[^"\\]|\\.){0,400}"),"obs":')
 
@@ -160,10 +162,28 @@ def _decode(chunks: list) -> tuple[list, list]:
                 lines.append({"id": sid, "obs": [{"killed": "its observations were too large to read"}]})
             continue
         try:
-            lines.append(json.loads(chunk.decode("ascii")))
+            value = json.loads(chunk.decode("ascii"))
         except (ValueError, UnicodeDecodeError, RecursionError):
             forged.append("unreadable line in the harness output")
+            continue
+        if _too_deep(value):
+            forged.append("a line nested too deep in the harness output")
+        else:
+            lines.append(value)
     return lines, forged
+
+
+def _too_deep(value) -> bool:
+    """Whether a parsed line nests more than MAX_DEPTH objects and arrays (walked without recursion: the judge's
+    recursive code would fail on it)."""
+    stack = [(value, 1)]
+    while stack:
+        v, depth = stack.pop()
+        if isinstance(v, (list, dict)):
+            if depth > MAX_DEPTH:
+                return True
+            stack.extend((x, depth + 1) for x in (v.values() if isinstance(v, dict) else v))
+    return False
 
 
 def _parse(chunks: list, scenarios: list[dict], first: bool = True):
@@ -195,7 +215,7 @@ def _parse_all(chunks: list, scenarios: list[dict], first: bool = True):
             forged.append(f"a count of {str(ln['done'])[:20]} checks done, of {len(scenarios)}")
         if "id" in ln:
             sid = ln.get("id")
-            if sid not in known or sid in seen or not isinstance(ln.get("obs"), list):
+            if not isinstance(sid, str) or sid not in known or sid in seen or not isinstance(ln.get("obs"), list):
                 forged.append(f"unexpected result line for {str(sid)[:40]!r}")
                 continue
             seen.add(sid)
@@ -427,6 +447,9 @@ def why_stopped(out) -> str:
     return f"the process exited early (exit code {getattr(out, 'returncode', None)})"
 
 
+BUDGET_SPENT = "not run: the time budget was spent by earlier checks"  # a check left when the CPU budget ran out
+
+
 def _timed_out(items) -> bool:
     """A check that the harness stopped at its time limit (`harness._error`: ``{"timeout": true}``)."""
     return isinstance(items, list) and bool(items) and isinstance(items[-1], dict) and items[-1].get("timeout") is True
@@ -489,5 +512,5 @@ def collect_observations(source: str, scenarios: list[dict], limits: Limits, hid
             del obs[missing[0]["id"]]  # the load, not this check, was at fault: run it again
             pending = missing
     for s in pending:
-        obs.setdefault(s["id"], [{"killed": "not run: the time budget was spent by earlier checks"}])
+        obs.setdefault(s["id"], [{"killed": BUDGET_SPENT}])
     return obs, runs, runs[0].session if runs else None

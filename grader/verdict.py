@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 
 from .compare import compare, not_run, setup_text, trace_table
 from .limits import Limits
-from .observe import _timed_out, collect_observations, run_harness, why_stopped, default_hide
+from .observe import BUDGET_SPENT, _timed_out, collect_observations, run_harness, why_stopped, default_hide
 from .scenarios import N_RANDOM_TRACES, build_scenarios, expected_for, trace_scenario
 from .shrink import shrink, size
 from .spec import CELLS
@@ -212,11 +212,18 @@ def _with_evidence(verdict: Verdict, evidence: list) -> Verdict:
     return replace(verdict, status="tampered", notes=notes)
 
 
+def _yielded(run) -> bool:
+    """A run that stopped on purpose between two checks, near its CPU limit, and exited cleanly: a fresh one went on."""
+    return run.yielded and getattr(run.outcome, "returncode", None) == 0
+
+
 def _verdict(source, scenarios, obs, runs, session, limits, hide, shrink_failures, max_total) -> Verdict:
     outcomes = [r.outcome for r in runs]
     timed_out = any(getattr(o, "timed_out", False) for o in outcomes)
     memory = any(getattr(o, "memory_exceeded", False) for o in outcomes)
-    crashed = any(not r.done for r in runs) and not timed_out and not memory
+    died = [r for r in runs if not r.done and not _yielded(r)]
+    crashed = bool(died) and not timed_out and not memory
+    spent = not crashed and any(o == [{"killed": BUDGET_SPENT}] for o in obs.values())  # the CPU budget ran out
     all_obs_text = json.dumps(list(obs.values()))
     scenario_timeouts = '"timeout": true' in all_obs_text or any(r.slow_lines for r in runs)
     mem_in_obs = '"raised": "MemoryError"' in all_obs_text
@@ -258,7 +265,7 @@ def _verdict(source, scenarios, obs, runs, session, limits, hide, shrink_failure
     elif memory or mem_in_obs:
         status = "memory"
         notes.append("memory limit reached: checks that ran out of memory score 0")
-    elif timed_out or scenario_timeouts:
+    elif timed_out or scenario_timeouts or spent:
         status = "timeout"
         hung = sum(1 for o in obs.values() if _timed_out(o))
         skipped = sum(1 for o in obs.values() if isinstance(o, list) and o and isinstance(o[0], dict)
@@ -270,7 +277,7 @@ def _verdict(source, scenarios, obs, runs, session, limits, hide, shrink_failure
                      + (")" if hung else ""))
     elif crashed:
         status = "crashed"
-        reasons = [why_stopped(r.outcome) for r in runs if not r.done]
+        reasons = [why_stopped(r.outcome) for r in died]
         why = "; ".join(sorted(set(reasons)))
         notes.append(f"the checks' process died {len(reasons)} time(s) ({why}): each check it was running scores 0, "
                      "the others ran in a fresh process")
