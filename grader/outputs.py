@@ -6,6 +6,8 @@ import csv
 import io
 import warnings
 
+from decodesched.errors import UserError
+
 from . import spec
 from .course import Course
 from .notebook import is_plain_id
@@ -51,9 +53,16 @@ def gradebook_rows(results: list) -> list:
 def update_gradebook(course: Course, results: list, server=None) -> None:
     """Write the verdicts into the instructor's gradebook, so `nbgrader export` agrees: in the fork
     server when there is one (it has nbgrader imported already; every sandboxed run has ended), else here."""
+    from sqlalchemy.exc import SQLAlchemyError
+
     rows = gradebook_rows(results)
     if server is None or not server.write_gradebook(course.gradebook, rows):
-        write_gradebook(str(course.gradebook), rows)
+        try:
+            write_gradebook(str(course.gradebook), rows)
+        except (SQLAlchemyError, OSError) as exc:  # locked by another program, a full disk, a read-only file
+            why = str(getattr(exc, "orig", None) or exc).strip().split("\n")[0][:200]
+            raise UserError(f"{course.gradebook}: cannot write the gradebook ({why}); grades.csv and the feedback "
+                            "were not written") from None
 
 
 def write_gradebook(path: str, rows: list) -> None:
