@@ -129,7 +129,8 @@ def collect_submissions(folder, skipped: list | None = None) -> list[Submission]
                         "submissions")
     subs: dict[str, Submission] = {}
     entries = sorted(root.iterdir())
-    flat = [p for p in entries if p.suffix == ".ipynb" and not p.is_dir()]
+    # hidden files are no submissions: macOS leaves ``._alice.ipynb`` beside each file it copies to a share
+    flat = [p for p in entries if p.suffix == ".ipynb" and not p.is_dir() and not p.name.startswith(".")]
     dirs = [p for p in entries if p.is_dir() and not p.name.startswith(".")]
     if skipped is not None:
         skipped += [(display_name(p.name), "not a .ipynb notebook" + (" (unpack an archive into the folder first)"
