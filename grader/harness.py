@@ -76,12 +76,15 @@ _setitimer = signal.setitimer
 _ITIMER_REAL = signal.ITIMER_REAL
 _SIGALRM = signal.SIGALRM
 _ITIMER_PROF = signal.ITIMER_PROF
+_SIGPROF = signal.SIGPROF
+_signal = signal.signal
 FULL_TIMEOUTS = 2  # checks that may time out with the whole per-check budget; later ones get the short limit
 YIELD_MARGIN_S = 0.5  # a process this close to its CPU limit (plus the next check's) leaves the rest to a fresh one
 NOT_RUN = "not run: the time allowed for checks that time out was spent"
 WALL_FACTOR = 2.0  # a check that makes no progress is stopped after this many times its CPU budget
 MIN_PROGRESS = 0.05  # "progress": the check got at least this share of a core since it started
 WALL_CAP = 40.0  # a starved check is stopped anyway after this many times its CPU budget of wall clock
+ALARM_SLACK_S = 0.05  # CPU time past its budget after which a check timed out, whether or not its alarm came
 _ARMED = [0.0, 0.0, 0.0, 0]  # budget, monotonic and process time, resident bytes when the check started
 _FIRED = [None]  # the alarm that interrupted the running check, if one did (see `_alarm`)
 # A check stopped for time whose resident memory grew by more than this many bytes since it started (a
@@ -111,13 +114,19 @@ def _arm(seconds):
     _ARMED[0], _ARMED[1], _ARMED[2] = seconds, _monotonic(), _process_time()
     _FIRED[0] = None
     _ARMED[3] = _resident() if _MEMORY_GROWTH[0] > 0 else 0
+    _signal(_SIGALRM, _alarm)  # (again: the solution may have changed them)
+    _signal(_SIGPROF, _alarm)
     _setitimer(_ITIMER_PROF, seconds)
     _setitimer(_ITIMER_REAL, seconds * WALL_FACTOR)
 
 
 def _disarm():
+    """Stop the alarms. A check that used more CPU time than its budget timed out even where no alarm
+    interrupted it (the solution ignored the signal, or stopped the timer)."""
     _setitimer(_ITIMER_PROF, 0)
     _setitimer(_ITIMER_REAL, 0)
+    if _FIRED[0] is None and _ARMED[0] > 0 and _process_time() - _ARMED[2] > _ARMED[0] + ALARM_SLACK_S:
+        _FIRED[0] = _stopped()
 
 
 def _progressing():
@@ -747,9 +756,15 @@ def _alarm(signum, _frame):
     if signum == _SIGALRM and _progressing():
         return
     # Noted before it is raised: a check that catches it and goes on (``except BaseException``) still timed out.
-    _FIRED[0] = ScenarioOutOfMemory() if _MEMORY_GROWTH[0] > 0 and _resident() - _ARMED[3] > _MEMORY_GROWTH[0] \
-        else ScenarioTimeout()
+    _FIRED[0] = _stopped()
     raise _FIRED[0]
+
+
+def _stopped():
+    """Why the check was stopped at its time limit: its memory (see _MEMORY_GROWTH) or its time."""
+    if _MEMORY_GROWTH[0] > 0 and _resident() - _ARMED[3] > _MEMORY_GROWTH[0]:
+        return ScenarioOutOfMemory()
+    return ScenarioTimeout()
 
 
 def _channel(job, key):
@@ -789,8 +804,6 @@ def main(argv):
     budget = float(job.get("scenario_timeout_s", 5.0))
     if _type(job.get("memory_mb")) is _int and job["memory_mb"] > 0:
         _MEMORY_GROWTH[0] = job["memory_mb"] * 2**20 // 4
-    signal.signal(signal.SIGALRM, _alarm)
-    signal.signal(signal.SIGPROF, _alarm)
     devnull = open(os.devnull, "w")
     real_stdout = sys.stdout
     sys.stdout = devnull  # the student's prints go nowhere (the sandbox caps direct writes anyway)

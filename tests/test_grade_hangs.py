@@ -104,3 +104,27 @@ def test_a_check_that_swallows_its_time_limit_still_timed_out():
     swallowed = verdict.verdict_for_source(REFERENCE + SWALLOWS, limits=small, shrink_failures=False)
     assert plain.status == "timeout" and plain.total < 100, _summary(plain)
     assert (swallowed.status, swallowed.total) == (plain.status, plain.total), (_summary(swallowed), _summary(plain))
+
+
+IGNORES = SLOW_ONCE + """
+import signal as _signal
+
+def _deaf_step(self):
+    _signal.signal(_signal.SIGPROF, _signal.SIG_IGN)  # no alarm reaches the check
+    _signal.signal(_signal.SIGALRM, _signal.SIG_IGN)
+    _signal.setitimer(_signal.ITIMER_PROF, 0)
+    return _slow_first_step(self)
+DecodeSchedulerSim.step = _deaf_step
+"""
+
+
+def test_a_check_that_silences_its_time_limit_still_timed_out():
+    """The per-check alarm is a signal in the solution's own process: a step() that set SIGPROF and SIGALRM to
+    SIG_IGN (or stopped the timer) ran its slow check to the end and passed it (red-team round 2). A check that
+    used more CPU time than its limit timed out, whether or not its alarm came."""
+    small = limits.Limits(cpu_s=30, scenario_cpu_s=0.5)
+    plain = verdict.verdict_for_source(REFERENCE + SLOW_ONCE + "DecodeSchedulerSim.step = _slow_first_step\n",
+                                       limits=small, shrink_failures=False)
+    deaf = verdict.verdict_for_source(REFERENCE + IGNORES, limits=small, shrink_failures=False)
+    assert plain.status == "timeout" and plain.total < 100, _summary(plain)
+    assert (deaf.status, deaf.total) == (plain.status, plain.total), (_summary(deaf), _summary(plain))
