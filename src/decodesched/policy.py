@@ -278,6 +278,7 @@ class Policy:
         self.spec = None  # "module:attr" or "path.py:attr" when `resolve_policy` imported it
         if builtin_code is None:
             _check_results(self)
+            _check_not_stale(self)
 
     def __reduce__(self):
         """A Policy travels (to Dask workers, say) as what names it: a built-in as its name and interval,
@@ -291,6 +292,14 @@ class Policy:
                             "level of an importable module (or a file) and give it as module:attr or "
                             "path/to/file.py:attr")
         return resolve_policy, (spec,)
+
+    def __copy__(self) -> "Policy":
+        """The policy itself, as for a function: `copy.copy`, `copy.deepcopy` and `dataclasses.asdict` of
+        a `Scenario` keep it (`__reduce__` serves pickling only, which a notebook's policy refuses)."""
+        return self
+
+    def __deepcopy__(self, memo) -> "Policy":
+        return self
 
     @property
     def is_builtin(self) -> bool:
@@ -312,6 +321,7 @@ class Policy:
         """The replay kernel of this user policy (common replay signature), compiled on first use."""
         if self._code is not None:
             raise ValueError(f"built-in policy {self.name!r} runs on the built-in kernels")
+        _check_not_stale(self)
         with self._lock:
             if self._kernel is None:
                 from numba import njit
@@ -421,6 +431,12 @@ def _check_results(policy: Policy) -> None:
             line = _numba_line(exc) if isinstance(exc, NumbaError) else _first_line(exc)
             raise UserError(f"policy {policy.name!r}: {what}(r, clock) failed on a sample request: {line}") \
                 from None
+        if _runs_parallel_region(fn):
+            # The kernel calls the function once per request and step; a parfor there gains nothing, and
+            # run from the threads of a batch Numba's workqueue threading layer aborts the process.
+            raise UserError(f"policy {policy.name!r}: {what}(r, clock) uses parallel=True (itself or in a function "
+                            "it calls): a replay calls it per request, and a batch on threads would abort the "
+                            "process; drop parallel=True")
         if what == "effective_priority" and _returns_uint64(fn, (r, np.int64(0))):
             # The kernel's effective priorities are int64 (a request that need not preempt has 0): Numba
             # unifies int64 with uint64 into float64, which rounds values above 2**53, and the schedule
@@ -438,6 +454,64 @@ def _check_results(policy: Policy) -> None:
             raise UserError(f"policy {policy.name!r}: key(r, clock) must return a plain tuple, not a "
                             f"{type(value).__name__} (a named tuple does not compile in the replay kernel: "
                             "return (a, b, ...))")
+
+
+def _runs_parallel_region(fn) -> bool:
+    """Whether dispatcher `fn` is ``parallel=True`` or its compiled code, helpers included, launches a
+    parallel region (Numba's parfor scheduler, ``do_scheduling_*``; only code compiled in this process
+    can be inspected, a helper loaded from Numba's disk cache cannot)."""
+    if getattr(fn, "targetoptions", {}).get("parallel"):
+        return True
+    for compiled in list(fn.overloads.values()):
+        try:
+            if "do_scheduling_" in compiled.library.get_llvm_str():
+                return True
+        except Exception:  # noqa: BLE001 - Numba internals: a version without them is not inspected
+            pass
+    return False
+
+
+def _stale_global(fn, depth: int = 0, seen: set | None = None) -> tuple[str, str] | None:
+    """(function, global) where compiled code of dispatcher `fn`, or of a helper it calls, holds a value of a
+    module global other than the one the global names now (a notebook cell re-run after the function first
+    compiled: Numba froze the old value, while ``py_func``, the model's, reads the new), else None.  Values
+    are compared as `Policy.fingerprint` describes them; code loaded from Numba's disk cache is not inspected."""
+    from numba.core import ir
+    from numba.core.dispatcher import Dispatcher
+
+    seen = set() if seen is None else seen
+    py = getattr(fn, "py_func", None)
+    if id(fn) in seen or py is None or depth > _FINGERPRINT_DEPTH or (
+            depth > 0 and _library_module(getattr(py, "__module__", None))):
+        return None
+    seen.add(id(fn))
+    globals_ = getattr(py, "__globals__", {})
+    for compiled in list(fn.overloads.values()):
+        for block in (getattr(getattr(compiled, "type_annotation", None), "blocks", None) or {}).values():
+            for stmt in block.body:
+                value = getattr(stmt, "value", None)
+                if not isinstance(value, ir.Global) or value.name not in globals_:
+                    continue  # (a builtin such as len, or a closure's value)
+                now = globals_[value.name]
+                if now is not value.value and _describe_value(now, 1, {}) != _describe_value(value.value, 1, {}):
+                    return py.__name__, value.name
+                if isinstance(value.value, Dispatcher):
+                    found = _stale_global(value.value, depth + 1, seen)
+                    if found is not None:
+                        return found
+    return None
+
+
+def _check_not_stale(policy: Policy) -> None:
+    for what, fn in (("key", policy.key), ("effective_priority", policy.effective_priority)):
+        try:
+            found = _stale_global(fn)
+        except Exception:  # noqa: BLE001 - Numba internals: a version without them is not inspected
+            found = None
+        if found is not None:
+            raise UserError(f"policy {policy.name!r}: {what}: {found[0]} was compiled with an earlier "
+                            f"{found[1]!r} than the one defined now (Numba keeps the old one; the model would "
+                            f"use the new): define {found[0]} and the functions that call it again")
 
 
 def _returns_uint64(fn, args) -> bool:

@@ -158,8 +158,8 @@ class Trace:
 
     def subset(self, rows) -> "Trace":
         """A new trace with the given rows, in the given order: integer row indices (negative ones count
-        from the end), or a boolean mask as long as the trace (the rows where it is True), as in NumPy."""
-        rows = np.asarray(rows)
+        from the end), a slice, or a boolean mask as long as the trace (the rows where it is True), as in NumPy."""
+        rows = np.arange(len(self))[rows] if isinstance(rows, slice) else np.asarray(rows)
         if rows.ndim != 1:
             raise IndexError(f"rows must be a 1-D sequence of row indices or a boolean mask; got {show(rows.tolist())}")
         if rows.dtype == np.bool_:  # (as int64 a mask would pick rows 0 and 1, silently)
