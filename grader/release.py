@@ -15,6 +15,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -56,8 +57,18 @@ def _nbgrader(args: list[str], cwd: Path, timeout: float = 600) -> subprocess.Co
         raise UserError(f"nbgrader {args[0]} did not finish within {timeout:g} s") from exc
 
 
+# the last line of a Python traceback: ``package.module.SomeError: what went wrong``
+_EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_]\w*\.)*([A-Za-z_]\w*(?:Error|Exception)): (.+)$")
+
+
 def _last_line(text: str) -> str:
+    """What nbgrader's output says went wrong, in one line: the first exception it printed (its cause; nbgrader
+    ends with "Please see the above traceback"), else its last error line, else its last line."""
     lines = [ln.strip() for ln in (text or "").splitlines() if ln.strip()]
+    for ln in lines:
+        match = _EXCEPTION_LINE.match(ln)
+        if match:
+            return f"{match.group(1)}: {match.group(2)}"[:300]
     errors = [ln for ln in lines if "ERROR" in ln or "Error" in ln]
     return (errors[-1] if errors else (lines[-1] if lines else "no output"))[:300]
 
@@ -195,6 +206,7 @@ def build_release(course=None, *, force: bool = False, judge_release: bool = Tru
         raise UserError(f"{source}: no source notebook")
     release_dir = course / "release" / spec.ASSIGNMENT
     release = release_dir / spec.NOTEBOOK
+    previous = _previous_release(course)
     if release_dir.exists() and not force:
         raise UserError(f"{release_dir} exists; pass --force to rebuild it")
     try:
@@ -203,6 +215,8 @@ def build_release(course=None, *, force: bool = False, judge_release: bool = Tru
         raise UserError(f"{source}: unreadable notebook ({exc})") from exc
 
     ok = False
+    if release_dir.exists():  # kept aside until the new release has passed its checks
+        release_dir.rename(previous)
     try:
         args = ["generate_assignment", spec.ASSIGNMENT] + (["--force"] if force else [])
         proc = _nbgrader(args, course)
@@ -236,3 +250,21 @@ def build_release(course=None, *, force: bool = False, judge_release: bool = Tru
     finally:
         if not ok and release_dir.exists():
             shutil.rmtree(release_dir, ignore_errors=True)
+        if previous.exists():
+            if ok:
+                shutil.rmtree(previous, ignore_errors=True)
+            else:  # a rebuild that failed (or was interrupted) leaves the release it replaced
+                previous.rename(release_dir)
+
+
+def _previous_release(course: Path) -> Path:
+    """Where `build_release` keeps the release it is replacing; one that a killed build left there is put back
+    first (or dropped, when a release was made after it)."""
+    previous = course / "release" / f".{spec.ASSIGNMENT}.previous"
+    if previous.exists():
+        release_dir = course / "release" / spec.ASSIGNMENT
+        if release_dir.exists():
+            shutil.rmtree(previous)
+        else:
+            previous.rename(release_dir)
+    return previous

@@ -48,6 +48,35 @@ def test_build_cli_refuses_to_overwrite_without_force(built, capsys):
     assert len(err) == 1 and "--force" in err[0]
 
 
+@pytest.mark.slow
+def test_a_forced_rebuild_that_fails_keeps_the_release_it_would_replace(built, tmp_path, capsys):
+    course = tmp_path / "course"
+    shutil.copytree(built[0], course)
+    release_nb = course / "release" / spec.ASSIGNMENT / spec.NOTEBOOK
+    before = release_nb.read_bytes()
+    source = course / "source" / spec.ASSIGNMENT / spec.NOTEBOOK
+    nb = json.loads(source.read_text(encoding="utf-8"))
+    next(c for c in nb["cells"] if c["metadata"].get("nbgrader", {}).get("grade"))["metadata"]["nbgrader"]["points"] = -5
+    source.write_text(json.dumps(nb), encoding="utf-8")
+    assert main(["assignment", "build", "--course", str(course), "--force"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    # nbgrader's cause, not its "Please see the above traceback"
+    assert len(err) == 1 and "ValidationError: -5 is less than the minimum of 0" in err[0], err
+    assert release_nb.read_bytes() == before
+    assert sorted(p.name for p in (course / "release").iterdir()) == [spec.ASSIGNMENT]
+
+
+def test_a_release_a_killed_rebuild_kept_aside_is_put_back(tmp_path):
+    aside = tmp_path / "release" / f".{spec.ASSIGNMENT}.previous"
+    aside.mkdir(parents=True)
+    (aside / spec.NOTEBOOK).write_text("old")
+    assert release._previous_release(tmp_path) == aside and not aside.exists()
+    assert (tmp_path / "release" / spec.ASSIGNMENT / spec.NOTEBOOK).read_text() == "old"
+    aside.mkdir()  # and one left beside a newer release is dropped
+    release._previous_release(tmp_path)
+    assert not aside.exists() and (tmp_path / "release" / spec.ASSIGNMENT / spec.NOTEBOOK).read_text() == "old"
+
+
 def test_build_cli_rejects_a_folder_that_is_not_a_course(tmp_path, capsys):
     assert main(["assignment", "build", "--course", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
