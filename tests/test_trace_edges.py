@@ -322,3 +322,19 @@ def test_a_loaded_trace_is_read_only_so_no_edit_reaches_the_kernels_unchecked():
 
 def _same(a: dict, b: dict) -> bool:
     return a.keys() == b.keys() and all(np.array_equal(a[k], b[k], equal_nan=a[k].dtype.kind == "f") for k in a)
+
+
+@pytest.mark.parametrize("extra, words", [
+    ([f"x{i}" for i in range(5000)], "unexpected column(s) x0, x1, x2, x3, x4, ... (5000 in all)"),
+    (["priority"] * 5000, "duplicate column(s) priority"),
+    (["y" * 5000], "unexpected column(s) 'yyyyyyyyyyyyyyyyyyyyyyyyyyy"),
+])
+def test_a_header_of_thousands_of_columns_is_one_short_line(tmp_path, extra, words):
+    # (the duplicates were counted in O(columns**2): 10**6 columns did not finish in a minute; every
+    # extra column was listed in the message)
+    path = tmp_path / "wide.csv"
+    path.write_text(",".join(TRACE_COLUMNS + tuple(extra)) + "\n1,0,1,1,0,true,1,,true\n")
+    with pytest.raises(TraceError) as err:
+        load_trace(path)
+    message = str(err.value)
+    assert words in message and len(message) < 400 and "\n" not in message, message

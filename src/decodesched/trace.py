@@ -13,6 +13,7 @@ import math
 import os
 import re
 import sys
+from collections import Counter
 from collections.abc import Mapping, Set
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -407,8 +408,8 @@ def _raw_kind(header: list[str]) -> str:
 
 def _check_header(header: list[str], where: str) -> None:
     missing = [c for c in TRACE_COLUMNS if c not in header]
-    extra = [c for c in header if c not in TRACE_COLUMNS]
-    dup = sorted({c for c in header if header.count(c) > 1})
+    extra = _few([c for c in header if c not in TRACE_COLUMNS])
+    dup = _few(sorted(c for c, n in Counter(header).items() if n > 1))
     if missing:
         raw = _raw_kind(header)
         if raw:
@@ -419,6 +420,12 @@ def _check_header(header: list[str], where: str) -> None:
         raise TraceError(f"{where}: unexpected column(s) {', '.join(extra)} (allowed: {', '.join(TRACE_COLUMNS)})")
     if dup:
         raise TraceError(f"{where}: duplicate column(s) {', '.join(dup)}")
+
+
+def _few(names: list[str], most: int = 5) -> list[str]:
+    """`names` to list in a one-line message: the first `most` (each shortened), then how many in all."""
+    shown = [n if len(n) <= 40 else show(n) for n in names[:most]]
+    return shown + [f"... ({len(names)} in all)"] if len(names) > most else shown
 
 
 def _whole_ints(src) -> bool:
