@@ -78,6 +78,19 @@ def input_file(path, what: str = "file") -> Path:
     return path
 
 
+PIPE_LABEL = "pipe"  # the name of a trace read from ``<(command)``: its path, /dev/fd/63, names no file
+
+
+def input_label(path) -> str | None:
+    """The name to show for an input read from a process substitution (``/dev/fd/N``,
+    ``/proc/self/fd/N``): `PIPE_LABEL`, not the descriptor's number; None for any other path (its
+    reader names it, by its file name; a source that is not a path: None too)."""
+    if not isinstance(path, (str, os.PathLike)):
+        return None
+    path = Path(path)
+    return PIPE_LABEL if path.name.isdigit() and path.parent.name == "fd" else None
+
+
 def read_parquet_table(path, error=UserError):
     """``pyarrow.parquet.read_table(path)``, every failure one line as `error` (a `UserError` class):
     pyarrow missing (with the install hint), or a file it cannot read (its message on one line)."""
@@ -236,11 +249,7 @@ def atomic_writer(path, mode: str = "w", encoding: str | None = "utf-8", newline
             raise OutputError(CLOSED_PIPE) from None
         return
     target = output_target(path)
-    parent = target.parent if str(target.parent) else Path(".")
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=temp_prefix(target.name), suffix=".tmp", dir=parent)
-    except OSError as exc:
-        raise OutputError(f"{path}: cannot write in {parent} ({_describe(exc)})") from None
+    fd, tmp = _temporary_beside(path, target)
     try:
         try:
             mode_bits = stat.S_IMODE(os.stat(target).st_mode)
@@ -265,6 +274,27 @@ def atomic_writer(path, mode: str = "w", encoding: str | None = "utf-8", newline
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def _temporary_beside(path, target: Path) -> tuple[int, str]:
+    """A new hidden temporary file in `target`'s folder, ``(descriptor, name)``; `OutputError` naming
+    `path` (the output as given) when that folder takes no new file (read-only, ``/proc``)."""
+    parent = target.parent if str(target.parent) else Path(".")
+    try:
+        return tempfile.mkstemp(prefix=temp_prefix(target.name), suffix=".tmp", dir=parent)
+    except OSError as exc:
+        raise OutputError(f"{path}: cannot write in {parent} ({_describe(exc)})") from None
+
+
+def check_writable(path) -> None:
+    """Refuse (`OutputError`, naming `path`), before any work, an output whose folder takes no new file:
+    `atomic_writer` would fail only at the end.  Standard output passes."""
+    if str(path) == STDOUT:
+        return
+    fd, tmp = _temporary_beside(path, output_target(path))
+    os.close(fd)
+    with contextlib.suppress(OSError):
+        os.unlink(tmp)
 
 
 # The temporary files of the open `output_group`s, innermost last: (temporary, path as given).

@@ -113,14 +113,32 @@ def int_arg(text: str) -> int:
 _DECIMAL = r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?"
 
 
-def positive_float_arg(text: str) -> float:
-    """A positive, finite number option value, in ASCII decimal or exponent notation (no inf, nan,
-    digit separators or other scripts' digits, which `float` would take)."""
-    import argparse
+def _decimal(text: str) -> float:
+    """`text` as a number in ASCII decimal or exponent notation; NaN for anything else (inf, nan, digit
+    separators or other scripts' digits, which `float` would take)."""
     import math
 
     s = text.strip()
-    value = float(s) if re.fullmatch(_DECIMAL, s, re.ASCII) else math.nan
+    return float(s) if re.fullmatch(_DECIMAL, s, re.ASCII) else math.nan
+
+
+def float_arg(text: str) -> float:
+    """A finite number option value, in ASCII decimal or exponent notation (see `_decimal`)."""
+    import argparse
+    import math
+
+    value = _decimal(text)
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a number, got {shorten(repr(text), 60)}")
+    return value
+
+
+def positive_float_arg(text: str) -> float:
+    """A positive, finite number option value, in ASCII decimal or exponent notation (see `_decimal`)."""
+    import argparse
+    import math
+
+    value = _decimal(text)
     if not (math.isfinite(value) and value > 0):
         raise argparse.ArgumentTypeError(f"expected a positive number, got {shorten(repr(text), 60)}")
     return value

@@ -31,6 +31,7 @@ from typing import Callable, Sequence
 
 from ._io import Progress
 from .checkpoint import Checkpoint, finish, prepare, read_checkpoint, sweep_key  # noqa: F401 (re-exported)
+from .checkpoint import shared_names
 from .engine import check_flag
 from .errors import UserError
 
@@ -51,13 +52,14 @@ def _import_dask():
 def _run_chunk(traces, scenarios, first, threads):
     """On a worker: one chunk of scenarios; returns ``(first, rows)``."""
     from .batch import simulate_batch
+    from .checkpoint import _chunk_traces
 
     if threads is not None:  # at most what this worker's Numba allows
         import numba
 
         threads = max(1, min(int(threads), numba.config.NUMBA_NUM_THREADS))
-    rows = simulate_batch(traces, scenarios, record_events=False, threads=threads).rows()
-    return first, rows
+    rows = simulate_batch(*_chunk_traces(traces, scenarios), record_events=False, threads=threads).rows()
+    return first, rows  # (their "trace" labels, of the chunk's traces, are replaced with the sweep's)
 
 
 # Loggers that print on stderr while a cluster fails (a lost scheduler: tracebacks of
@@ -238,6 +240,7 @@ def _compute(traces, chunks, address, done, checkpoint, progress, threads, retri
                                 f"same sweep to resume" if checkpoint is not None and done else ""
                         raise UserError(f"a chunk of the sweep failed on the cluster: {type(exc).__name__}: "
                                         f"{str(exc).splitlines()[0] if str(exc) else ''}{saved}") from exc
+                    rows = [shared_names(row) for row in rows]
                     for i, row in enumerate(rows):
                         row["trace"] = labels[first + i]
                         done[first + i] = row

@@ -41,12 +41,13 @@ import re
 import shutil
 import tempfile
 import warnings
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from ._io import _describe, _same_file, input_file, replace_together, temp_prefix
+from ._io import _describe, _same_file, input_file, input_label, replace_together, temp_prefix
 from .errors import UserError
 from .metrics import offered_load
 from .palette import POLICY_ORDER, policy_colors, policy_marker, policy_style, sorted_policies
@@ -174,12 +175,15 @@ def read_sweep(path, columns=None) -> list[dict]:
     path = input_file(path, "sweep metrics CSV")
     out = []
     try:
-        with open(path, newline="", encoding="utf-8") as fh:
+        with open(path, newline="", encoding="utf-8-sig") as fh:  # (with or without a byte-order mark)
             reader = csv.DictReader(fh)
             header = reader.fieldnames or []
             missing = [c for c in ("trace", "policy", "kv_blocks", "aging_interval") if c not in header]
             if missing:
                 raise UserError(f"{path}: not a sweep metrics CSV (no column {', '.join(missing)})")
+            dup = [c for c, n in Counter(header).items() if n > 1]  # (a row would keep only the last one's cell)
+            if dup:
+                raise UserError(f"{path}: duplicate column(s) {', '.join(dup)}")
             keep = {k for k in header if columns is None or columns.fullmatch(k)}
             names: dict[str, str] = {}  # one str object per trace and policy name, not one per row
             for row in reader:
@@ -1003,7 +1007,7 @@ def build_report(out_dir, *, results=None, trace=None, policies=None, kv_blocks=
     if trace is not None:
         from .trace import load_trace
 
-        loaded = load_trace(trace)
+        loaded = load_trace(trace, name=input_label(trace))  # (`<(cmd)`: a "pipe", not "63")
         policies = list(policies or POLICY_ORDER)
         from .policy import check_distinct
 
@@ -1019,10 +1023,11 @@ def build_report(out_dir, *, results=None, trace=None, policies=None, kv_blocks=
         if rows is None:
             raise UserError("--trace needs --kv-blocks (the capacity to replay it with)")
         scenario_kv = _lower_median(sorted({r["kv_blocks"] for r in rows}))
+    home = out_dir if out_dir.is_dir() else parent  # (on out_dir's file system: it may be a mount point)
     try:
-        tmp = Path(tempfile.mkdtemp(prefix=temp_prefix(out_dir.name), dir=parent))
+        tmp = Path(tempfile.mkdtemp(prefix=temp_prefix(out_dir.name), dir=home))
     except OSError as exc:
-        raise UserError(f"{out_dir}: cannot write in {parent} ({_describe(exc)})") from None
+        raise UserError(f"{out_dir}: cannot write in {home} ({_describe(exc)})") from None
     try:
         plots, notes = [], []
         with _plain_text():

@@ -348,7 +348,7 @@ def read_table(path) -> dict[str, np.ndarray]:
     if is_parquet(path):
         return _read_parquet(path)
     try:
-        with open(path, newline="", encoding="utf-8") as fh:
+        with open(path, newline="", encoding="utf-8-sig") as fh:  # (with or without a byte-order mark)
             reader = csv.reader(fh)
             header = next(reader, None)
             if header is None:

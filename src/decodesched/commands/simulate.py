@@ -37,7 +37,7 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from .._io import STDOUT, check_outputs, immediate_interrupt, output_group
+    from .._io import STDOUT, check_outputs, check_writable, immediate_interrupt, input_label, output_group
     from .._numba_cache import compile_notice, early_compile_notice
     from ..tables_io import table_format
 
@@ -45,7 +45,8 @@ def run(args) -> int:
     for path in (args.events, args.requests):
         if path is not None:
             table_format(path)  # a name with another extension is refused before the replay
-    trace = load_trace(args.trace)
+            check_writable(path)  # and a folder that takes no file (read-only), not after it
+    trace = load_trace(args.trace, name=input_label(args.trace))  # (`<(cmd)`: a "pipe", not "63")
     policy = resolve_policy(args.policy)
     if not isinstance(policy, str):
         policy.compile()  # a user policy's kernel, with its own notice, before the replay is timed

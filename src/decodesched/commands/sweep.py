@@ -14,7 +14,9 @@ The scenarios run in chunks (`decodesched.checkpoint.run_local`; ``--chunk-size`
 ``OUT.partial.jsonl`` (`checkpoint.checkpoint_path_for`: a short hidden name where that one would be
 too long) as it finishes: Ctrl-C stops within a second and keeps them, and rerunning the same
 command resumes.  The checkpoint is removed only once the CSV is written: a write that fails (a full
-disk, a closed pipe, Ctrl-C) keeps every scenario for the rerun.  A table with one row per scenario
+disk, a closed pipe, Ctrl-C) keeps every scenario for the rerun.  ``--out -`` (standard output) keeps
+no checkpoint: there is no file to name it after (``... --out - | head`` would leave ``-.partial.jsonl``
+in the current folder), so a stopped run starts afresh.  A table with one row per scenario
 prints (on stderr when the CSV goes to standard output, ``--out -``), and the CSV gets one row per
 scenario (`batch.row_columns`: scenario, offered load and time scale, the metrics of docs/metrics.md
 with seconds twins ``<metric>_s``, and per-class ``<metric>_class<P>``).  Bad input exits 2 with one
@@ -33,6 +35,7 @@ import sys
 import time
 from pathlib import Path
 
+from .._io import input_label
 from ..batch import BACKENDS, check_sweep_fits, convert_rules, grid, grid_size, replicate_traces, write_metrics_csv
 from ..cli import int_arg
 from ..engine import ENGINES, POLICIES, check_config
@@ -88,7 +91,9 @@ def add_parser(sub) -> None:
                    help="scenarios per chunk, each checkpointed as it finishes (default: with --dask 64, "
                         "else 4 per thread, at least 16)")
     p.add_argument("--out", required=True, metavar="metrics.csv",
-                   help="the metrics CSV to write (a .csv name, or - for standard output)")
+                   help="the metrics CSV to write (a .csv name; its finished scenarios are kept in "
+                        "metrics.csv.partial.jsonl until it is written, so that a rerun resumes), or - for "
+                        "standard output (no checkpoint: a stopped run starts afresh)")
     p.set_defaults(func=run)
 
 
@@ -113,7 +118,7 @@ def _arg_error(msg: str):
 
 
 def _check_out(out: str, traces: list[str]) -> None:
-    from .._io import check_outputs
+    from .._io import check_outputs, check_writable
 
     check_outputs([out], traces)  # an input trace, its .meta.json sidecar, a device, FIFO or symlink loop
     path = Path(out)
@@ -127,6 +132,7 @@ def _check_out(out: str, traces: list[str]) -> None:
     if out != "-" and path.suffix.lower() != ".csv":  # `report` and every reader take a .parquet name for Parquet
         got = f"'{path.suffix}'" if path.suffix else "no extension"
         raise UserError(f"{out}: --out names the metrics CSV, which ends in .csv (or - for standard output); got {got}")
+    check_writable(out)  # (its folder: the checkpoint is written there first, and would be the one named)
 
 
 def run(args) -> int:
@@ -150,7 +156,7 @@ def run(args) -> int:
             for interval in args.aging_interval:
                 check_config(policy, blocks, interval, args.max_steps)
     check_sweep_fits(grid_size(len(args.traces), policies, args.kv_blocks, args.aging_interval, args.replicates))
-    traces = [load_trace(t) for t in args.traces]
+    traces = [load_trace(t, name=input_label(t)) for t in args.traces]  # (`<(cmd)` is a "pipe", not "63")
     if args.replicates > 1:
         from ..convert import read_meta
 
@@ -159,7 +165,7 @@ def run(args) -> int:
                      args.replicates)
     from ..checkpoint import checkpoint_path_for, finish, read_checkpoint, sweep_key
 
-    checkpoint = checkpoint_path_for(args.out)
+    checkpoint = None if args.out == "-" else checkpoint_path_for(args.out)  # (standard output: none)
     start = time.perf_counter()
     try:
         if args.dask is not None:
@@ -170,16 +176,18 @@ def run(args) -> int:
     except KeyboardInterrupt as exc:
         from .._io import interrupt_status
 
-        saved = len(read_checkpoint(checkpoint, sweep_key(traces, scenarios), len(scenarios)))
+        saved = len(read_checkpoint(checkpoint, sweep_key(traces, scenarios), len(scenarios))) if checkpoint else 0
         if saved:
             print(f"decodesched sweep: interrupted; {saved} of {len(scenarios)} scenarios are saved in {checkpoint}, "
                   "rerun the same command to resume", file=sys.stderr)
+        elif checkpoint is None:
+            print("decodesched sweep: interrupted; nothing was saved (--out - keeps no checkpoint)", file=sys.stderr)
         else:
             print("decodesched sweep: interrupted before any scenario finished; nothing was saved",
                   file=sys.stderr)
         return interrupt_status(exc)
     except OSError as exc:  # writing the checkpoint (a full disk: the error names no file)
-        if isinstance(exc, UserError) or exc.filename is not None:
+        if isinstance(exc, UserError) or checkpoint is None or exc.filename not in (None, checkpoint):
             raise
         from .._io import _describe
 
@@ -215,11 +223,11 @@ def _where(out: str) -> str:
     return "standard output" if out == "-" else out
 
 
-def _kept(checkpoint: str, out: str) -> str:
+def _kept(checkpoint: str | None, out: str) -> str:
     """What a failed write of the CSV leaves: the finished scenarios in the checkpoint, for the rerun."""
     from ..checkpoint import is_checkpoint
 
-    if not is_checkpoint(checkpoint):
+    if checkpoint is None or not is_checkpoint(checkpoint):
         return "nothing was saved"
     return f"the scenarios are saved in {checkpoint}: rerun the same command to write {_where(out)} from them"
 

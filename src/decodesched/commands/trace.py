@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 import numpy as np
 
 from .. import convert as cv
-from .._io import check_outputs
-from ..cli import int_arg, positive_float_arg, seed_arg
+from .._io import check_outputs, check_writable
+from ..cli import float_arg, int_arg, positive_float_arg, seed_arg
 from ..errors import UserError
 from ..trace import load_trace, parse_decimal, show
 
@@ -45,7 +44,7 @@ def add_parser(subparsers) -> None:
     p = subparsers.add_parser("trace", help="convert real traces to the canonical CSV; inspect a trace",
                               description="Convert real LLM request traces (Azure 2023, Mooncake) and inspect traces.")
     sub = p.add_subparsers(dest="trace_command", metavar="ACTION")
-    p.set_defaults(func=_no_action, _trace_parser=p)
+    p.set_defaults(func=_no_action)
 
     c = sub.add_parser("convert", help="convert an Azure CSV or Mooncake JSONL to the canonical trace CSV",
                        description="Convert an Azure LLM inference 2023 CSV or a Mooncake JSONL trace to the "
@@ -67,9 +66,9 @@ def add_parser(subparsers) -> None:
     c.add_argument("--priority-weights", type=_float_list, default=None, metavar="W,W,..",
                    help="relative weight of each class (default %s for the default classes, else equal)"
                         % ",".join(map(str, cv.DEFAULT_PRIORITY_WEIGHTS)))
-    c.add_argument("--deadline-fraction", type=float, default=cv.DEFAULT_DEADLINE_FRACTION, metavar="F",
+    c.add_argument("--deadline-fraction", type=float_arg, default=cv.DEFAULT_DEADLINE_FRACTION, metavar="F",
                    help="share of requests that get a deadline (default %(default)s)")
-    c.add_argument("--slo-factor", type=float, default=cv.DEFAULT_SLO_FACTOR, metavar="X",
+    c.add_argument("--slo-factor", type=positive_float_arg, default=cv.DEFAULT_SLO_FACTOR, metavar="X",
                    help="deadline budget in multiples of the request's own work steps (default %(default)s)")
     c.add_argument("--protected-classes", type=_int_list_or_none, default=None, metavar="A,B,..|none",
                    help="classes that cannot be preempted (default: the largest class; 'none' for no class)")
@@ -86,9 +85,9 @@ def add_parser(subparsers) -> None:
     i.set_defaults(func=run_inspect)
 
 
-def _no_action(args) -> int:
-    args._trace_parser.print_help(sys.stderr)
-    return 2
+def _no_action(args) -> int:  # (as `decodesched assignment` alone: one line, not the help on stderr)
+    raise UserError("say what to do: decodesched trace convert SRC (--load L | --steps-per-second S) --out OUT.csv "
+                    "| inspect TRACE (see --help)")
 
 
 def run(args) -> int:  # the module contract: dispatch to the chosen action
@@ -111,8 +110,8 @@ def _int_list_or_none(text: str) -> tuple[int, ...]:
 
 def _float_list(text: str) -> tuple[float, ...]:
     try:
-        vals = tuple(float(x) for x in text.split(",") if x.strip())
-    except ValueError:
+        vals = tuple(float_arg(x) for x in text.split(",") if x.strip())
+    except argparse.ArgumentTypeError:
         raise argparse.ArgumentTypeError(f"expected numbers separated by commas, got {show(text)}") from None
     if not vals:
         raise argparse.ArgumentTypeError("expected at least one number")
@@ -154,6 +153,7 @@ def run_convert(args) -> int:
         raise UserError(f"{out}: --out names the canonical trace CSV, which ends in .csv; got {got}")
     if args.requests is not None and args.requests < 1:
         raise UserError(f"--requests must be >= 1, got {args.requests}")
+    check_writable(out)  # a read-only folder names OUT, before the source is read
     fmt = args.format or cv.detect_format(src)
     if fmt == "mooncake":
         raw = cv.read_mooncake(src, cache_min_blocks=args.cache_min_blocks)
