@@ -350,3 +350,24 @@ def test_cli_warmup(capsys):
     assert main(["warmup"]) == 0
     out = capsys.readouterr().out
     assert "replay_batch_nb" in out and "replay_scan_nb" in out and "warmup done" in out
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(names=st.lists(st.sampled_from(["a", "b", "c"]), min_size=1, max_size=12),
+       reps=st.lists(st.integers(0, 2), max_size=12))
+def test_trace_labels_number_the_repeated_names_in_order(names, reps):
+    import dataclasses
+
+    base = load_trace({"request_id": [1], "arrival_step": [0], "prompt_len": [1], "max_new_tokens": [1],
+                       "priority": [0], "cache_hit": [False], "required_blocks": [1], "deadline_step": [None],
+                       "preemptible": [True]})
+    traces = [dataclasses.replace(base, name=n) for n in names]
+    scenarios = [B.Scenario(i, "fcfs", 1, 4, replicate=r) for i, r in enumerate(reps[:len(names)])]
+    keys = [(n, reps[i] if i < len(reps) else 0) for i, n in enumerate(names)]
+    expected = []
+    for i, key in enumerate(keys):  # the definition: "#k" for the k-th of its (name, replicate), when it repeats
+        same = [j for j, k in enumerate(keys) if k == key]
+        expected.append(f"{key[0]}#{same.index(i)}" if len(same) > 1 else key[0])
+    assert B.trace_labels(traces, scenarios) == expected
+    # (in linear time: `sweep --replicates 100000` labels 100,000 traces)
+    assert B.trace_labels([base] * 100_000, [])[-1] == "trace#99999"

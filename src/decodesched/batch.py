@@ -31,6 +31,7 @@ import math
 import os
 import re
 import time
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -300,10 +301,11 @@ def trace_labels(traces: Sequence[Trace], scenarios: Sequence[Scenario]) -> list
     for sc in scenarios:
         rep.setdefault(sc.trace, sc.replicate)
     keys = [(t.name, rep.get(i, 0)) for i, t in enumerate(traces)]
+    count, before = Counter(keys), Counter()
     labels = []
-    for i, key in enumerate(keys):
-        same = [j for j, k in enumerate(keys) if k == key]
-        labels.append(f"{key[0]}#{same.index(i)}" if len(same) > 1 else key[0])
+    for key in keys:
+        labels.append(f"{key[0]}#{before[key]}" if count[key] > 1 else key[0])
+        before[key] += 1
     return labels
 
 
