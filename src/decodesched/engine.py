@@ -17,7 +17,7 @@ from .errors import UserError
 from .policy import Policy, policy_name
 from .kernels import enums as E
 from .kernels.fields import KERNEL_TRACE_ARGS
-from .trace import INT64_MAX, MAX_TOTAL, Trace, load_trace, show
+from .trace import INT64_MAX, MAX_TOTAL, Trace, load_trace, show, writable_base
 
 POLICIES = E.POLICY_NAMES
 ENGINES = ("fast", "scan")
@@ -84,21 +84,8 @@ def check_flag(name: str, value, *, none: bool = False) -> bool | None:
 
 def trace_arrays(trace: Trace):
     """The trace arrays in the order every replay kernel takes them (`kernels.fields.TRACE_FIELDS`)."""
-    return tuple(_writable(trace.arrival_order if name == "order" else getattr(trace, name))
+    return tuple(writable_base(trace.arrival_order if name == "order" else getattr(trace, name))
                  for name in KERNEL_TRACE_ARGS)
-
-
-def _writable(a: np.ndarray) -> np.ndarray:
-    """A checked trace's read-only column as the kernels take it: the writable array it views (Numba types a
-    read-only array apart, and would compile and cache every kernel a second time), else a copy (an array
-    unpickled read-only, in a Dask worker say). The kernels only read it."""
-    if a.flags.writeable:
-        return a
-    base = a.base
-    if (isinstance(base, np.ndarray) and base.flags.writeable and base.dtype == a.dtype and base.shape == a.shape
-            and base.strides == a.strides and base.ctypes.data == a.ctypes.data):
-        return base
-    return a.copy()
 
 
 def event_capacity(trace: Trace, max_steps: int) -> int:

@@ -101,9 +101,15 @@ class Trace:
         return int(self.request_id.shape[0])
 
     def __setstate__(self, state: dict) -> None:
-        """Unpickled (a Dask worker's copy), a checked trace is read-only again (`_checked`)."""
+        """Unpickled (a Dask worker's copy), a checked trace is read-only again (`_checked`), as views of writable
+        arrays: pickled read-only, its columns come back as views of read-only buffers (protocol 5), which every
+        replay would copy (`writable_base`); they are copied once, here."""
         self.__dict__.update(state)
         if self._checked:
+            for name in ARRAY_FIELDS:
+                object.__setattr__(self, name, writable_base(getattr(self, name)))
+            if self._order is not None:
+                object.__setattr__(self, "_order", _read_only(writable_base(self._order)))
             _checked(self)
 
     @property
@@ -266,6 +272,19 @@ def _checked(trace: Trace) -> Trace:
         object.__setattr__(trace, name, _read_only(getattr(trace, name)))
     object.__setattr__(trace, "_checked", True)
     return trace
+
+
+def writable_base(a: np.ndarray) -> np.ndarray:
+    """A checked trace's read-only column as the kernels take it: the writable array it views (Numba types a
+    read-only array apart, and would compile and cache every kernel a second time), else a copy. The kernels
+    only read it."""
+    if a.flags.writeable:
+        return a
+    base = a.base
+    if (isinstance(base, np.ndarray) and base.flags.writeable and base.dtype == a.dtype and base.shape == a.shape
+            and base.strides == a.strides and base.ctypes.data == a.ctypes.data):
+        return base
+    return a.copy()
 
 
 def _read_only(a: np.ndarray) -> np.ndarray:
