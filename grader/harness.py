@@ -271,6 +271,23 @@ def _known_classes():
 _KNOWN = _known_classes()
 
 
+def _stdlib_dicts():
+    """``collections.OrderedDict`` and ``defaultdict``: classes implemented in C (nothing of them can be patched) whose
+    items are a dict's. An event built as one is read as the dict it is: the notebook's cells read an event as
+    ``event[field]`` and compare its values, never its type (a dict subclass of the solution's own still differs)."""
+    collections = __import__("collections")  # (as `_known_classes`: the standard library only)
+    return [k for k in (collections.OrderedDict, collections.defaultdict)
+            if _isinstance(k, type) and not _type_flags(k) & _HEAPTYPE]
+
+
+_STDLIB_DICTS = _stdlib_dicts()
+
+
+def _plain_dict(t):
+    """Whether values of class `t` are read as a dict: dict itself, or one of `_STDLIB_DICTS` (by identity)."""
+    return t is _dict or _any([t is k for k in _STDLIB_DICTS])
+
+
 def _honest_comparisons(klass):
     """Whether `klass`'s own comparison methods can be trusted: a class implemented in C (CPython's builtins,
     NumPy's scalars: Python code cannot make one), or a known class of the standard library, unchanged."""
@@ -334,14 +351,14 @@ def normalise(x, depth=0):
         if _len(x) > MAX_ITEMS:
             return "<bad type: too long>"
         return [normalise(v, depth + 1) for v in x]
-    if t is _dict:
-        if _len(x) > MAX_ITEMS:
+    if _plain_dict(t):
+        if _dict.__len__(x) > MAX_ITEMS:
             return "<bad type: too long>"
         out = {}
-        for k in _list(x.keys()):
+        for k in _list(_dict.keys(x)):
             if _type(k) is not _str:
                 return "<bad type: dict key %s>" % (_type(k).__name__,)
-            out[k] = normalise(x[k], depth + 1)
+            out[k] = normalise(_dict.__getitem__(x, k), depth + 1)
         return out
     return _bad(x)
 
@@ -519,6 +536,9 @@ def run_op(ns, box, op):
         t = _type(key)
         if (t is _tuple or t is _list) and _len(key) <= MAX_ITEMS:
             return [as_eq(v) for v in key]
+        if _tuple in _type_mro(t) and not _overrides_comparison(t) and _tuple.__len__(key) <= MAX_ITEMS:
+            # a tuple subclass that compares as a tuple (a NamedTuple): its own items, read as a tuple's
+            return [as_eq(v) for v in _list(_tuple.__iter__(key))]
         return normalise(key)
     if name == "eff":
         return normalise(sim._effective_priority(sim.queue[op[1]]))

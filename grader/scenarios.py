@@ -165,8 +165,9 @@ def _targeted() -> list[dict]:
     sc(c, "h1_late_enqueue", "a request enqueued later starts fresh (waiting, no waits) / 后入队请求从零开始",
        new(), enq(1, 2, 3), STEP, STEP, enq(2, 1, 1, deadline_step=3), STATE,
        reqf(1, "status", "admitted", "wait_steps", "preemptions"), STEP, STATE)
+    # (no step: which of two tied requests runs first is TODO 2's tie-break, not TODO 1's business)
     sc(c, "h1_own_state", "each request has its own state object / 每个请求的状态相互独立",
-       new(), enq(1, 1, 2), enq(2, 1, 2), STEP, STATE)
+       new(), enq(1, 1, 2), enq(2, 1, 2), setf(0, "phase", "decode"), setf(0, "wait_steps", 3), STATE)
 
     # ---- hidden input errors ----
     c = "hidden_input_errors"
@@ -237,8 +238,9 @@ def _targeted() -> list[dict]:
     sc(c, "h3_single_victim", "one lower-priority victim is preempted and keeps its progress / 单一 victim 保留进度",
        new(free_kv_blocks=3), enq(1, 2, 3, priority=1, required_blocks=3), STEP, STEP,
        enq(2, 1, 1, priority=4, required_blocks=2), STEP, STATE)
+    # (the TODO 3 setups give tied requests different lengths: TODO 2's request_id tie-break decides no step here)
     sc(c, "h3_two_victims_needed", "only one victim per step: a request needing two is skipped / 需要两个 victim 时不抢占",
-       new(free_kv_blocks=4), enq(1, 1, 3, priority=0, required_blocks=2), enq(2, 1, 3, priority=0, required_blocks=2),
+       new(free_kv_blocks=4), enq(1, 1, 3, priority=0, required_blocks=2), enq(2, 2, 3, priority=0, required_blocks=2),
        STEP, STEP, enq(3, 1, 1, priority=9, required_blocks=4), STEP, STATE)
     sc(c, "h3_equal_priority", "equal priority is not lower: no preemption / 同优先级不可抢占",
        new(free_kv_blocks=2), enq(1, 1, 3, priority=3, required_blocks=2), STEP,
@@ -247,8 +249,8 @@ def _targeted() -> list[dict]:
        new(free_kv_blocks=3), enq(1, 1, 3, priority=0, required_blocks=2, preemptible=False),
        enq(2, 2, 3, priority=1, required_blocks=1), STEP, STEP, enq(3, 1, 1, priority=9, required_blocks=2), STEP, STATE)
     sc(c, "h3_victim_order", "victim order: lowest priority, then most blocks, then request_id / victim 选择顺序",
-       new(free_kv_blocks=6), enq(5, 1, 4, priority=1, required_blocks=1), enq(3, 1, 4, priority=1, required_blocks=2),
-       enq(4, 1, 4, priority=1, required_blocks=2), enq(8, 1, 4, priority=2, required_blocks=1), run(4),
+       new(free_kv_blocks=6), enq(5, 3, 4, priority=1, required_blocks=1), enq(3, 1, 4, priority=1, required_blocks=2),
+       enq(4, 2, 4, priority=1, required_blocks=2), enq(8, 1, 4, priority=2, required_blocks=1), run(4),
        enq(9, 1, 1, priority=9, required_blocks=1), STEP, STATE)
     sc(c, "h3_victim_must_suffice", "the first victim whose blocks are enough, not simply the lowest / victim 必须腾出足够容量",
        new(free_kv_blocks=4), enq(1, 1, 4, priority=0, required_blocks=1), enq(2, 1, 4, priority=1, required_blocks=3),
@@ -283,7 +285,7 @@ def _targeted() -> list[dict]:
        new(free_kv_blocks=2), enq(1, 2, 4, priority=0, required_blocks=2), STEP, STEP, STEP,
        enq(2, 1, 1, priority=5, required_blocks=2), STEP, STATE, STEP, STATE, run(10), STATE)
     sc(c, "h4_deadline_flags", "deadline_missed = clock + 1 + remaining > deadline, under every policy / 违约标记",
-       new(), enq(1, 1, 2, deadline_step=3), enq(2, 1, 2, deadline_step=5), run(10))
+       new(), enq(1, 1, 2, deadline_step=3), enq(2, 3, 2, deadline_step=5), run(10))
     sc(c, "h4_deadline_flags_deadline", "deadline flags under policy deadline / deadline 策略的违约标记",
        new(policy="deadline"), enq(1, 1, 3, deadline_step=4), enq(2, 1, 1, deadline_step=3), enq(3, 1, 1), run(10))
     sc(c, "h4_finish_frees", "finish frees the blocks and marks the request finished / 完成释放容量",
