@@ -131,10 +131,11 @@ def test_sweep_without_known_loads_skips_load_figures(sweep_dir, tmp_path):
 
 def test_report_command(sweep_dir, tmp_path, capsys):
     out = tmp_path / "rep"
-    assert main(["report", str(sweep_dir / "metrics.csv"), "--out", str(out), "--kv-blocks", "240",
+    assert main(["report", str(sweep_dir / "metrics.csv"), "--out", f"{out}/", "--kv-blocks", "240",
                  "--aging-interval", "2"]) == 0
     printed = capsys.readouterr().out
-    assert "wrote 6 plots" in printed
+    assert printed.splitlines()[-1] == f"wrote 6 plots and {out}/index.html"  # (one slash after --out DIR/)
+    assert all(line.startswith(f"{out}/") and "//" not in line for line in printed.splitlines()[:-1]), printed
     page = (out / "index.html").read_text()
     assert "240 KV blocks, aging interval 2" in page
     linked = set(re.findall(r'src="([^"]+)"', page))

@@ -6,6 +6,7 @@ replayed here under each ``--policy`` for the per-request figures.  See `decodes
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -120,7 +121,8 @@ def run(args) -> int:
                          kv_blocks=args.kv_blocks, aging_interval=args.aging_interval, loads=args.loads,
                          trace_dirs=args.trace_dir, load=args.load, timeline_policy=timeline,
                          gantt_requests=args.gantt_requests, warn=_note)
+    out = args.out.rstrip("/") or "/"  # (`--out report/`: report/index.html, not report//index.html)
     for p in plots:
-        print(f"{args.out}/{p.file}")
-    print(f"wrote {len(plots)} plots and {args.out}/index.html")
+        print(os.path.join(out, p.file))
+    print(f"wrote {len(plots)} plots and {os.path.join(out, 'index.html')}")
     return 0
