@@ -23,7 +23,7 @@ from decodesched.errors import UserError
 
 from . import sandbox, spec
 from .course import Course
-from .evidence import CANARY_TAG, _canary_expected, _error_outputs, _inspect_gradebook_copy, canary_cell
+from .evidence import CANARY_TAG, _canary_expected, _error_outputs, _inspect_gradebook_copy, canary_cell, cell_outputs
 from .limits import Limits
 from .notebook import Submission, _cell_source, _nbgrader_meta, _plain_file, _safe_source, _safe_text
 
@@ -204,7 +204,7 @@ def kernel_run(sub: Submission, nb: dict, template: Path, workroot: Path, marker
         # The canary: the last cell must have printed the expected line and failed its assert.
         canary = [c for c in executed["cells"] if isinstance(c, dict) and CANARY_TAG in _safe_source(c)]
         if canary and rep.status == "graded":
-            outs = [o for o in canary[-1].get("outputs", []) or [] if isinstance(o, dict)]
+            outs = cell_outputs(canary[-1])
             text = "".join(_safe_text(o.get("text")) for o in outs if o.get("output_type") == "stream")
             errs = [o for o in outs if o.get("output_type") == "error"]
             if _canary_expected(nonce) not in text:

@@ -211,15 +211,16 @@ def _canary_expected(nonce: str) -> str:
     return f"{nonce} False True [1, 2, 3] 3 True False bool 7 2"
 
 
+def cell_outputs(cell) -> list[dict]:
+    """A notebook cell's outputs that are objects; none where the cell or its ``outputs`` has another shape."""
+    outputs = cell.get("outputs") if isinstance(cell, dict) else None
+    return [o for o in outputs if isinstance(o, dict)] if isinstance(outputs, list) else []
+
+
 def _error_outputs(nb) -> list[tuple[int, dict]]:
-    out = []
-    for i, cell in enumerate(nb.get("cells", [])):
-        if not isinstance(cell, dict):
-            continue
-        for o in cell.get("outputs", []) or []:
-            if isinstance(o, dict) and o.get("output_type") == "error":
-                out.append((i, o))
-    return out
+    cells = nb.get("cells") if isinstance(nb, dict) else None
+    return [(i, o) for i, cell in enumerate(cells if isinstance(cells, list) else [])
+            for o in cell_outputs(cell) if o.get("output_type") == "error"]
 
 
 def _inspect_gradebook_copy(db: Path, student_id: str) -> list[str]:

@@ -141,3 +141,13 @@ def test_a_slow_solution_whose_harness_yielded_is_not_crashed():
     # a "yield" line followed by a crash is still a crash
     v = _status([_run(first, yielded=True, returncode=None, sig=11), _run(rest, done=True)], right, scen)
     assert v.status == "crashed" and any("killed by signal 11" in n for n in v.notes), v.notes
+
+
+def test_a_notebook_whose_outputs_have_another_shape_is_read_as_without_outputs():
+    # (the autograded notebook is read back after the kernel run: a cell's "outputs" that is not a list of
+    # objects, written by a process the run left behind, raised TypeError in the grading process)
+    from decodesched.grader import evidence
+
+    nb = {"cells": [{"outputs": 5}, {"outputs": [7, {"output_type": "error", "ename": "X"}]}, "cell", {}]}
+    assert evidence._error_outputs(nb) == [(1, {"output_type": "error", "ename": "X"})]
+    assert evidence.cell_outputs({"outputs": {"a": 1}}) == [] and evidence._error_outputs({"cells": 3}) == []
