@@ -26,10 +26,9 @@ def request_table(trace: Trace, state: np.ndarray, stop_reason: str) -> dict[str
     first = state[:, E.RQ_FIRST_STEP]
     first_token = state[:, E.RQ_FIRST_TOKEN_STEP]
     finish = state[:, E.RQ_FINISH_STEP]
-    arrival = trace.arrival_step.astype(np.float64)
 
-    def since(step, plus):
-        return np.where(step >= 0, step + plus - arrival, np.nan)
+    def since(step, plus):  # in int64, then float: a step beyond 2**53 is not exact in float64
+        return np.where(step >= 0, (step + plus - trace.arrival_step).astype(np.float64), np.nan)
 
     new = trace.max_new_tokens
     with np.errstate(invalid="ignore", divide="ignore"):
