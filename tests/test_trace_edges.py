@@ -345,3 +345,11 @@ def test_a_header_of_thousands_of_columns_is_one_short_line(tmp_path, extra, wor
         load_trace(path)
     message = str(err.value)
     assert words in message and len(message) < 400 and "\n" not in message, message
+
+
+@pytest.mark.parametrize("scale", [True, np.True_, "2", [1], 0, -1.0, float("nan"), float("inf")])
+def test_a_time_scale_that_is_not_a_positive_number_is_refused(scale):
+    rows = [dict(request_id=1, arrival_step=0, prompt_len=1, max_new_tokens=1, priority=0, cache_hit=False,
+                 required_blocks=1, deadline_step=None, preemptible=True)]
+    with pytest.raises(TraceError, match="steps_per_second must be a positive number"):
+        load_trace(rows, steps_per_second=scale)

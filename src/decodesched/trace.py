@@ -619,8 +619,10 @@ def _from_columns(cols: dict, where: str, steps_per_second: float | None, label:
         raise TraceError(f"{where}: the trace's total work steps exceed 2**61 and would overflow the step clock")
     if float(blocks.astype(np.float64).sum()) > MAX_TOTAL:
         raise TraceError(f"{where}: the sum of required_blocks exceeds 2**61")
-    if steps_per_second is not None and not (steps_per_second > 0 and math.isfinite(steps_per_second)):
-        raise TraceError(f"{where}: steps_per_second must be a positive number, got {steps_per_second!r}")
+    if steps_per_second is not None and (isinstance(steps_per_second, (bool, np.bool_))
+                                         or not isinstance(steps_per_second, (int, float, np.integer, np.floating))
+                                         or not (steps_per_second > 0 and math.isfinite(steps_per_second))):
+        raise TraceError(f"{where}: steps_per_second must be a positive number, got {show(steps_per_second)}")
     trace = Trace(
         request_id=ids,
         arrival_step=arrival,
