@@ -102,8 +102,23 @@ def _figure(nrows: int = 1, ncols: int = 1, width: float = 6.4, height: float = 
     return fig, axes
 
 
+def _plain_log_ticks(ax) -> None:
+    """Log-axis tick labels as plain text (`100`, `1e+04`): matplotlib's default writes them as
+    mathtext, which `_plain_text` turns off, so they would show as `$\\mathdefault{10^{2}}$`."""
+    from matplotlib import ticker
+
+    for axis in (ax.xaxis, ax.yaxis):
+        for get, put in ((axis.get_major_formatter, axis.set_major_formatter),
+                         (axis.get_minor_formatter, axis.set_minor_formatter)):
+            f = get()
+            if isinstance(f, ticker.LogFormatterSciNotation):
+                put(ticker.LogFormatter(base=f._base, labelOnlyBase=f.labelOnlyBase,
+                                        minor_thresholds=f.minor_thresholds, linthresh=f._linthresh))
+
+
 def _save(fig, out: Path, plot: Plot) -> Plot:
     for ax in fig.axes:
+        _plain_log_ticks(ax)
         if ax.get_xlabel():
             plot.xlabels.append(ax.get_xlabel())
         if ax.get_ylabel():

@@ -20,9 +20,14 @@ def add_parser(subparsers) -> None:
     p = subparsers.add_parser("assignment", help="make a course folder; build and check the student release",
                               description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="assignment_command", metavar="ACTION")
-    i = sub.add_parser("init", help="write a ready course folder (source notebook, nbgrader_config.py, README)")
+    i = sub.add_parser("init", help="write a ready course folder (source notebook, nbgrader_config.py, README)",
+                       description="Write a ready nbgrader course into DIR (new or empty): the source notebook, "
+                       "nbgrader_config.py and a README for the instructor.")
     i.add_argument("dir", metavar="DIR", help="the course folder to make (new or empty)")
-    b = sub.add_parser("build", help="run nbgrader generate_assignment and check the release")
+    b = sub.add_parser("build", help="run nbgrader generate_assignment and check the release",
+                       description="Run nbgrader generate_assignment in the course folder and check the release "
+                       "(solutions stripped, no hidden test, nbgrader validate, scores 0); a build that fails "
+                       "leaves the release as it was (none, or the one --force would replace).")
     b.add_argument("--course", metavar="DIR", default=None,
                    help="course folder (default: the current directory, when it holds nbgrader_config.py)")
     b.add_argument("--force", action="store_true", help="overwrite an existing release")

@@ -45,18 +45,18 @@ def add_parser(subparsers):
         description="Grade a folder of <student_id>.ipynb files or nbgrader's submitted/<student>/<assignment>/ "
         "tree. Writes DIR/grades.csv, DIR/feedback/<student_id>.html and updates the course gradebook.",
     )
-    p.add_argument("submissions", nargs="?", help="folder of submissions")
-    p.add_argument("--out", help="output folder (grades.csv, feedback/)")
+    p.add_argument("submissions", nargs="?", metavar="SUBMISSIONS", help="folder of submissions")
+    p.add_argument("--out", metavar="DIR", help="output folder (grades.csv, feedback/)")
     p.add_argument("--course", metavar="DIR",
                    help="course folder (default: the current directory, when it holds nbgrader_config.py)")
-    p.add_argument("--jobs", type=_int_between(0, 256, "jobs"), default=0,
+    p.add_argument("--jobs", metavar="N", type=_int_between(0, 256, "jobs"), default=0,
                    help="submissions graded at once (default: all cores)")
-    p.add_argument("--timeout", type=_seconds, default=120.0,
+    p.add_argument("--timeout", metavar="S", type=_seconds, default=120.0,
                    help="CPU seconds for each sandboxed run of a submission, all its processes together; "
                    "the wall clock is only a backstop that grows with the machine's load (default 120)")
-    p.add_argument("--memory-mb", type=_int_between(64, 1 << 20, "MiB"), default=1024,
+    p.add_argument("--memory-mb", metavar="M", type=_int_between(64, 1 << 20, "MiB"), default=1024,
                    help="memory limit per submission in MiB (default 1024)")
-    p.add_argument("--cell-timeout", type=_seconds, default=None,
+    p.add_argument("--cell-timeout", metavar="S", type=_seconds, default=None,
                    help="nbgrader's per-cell timeout on a quiet machine (default timeout/3, at most 30)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--selfcheck", action="store_true",

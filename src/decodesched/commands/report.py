@@ -30,14 +30,16 @@ unfinished count stands beside every latency figure and table.
 
 def add_parser(sub) -> None:
     import argparse
+    import textwrap
 
     p = sub.add_parser("report", help="plots and an HTML page from a sweep (and one replayed trace)",
-                       description="Write PNG plots and DIR/index.html: latency, unfinished requests, deadline "
+                       description=textwrap.fill(  # (the raw formatter keeps the epilog's lines, not wrapping this)
+                                   "Write PNG plots and DIR/index.html: latency, unfinished requests, deadline "
                                    "attainment, starvation, fairness and per-class TTFT against offered load (one "
                                    "panel column per trace family), TTFT against KV capacity and aging interval, "
                                    "from a sweep's metrics CSV; with --trace, "
                                    "latency CDFs, per-class starvation and preemptions, KV occupancy and queue "
-                                   "length over time, and a Gantt-style timeline.",
+                                   "length over time, and a Gantt-style timeline.", 100),
                        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("results", nargs="?", metavar="RESULTS", help="sweep metrics CSV (decodesched sweep --out)")
     p.add_argument("--out", required=True, metavar="DIR", help="folder for the PNGs and index.html")

@@ -1,4 +1,4 @@
-"""`decodesched simulate TRACE --policy P --kv-blocks N --aging-interval K [--max-steps N]
+"""`decodesched simulate TRACE --policy P --kv-blocks N [--aging-interval K] [--max-steps N]
 [--events PATH] [--requests PATH] [--engine fast|scan]`: replay one trace, print a summary table."""
 
 from __future__ import annotations
@@ -67,8 +67,9 @@ def run(args) -> int:
         if args.requests:
             result.write_requests(args.requests)
     out = sys.stderr if STDOUT in (args.events, args.requests) else sys.stdout  # keep a streamed table clean
-    print(f"{trace.name}: {len(trace)} requests, policy {result.policy}, {args.kv_blocks} KV blocks, "
-          f"aging interval {args.aging_interval}; {result.n_events} steps in {elapsed:.2f} s ({result.stop_reason})",
-          file=out)
+    aging = policy == "aging" if isinstance(policy, str) else policy.uses_aging_interval
+    interval = f", aging interval {args.aging_interval}" if aging else ""  # (the others ignore it)
+    print(f"{trace.name}: {len(trace)} requests, policy {result.policy}, {args.kv_blocks} KV blocks{interval}; "
+          f"{result.n_events} steps in {elapsed:.2f} s ({result.stop_reason})", file=out)
     print(format_table({result.policy: result.metrics}), file=out)
     return 0

@@ -58,8 +58,9 @@ TABLE_COLUMNS = (
     ("e2e P99", "e2e_p99"),
     ("starve", "starvation"),
     ("preempt", "preemptions"),
-    ("dl miss", "deadline_miss_rate"),
+    ("dl miss rate", "deadline_miss_rate"),
 )
+TIME_KEYS = ("queue_wait_p95", "ttft_p95", "e2e_p99", "starvation")  # shown with their unit, (s) or (steps)
 
 
 def add_parser(sub) -> None:
@@ -275,10 +276,18 @@ def _cell(v) -> str:
     return str(v)
 
 
+def _timed(sps) -> bool:
+    """Whether a row's trace has a time scale (no scale: None, or NaN in a row read back)."""
+    return isinstance(sps, (int, float)) and math.isfinite(sps) and sps > 0
+
+
 def format_rows(rows: list[dict]) -> str:
     """The sweep table: one line per scenario with its key metrics."""
-    heads = [h for h, _ in TABLE_COLUMNS]
-    cells = [[_cell(r.get(k)) for _, k in TABLE_COLUMNS] for r in rows]
+    seconds = bool(rows) and all(_timed(r.get("steps_per_second")) for r in rows)  # else steps, as in the CSV
+    unit = " (s)" if seconds else " (steps)"
+    keys = [f"{k}_s" if seconds and k in TIME_KEYS else k for _, k in TABLE_COLUMNS]
+    heads = [h + unit if k in TIME_KEYS else h for h, k in TABLE_COLUMNS]
+    cells = [[_cell(r.get(k)) for k in keys] for r in rows]
     widths = [max(len(h), *(len(c[i]) for c in cells)) if cells else len(h) for i, h in enumerate(heads)]
     text_cols = {0, 1}
     lines = ["  ".join(h.ljust(w) if i in text_cols else h.rjust(w) for i, (h, w) in enumerate(zip(heads, widths)))]
