@@ -23,11 +23,37 @@ import pytest
 from decodesched.grader import harness, scenarios, spec, verdict
 
 STYLES_DIR = Path(__file__).resolve().parent / "grader_attacks" / "styles"
-STYLES = sorted(p.stem for p in STYLES_DIR.glob("s[0-9][0-9]_*.py"))
+# Styles that are another style with a few lines changed: (that style, [(old, new), ...]).
+VARIANTS = {
+    # events as collections.OrderedDict (fields in the documented order)
+    "s08_ordereddict_events": ("s07_manual_loops_recursion", [
+        ("import sys\n", "import collections\nimport sys\n"),
+        ("        event = {}\n", "        event = collections.OrderedDict()\n")]),
+    # warnings.warn when a request misses its deadline (shown once per location on stderr, in the notebook's test
+    # cell that first triggers it) and logging.warning on a preemption (stderr through logging's last-resort
+    # handler, every time)
+    "s10_warnings_logging_stderr": ("s01_dict_by_id_heapq", [
+        ("import heapq\n", "import heapq\nimport logging\nimport warnings\n"),
+        ("            return victim.request_id\n",
+         "            logging.warning('request %s preempts %s', challenger.request_id, victim.request_id)\n"
+         "            return victim.request_id\n"),
+        ("        self.timeline.append(event)\n",
+         "        if missed:\n"
+         "            warnings.warn(f'request {chosen.request_id} misses its deadline {chosen.deadline_step}')\n"
+         "        self.timeline.append(event)\n")]),
+}
+STYLES = sorted([p.stem for p in STYLES_DIR.glob("s[0-9][0-9]_*.py")] + list(VARIANTS))
 NB = json.loads(spec.SOURCE_NOTEBOOK.read_text(encoding="utf-8"))
 
 
 def style(name: str) -> str:
+    if name in VARIANTS:
+        base, edits = VARIANTS[name]
+        source = style(base)
+        for old, new in edits:
+            assert source.count(old) == 1, (name, old)
+            source = source.replace(old, new)
+        return source
     return (STYLES_DIR / f"{name}.py").read_text(encoding="utf-8")
 
 
