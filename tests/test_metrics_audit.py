@@ -107,6 +107,7 @@ def ref_group(reqs):
     out.update({
         "requests": len(reqs),
         "finished": len(finished),
+        "unservable": sum(r["unservable"] for r in reqs),  # (SPEC 9: beside every latency figure, per class too)
         "unfinished": len(reqs) - len(finished),
         "starvation": max(r["wait_steps"] for r in ran) if ran else NAN,
         "preemptions": sum(r["preemptions"] for r in reqs),
@@ -129,7 +130,6 @@ def ref_metrics(reqs, rep, sps):
     out.update({
         "events": len(rep.events),
         "clock": rep.clock,
-        "unservable": sum(r["unservable"] for r in reqs),
         "tokens": tokens,
         "throughput_tokens_per_step": Fraction(tokens, max(rep.clock - first_arrival, 1)),
         "fairness_jain": sum(shares) ** 2 / (len(shares) * sum(x * x for x in shares)) if any(shares) else NAN,

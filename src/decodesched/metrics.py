@@ -135,6 +135,7 @@ def _group(req: dict, mask: np.ndarray) -> dict:
         {
             "requests": int(mask.sum()),
             "finished": int(finished.sum()),
+            "unservable": int(req["unservable"][mask].sum()),
             "unfinished": int(unfinished.sum()),
             "starvation": int(req["wait_steps"][mask][ran].max()) if ran.any() else math.nan,
             "preemptions": int(req["preemptions"][mask].sum()),
@@ -167,7 +168,6 @@ def aggregate(trace: Trace, req: dict, n_events: int, clock: int) -> dict:
         {
             "events": int(n_events),
             "clock": int(clock),
-            "unservable": int(req["unservable"].sum()),
             "tokens": int(req["generated_len"].sum()),
             "throughput_tokens_per_step": float(req["generated_len"].sum() / span),
             "fairness_jain": jain_index(np.array([c["mean_service_share"] for c in classes.values()])),
@@ -252,9 +252,9 @@ FLAT_COLUMNS = (
 TIME_COLUMNS = frozenset(("starvation",) + tuple(c for c in FLAT_COLUMNS if c.rpartition("_")[0] in LATENCIES
                                                and not c.endswith("_censored")))
 # Per priority class P, column ``<name>_class<P>`` (and ``<name>_s_class<P>`` for time columns).
-CLASS_COLUMNS = ("requests", "finished", "unfinished", "queue_wait_p50", "queue_wait_p95", "queue_wait_p99",
-                 "ttft_p50", "ttft_p95", "ttft_p99", "e2e_p50", "e2e_p95", "e2e_p99", "starvation", "preemptions",
-                 "with_deadline", "slo_attainment")
+CLASS_COLUMNS = ("requests", "finished", "unservable", "unfinished", "queue_wait_p50", "queue_wait_p95",
+                 "queue_wait_p99", "ttft_p50", "ttft_p95", "ttft_p99", "e2e_p50", "e2e_p95", "e2e_p99", "starvation",
+                 "preemptions", "with_deadline", "slo_attainment")
 
 
 def _value(metrics: dict, name: str):
