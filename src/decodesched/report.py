@@ -1010,7 +1010,7 @@ def build_report(out_dir, *, results=None, trace=None, policies=None, kv_blocks=
         raise UserError(f"{out_dir}: exists and is not a folder")
     parent = out_dir.parent if str(out_dir.parent) else Path(".")
     if not parent.is_dir():
-        raise UserError(f"cannot write {out_dir}: no such directory {parent}")
+        raise UserError(f"{out_dir}: no such directory {parent}")
     _refuse_inputs_among_outputs(out_dir, [results, trace, f"{trace}.meta.json" if trace is not None else None])
     rows = read_sweep(results, REPORT_COLUMNS) if results is not None else None
     info = None

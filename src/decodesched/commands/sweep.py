@@ -127,9 +127,6 @@ def _check_out(out: str, traces: list[str]) -> None:
         raise UserError(f"{out}: refusing to overwrite an input trace")
     if path.is_dir():
         raise UserError(f"{out}: is a directory")
-    parent = path.parent if str(path.parent) else Path(".")
-    if not parent.is_dir():
-        raise UserError(f"cannot write {out}: no such directory {parent}")
     if out != "-" and path.suffix.lower() != ".csv":  # `report` and every reader take a .parquet name for Parquet
         got = f"'{path.suffix}'" if path.suffix else "no extension"
         raise UserError(f"{out}: --out names the metrics CSV, which ends in .csv (or - for standard output); got {got}")

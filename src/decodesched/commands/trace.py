@@ -143,8 +143,6 @@ def run_convert(args) -> int:
     out = Path(args.out)
     if out.exists() and out.is_dir():
         raise UserError(f"{out}: is a directory; --out names the CSV file to write")
-    if not (out.parent if str(out.parent) else Path(".")).is_dir():
-        raise UserError(f"{out}: the folder {out.parent} does not exist")
     if src.exists() and out.exists() and out.resolve() == src.resolve():
         raise UserError(f"{out}: would overwrite the source trace; choose another --out")
     check_outputs([out, cv.meta_path(out)], [src])
