@@ -24,7 +24,7 @@ def test_grade_help_uses_the_readmes_names(capsys):
 
 def test_assignment_actions_have_a_description(capsys):
     assert "nbgrader course into DIR" in " ".join(_help(capsys, "assignment", "init").split())
-    assert "any failure removes it" in " ".join(_help(capsys, "assignment", "build").split())
+    assert "a build that fails leaves the release as it was" in " ".join(_help(capsys, "assignment", "build").split())
 
 
 def test_report_help_is_wrapped(capsys):
