@@ -112,8 +112,10 @@ def _plain_log_ticks(ax) -> None:
                          (axis.get_minor_formatter, axis.set_minor_formatter)):
             f = get()
             if isinstance(f, ticker.LogFormatterSciNotation):
-                put(ticker.LogFormatter(base=f._base, labelOnlyBase=f.labelOnlyBase,
-                                        minor_thresholds=f.minor_thresholds, linthresh=f._linthresh))
+                # (the scale's base through its public transform; a formatter's own fields are private)
+                put(ticker.LogFormatter(base=getattr(axis.get_transform(), "base", 10),
+                                        labelOnlyBase=f.labelOnlyBase, minor_thresholds=f.minor_thresholds,
+                                        linthresh=getattr(axis.get_transform(), "linthresh", None)))
 
 
 def _save(fig, out: Path, plot: Plot) -> Plot:
