@@ -40,7 +40,7 @@ import numpy as np
 from . import metrics as _metrics
 from ._io import Progress, atomic_writer
 from .engine import (ENGINES, SimulationResult, check_config, check_flag, event_capacity, event_log_buffer,
-                     refuse_beyond_memory, trace_arrays, zeros_within_memory)
+                     integral_hint, plain_value, refuse_beyond_memory, trace_arrays, zeros_within_memory)
 from .errors import UserError
 from .kernels import enums as E
 from .policy import Policy, policy_name
@@ -100,6 +100,11 @@ def grid(traces, policies: Sequence, kv_blocks: Sequence[int], aging_intervals: 
         ("policies", policies), ("kv_blocks", kv_blocks), ("aging_intervals", aging_intervals)))
     if not intervals:
         raise UserError("grid needs at least one aging interval")
+    # Each value as `simulate` takes it, refused now rather than when `simulate_batch` runs the grid.
+    for name, values in (("kv_blocks", kv_blocks), ("aging_intervals", intervals)):
+        for v in values:
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+                raise UserError(f"grid: {name} must hold integers, got {show(plain_value(v))}{integral_hint(v)}")
     refuse_beyond_memory("the grid's scenarios",
                           grid_size(n_traces, policies, kv_blocks, intervals, replicates) * _SCENARIO_BYTES)
     out = []

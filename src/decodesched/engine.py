@@ -6,6 +6,7 @@ allocates the outputs, and turns them into tables, metrics and files.
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -46,13 +47,25 @@ def policy_code(policy) -> int:
     return POLICIES.index(policy)
 
 
+def integral_hint(value) -> str:
+    """For a float that holds a whole number (``4000.0``, ``np.linspace``'s values): the int to give."""
+    if isinstance(value, (float, np.floating)) and math.isfinite(value) and float(value).is_integer():
+        return f" (a float: give the int {int(value)}; for NumPy values .astype(int))"
+    return ""
+
+
+def plain_value(value):
+    """A NumPy scalar as the Python value it holds, for messages (``2000.0``, not ``np.float64(2000.0)``)."""
+    return value.item() if isinstance(value, np.generic) else value
+
+
 def check_config(policy, free_kv_blocks, aging_interval, max_steps) -> tuple[int, int, int, int]:
     """Validate one scheduler configuration (`policy`: a built-in name or a `Policy`); return
     (policy code, capacity, interval, max_steps or -1)."""
     code = policy_code(policy)
     for name, value in (("free_kv_blocks", free_kv_blocks), ("aging_interval", aging_interval)):
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-            raise UserError(f"{name} must be an integer, got {show(value)}")
+            raise UserError(f"{name} must be an integer, got {show(plain_value(value))}{integral_hint(value)}")
     if free_kv_blocks < 0:
         raise UserError(f"free_kv_blocks must be >= 0, got {show(int(free_kv_blocks))}")
     if free_kv_blocks > MAX_TOTAL:
@@ -65,7 +78,8 @@ def check_config(policy, free_kv_blocks, aging_interval, max_steps) -> tuple[int
         limit = -1
     else:
         if isinstance(max_steps, bool) or not isinstance(max_steps, (int, np.integer)):
-            raise UserError(f"max_steps must be an integer or None, got {show(max_steps)}")
+            raise UserError(f"max_steps must be an integer or None, got {show(plain_value(max_steps))}"
+                            f"{integral_hint(max_steps)}")
         if max_steps < 0:
             raise UserError(f"max_steps must be >= 0, got {show(int(max_steps))}")
         limit = min(int(max_steps), MAX_TOTAL)  # (no replay runs more steps: beyond, it is no limit)
@@ -215,7 +229,8 @@ class SimulationResult:
 
     def _need_events(self) -> np.ndarray:
         if self.event_log is None:
-            raise ValueError("this result kept no event log; run simulate(..., record_events=True)")
+            raise ValueError("this result kept no event log; run simulate(..., record_events=True), or for a "
+                             "batch's result simulate_batch(..., record_events=True)")
         return self.event_log
 
     @cached_property

@@ -63,7 +63,8 @@ class DecodeSchedulerSim:
         custom = _custom_policy(policy)
         if custom is None and policy not in POLICIES:
             raise ValueError(
-                f"policy 必须是 {', '.join(POLICIES)} 之一 / policy must be one of {', '.join(POLICIES)}; got {policy!r}"
+                f"policy 必须是 {', '.join(POLICIES)} 之一 / policy must be one of {', '.join(POLICIES)}"
+                f"{_own_policy_hint(policy)}; got {policy!r}"
             )
         if free_kv_blocks < 0 or aging_interval <= 0:
             raise ValueError(
@@ -256,6 +257,30 @@ def _custom_policy(policy):
     return policy if isinstance(policy, Policy) else None
 
 
+def _own_policy_hint(policy) -> str:
+    """For a function given where a policy goes: a policy of one's own is a `decodesched.Policy`."""
+    if not callable(policy):
+        return ""
+    return (", or a decodesched.Policy (a function alone is not a policy: "
+            "Policy(name, key=@njit fn, effective_priority=@njit fn))")
+
+
+def _trace_rows(rows) -> list:
+    """`replay`'s rows as dicts: a sequence of dicts (or named tuples), or what `simulate` takes as well,
+    a `decodesched.Trace`, the path of a trace file, a mapping of columns or a pandas DataFrame (read
+    with `load_trace`, validated)."""
+    import os
+    from collections.abc import Mapping
+
+    from .trace import Trace, load_trace
+
+    if isinstance(rows, (str, os.PathLike, Mapping)) or type(rows).__name__ == "DataFrame":
+        rows = load_trace(rows)
+    if isinstance(rows, Trace):
+        return rows.rows()
+    return [r._asdict() if hasattr(r, "_asdict") else dict(r) for r in rows]
+
+
 @dataclass
 class ModelReplay:
     """What `replay` returns: the seed's events (with ``step`` added), the final states and why it stopped."""
@@ -273,11 +298,12 @@ def replay(rows, policy: str = "fixed_priority", free_kv_blocks: int = 1_000_000
 
     `rows` is a sequence of dicts (or objects with a ``_asdict``) with the trace columns:
     ``request_id, arrival_step, prompt_len, max_new_tokens, priority, cache_hit, required_blocks,
-    deadline_step (int or None), preemptible``.
+    deadline_step (int or None), preemptible``; or, as for `decodesched.simulate`, a loaded
+    `decodesched.Trace` (its ``rows()``), the path of a trace file, a mapping of columns or a DataFrame.
     """
     if max_steps is not None and max_steps < 0:
         raise ValueError(f"max_steps 不能为负数 / max_steps must be >= 0; got {max_steps}")
-    rows = [dict(r) for r in rows]
+    rows = _trace_rows(rows)
     sim = DecodeSchedulerSim(policy=policy, free_kv_blocks=free_kv_blocks, aging_interval=aging_interval)
     order = sorted(range(len(rows)), key=lambda i: (rows[i]["arrival_step"], i))
     states: Dict[int, RequestState] = {}

@@ -42,6 +42,7 @@ import contextlib
 import hashlib
 import importlib
 import importlib.util
+import inspect
 import os
 import sys
 import threading
@@ -378,8 +379,13 @@ def _check_function(name, what, fn):
     from numba.core.registry import CPUDispatcher
 
     if not isinstance(fn, CPUDispatcher):
+        hint = ""
+        if callable(fn) and getattr(fn, "__name__", "") == "<lambda>":
+            hint = f" (a plain lambda: give numba.njit(lambda r, clock: ...) as {what})"
+        elif inspect.isfunction(fn):
+            hint = f" ({fn.__name__} is a plain Python function: put @numba.njit above its def)"
         raise UserError(f"policy {name!r}: {what} must be a @numba.njit function of (r, clock), "
-                        f"got {type(fn).__name__}")
+                        f"got {type(fn).__name__}{hint}")
     # An object-mode function (numba.jit(forceobj=True)) is a CPUDispatcher too, and even answers the
     # sample call; only the nopython kernel cannot call it, so it would fail at the first replay.
     options = getattr(fn, "targetoptions", {})
@@ -429,8 +435,8 @@ def _check_results(policy: Policy) -> None:
             value = fn(r, np.int64(0))
         except Exception as exc:
             line = _numba_line(exc) if isinstance(exc, NumbaError) else _first_line(exc)
-            raise UserError(f"policy {policy.name!r}: {what}(r, clock) failed on a sample request: {line}") \
-                from None
+            raise UserError(f"policy {policy.name!r}: {what}(r, clock) failed on a sample request: {line}"
+                            f"{_compile_hint(what, exc)}") from None
         if _runs_parallel_region(fn):
             # The kernel calls the function once per request and step; a parfor there gains nothing, and
             # run from the threads of a batch Numba's workqueue threading layer aborts the process.
@@ -449,11 +455,45 @@ def _check_results(policy: Policy) -> None:
         ok = (isinstance(value, tuple) and all(isinstance(v, integer) and not isinstance(v, bool) for v in value)
               if what == "key" else isinstance(value, integer) and not isinstance(value, bool))
         if not ok:
-            raise UserError(f"policy {policy.name!r}: {what}(r, clock) must return {want}, got {value!r}")
+            raise UserError(f"policy {policy.name!r}: {what}(r, clock) must return {want}, got {value!r}"
+                            f"{_value_hint(what, value)}")
         if what == "key" and type(value) is not tuple:  # the kernel appends the id: `key + (id,)`
             raise UserError(f"policy {policy.name!r}: key(r, clock) must return a plain tuple, not a "
                             f"{type(value).__name__} (a named tuple does not compile in the replay kernel: "
                             "return (a, b, ...))")
+
+
+def _compile_hint(what: str, exc: BaseException) -> str:
+    """What to do about the Numba compile errors a policy's author meets most often."""
+    text = str(exc)
+    if "Can't unify return type" in text:
+        if what == "key":
+            return ("; every return of key must give a tuple of the same length and element types "
+                    "(pad the shorter ones, e.g. with 0)")
+        return "; every return of effective_priority must give an integer of one type"
+    if "reflected list" in text:
+        return "; Numba cannot read a global list: make it a tuple or a NumPy array"
+    return ""
+
+
+def _value_hint(what: str, value) -> str:
+    """Which element of a wrong return value is wrong, and how to make it an integer."""
+    import numpy as np
+
+    items = list(enumerate(value)) if what == "key" and isinstance(value, tuple) else [(None, value)]
+    for i, v in items:
+        where = "it " if i is None else f"element {i} "
+        if isinstance(v, (bool, np.bool_)):
+            return f": {where}is a bool; turn it into 0/1 with int(...), e.g. int(r.phase == 0)"
+        if isinstance(v, (float, np.floating)):
+            return (f": {where}is a float; compare integers only (// for division, int(...) to convert, "
+                    "e.g. 1000 * a // b for a ratio)")
+    if what == "key" and isinstance(value, (list, np.ndarray)):
+        kind = "a list" if isinstance(value, list) else "a NumPy array"
+        return f": {kind}; return a tuple: (a, b, ...)"
+    if what == "key" and not isinstance(value, tuple) and isinstance(value, (int, np.integer)):
+        return "; return a tuple, (x,) for a one-element key"
+    return ""
 
 
 def _runs_parallel_region(fn) -> bool:
@@ -681,7 +721,10 @@ def resolve_policy(spec):
     try:
         value = getattr(module, attr)
     except AttributeError:
-        raise UserError(f"policy {spec!r}: {where} has no attribute {attr!r}") from None
+        held = sorted(k for k, v in vars(module).items() if isinstance(v, Policy) and not k.startswith("_"))
+        there = (f"; the policies there: {', '.join(held)}" if held
+                 else "; it defines no decodesched.Policy at its top level")
+        raise UserError(f"policy {spec!r}: {where} has no attribute {attr!r}{there}") from None
     if not isinstance(value, Policy):
         raise UserError(f"policy {spec!r} is a {type(value).__name__}, not a decodesched.Policy")
     if value.spec is None and value._code is None:

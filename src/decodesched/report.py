@@ -102,6 +102,40 @@ def _figure(nrows: int = 1, ncols: int = 1, width: float = 6.4, height: float = 
     return fig, axes
 
 
+def _suptitle(fig, text: str, fontsize: float) -> None:
+    """The figure's title, wrapped onto more lines where one would be wider than the figure (a sweep of
+    one trace family draws a single column of panels, 4.6 inches: its one-line title was cut at both ends)."""
+    from matplotlib.font_manager import FontProperties
+    from matplotlib.textpath import TextToPath
+
+    font, measure = FontProperties(size=fontsize), TextToPath()
+    room = fig.get_figwidth() * 72 * 0.96  # points, less a margin
+
+    def width(line: str) -> float:
+        return measure.get_text_width_height_descent(line, font, ismath=False)[0]
+
+    lines: list[str] = []
+    for word in text.split(" "):
+        if lines and width(f"{lines[-1]} {word}") <= room:
+            lines[-1] = f"{lines[-1]} {word}"
+        else:
+            lines.append(word)
+    fig.suptitle("\n".join(lines), fontsize=fontsize)
+
+
+def _count_axis(ax) -> None:
+    """A y axis of request counts: whole-number ticks, none below 0 (with every count 0 matplotlib
+    centred the line in -0.04..0.04, ticks at -0.02 requests)."""
+    from matplotlib.ticker import MaxNLocator
+
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+    lo, hi = ax.get_ylim()
+    if hi < 1:
+        ax.set_ylim(-0.05, 1)
+    elif lo < 0:
+        ax.set_ylim(bottom=-0.05 * hi)
+
+
 def _plain_log_ticks(ax) -> None:
     """Log-axis tick labels as plain text (`100`, `1e+04`): matplotlib's default writes them as
     mathtext, which `_plain_text` turns off, so they would show as `$\\mathdefault{10^{2}}$`."""
@@ -524,6 +558,8 @@ def _load_figure(view: SweepView, out: Path, name: str, caption: str, panels, *,
                 ax.set_ylim(-3, 103)
             elif key not in ("unfinished", "fairness_jain"):
                 _log_if_wide(ax, seen)
+            if key == "unfinished":
+                _count_axis(ax)
             if key == "fairness_jain":
                 ax.set_ylim(0, 1.05)
             ax.grid(True, alpha=0.3)
@@ -535,7 +571,7 @@ def _load_figure(view: SweepView, out: Path, name: str, caption: str, panels, *,
                 ax.set_xlabel(LOAD_LABEL)
     axes[0][0].legend(fontsize=8)
     spread = " Points are medians over replicates, bars their min..max." if view.replicates > 1 else ""
-    fig.suptitle(f"{title} ({_cut(view)})", fontsize=11)
+    _suptitle(fig, f"{title} ({_cut(view)})", fontsize=11)
     return _save(fig, out, Plot(name, f"{caption} One column per trace family; never averaged across "
                                       f"traces.{spread} ({_cut(view)}; {view.unit}.) {CENSORED_NOTE}"))
 
@@ -647,7 +683,7 @@ def _interval_figure(view: SweepView, out: Path, policy: str, classes: list[int]
                 ax.legend(fontsize=7, loc="best")
             if i == len(rows) - 1:
                 ax.set_xlabel(f"aging interval of {policy} (steps)")
-    fig.suptitle(f"What the aging interval trades: {policy} at {view.kv_blocks} KV blocks", fontsize=11)
+    _suptitle(fig, f"What the aging interval trades: {policy} at {view.kv_blocks} KV blocks", fontsize=11)
     return _save(fig, out, Plot(f"interval_{policy}",
                                 f"{policy} at {view.kv_blocks} KV blocks: P99 TTFT of the top and bottom classes, "
                                 "starvation and preemptions against the aging interval, one line per trace (by "
@@ -665,6 +701,8 @@ def _capacity_figure(view: SweepView, out: Path, names: list[str]) -> Plot:
             _no_column(ax, view, key)
             if time:
                 _log_if_wide(ax, seen)
+            else:
+                _count_axis(ax)
             caps = [float(r["kv_blocks"]) for r in view.rows if r["trace"] == name]
             _log_if_wide(ax, caps, axis="x", ratio=20)
             ax.grid(True, alpha=0.3)
@@ -675,7 +713,7 @@ def _capacity_figure(view: SweepView, out: Path, names: list[str]) -> Plot:
             else:
                 ax.set_xlabel("KV capacity (free KV blocks)")
     axes[0][0].legend(fontsize=8)
-    fig.suptitle(f"P99 TTFT and unfinished requests against KV capacity{interval}", fontsize=11)
+    _suptitle(fig, f"P99 TTFT and unfinished requests against KV capacity{interval}", fontsize=11)
     return _save(fig, out, Plot("ttft_vs_capacity",
                                 f"P99 TTFT against KV capacity, one panel per trace, per policy{interval}, with "
                                 f"the requests that never finished below it (unservable ones included: a "
@@ -785,7 +823,7 @@ def scenario_plots(trace, out: Path, *, policies, kv_blocks: int, aging_interval
             ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     axes[0][2].set_ylim(0, 105)
     axes[0][0].legend(fontsize=8)
-    fig.suptitle(f"Per priority class ({cfg})", fontsize=10)
+    _suptitle(fig, f"Per priority class ({cfg})", fontsize=10)
     plots.append(_save(fig, out, Plot("per_class",
                                       "Per priority class: starvation (the longest wait of a request that ran), "
                                       "preemptions suffered, and deadline attainment, per policy.")))
@@ -837,7 +875,7 @@ def _cdf_plot(results: dict, order: list[str], colors: dict, out: Path, scale: f
             ax.set_ylabel("fraction of requests ≤ x" if i == 0 else "tail: slowest 5%")
             ax.grid(True, which="major", alpha=0.3)
     axes[0][0].legend(fontsize=8, loc="lower right")
-    fig.suptitle(f"Latency CDFs per policy ({cfg})", fontsize=10)
+    _suptitle(fig, f"Latency CDFs per policy ({cfg})", fontsize=10)
     return _save(fig, out, Plot("latency_cdf",
                                 f"CDFs of queue wait, TTFT and end-to-end latency per policy ({u}; log x where "
                                 "the values span decades); below, the slowest 5% (dotted: P99). Every request "
@@ -875,7 +913,7 @@ def _occupancy_plot(r, out: Path, kv_blocks: int, scale: float, u: str) -> Plot:
     ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel(f"time ({u})")
     ax.grid(True, alpha=0.3)
-    fig.suptitle(f"KV occupancy and queue length over time ({r.policy}, {r.trace.name})", fontsize=10)
+    _suptitle(fig, f"KV occupancy and queue length over time ({r.policy}, {r.trace.name})", fontsize=10)
     return _save(fig, out, Plot("kv_queue_timeline",
                                 f"KV blocks held after each step, and requests arrived but unfinished and not "
                                 f"running, under {r.policy} (idle gaps are flat)."))
