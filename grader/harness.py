@@ -192,7 +192,7 @@ def to_json(x):
     if t is _bool:
         return "true" if x else "false"
     if t is _int:
-        return _int.__repr__(x)
+        return _int.__repr__(x) if _int.bit_length(x) <= MAX_INT_BITS else _json_str("<bad type: int too large>")
     if t is _str:
         return _json_str(x)
     if t is _list:
@@ -210,6 +210,7 @@ STATE_FIELDS = (
 )
 MAX_ITEMS = 20000
 MAX_STR = 200
+MAX_INT_BITS = 4096  # a larger int is no value of a check (and str() refuses ints over 4300 digits)
 COMPARISON_METHODS = ("__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__", "__hash__", "__bool__",
                       "__index__", "__int__")
 
@@ -336,6 +337,8 @@ def _bad(x):
 def normalise(x, depth=0):
     """A plain JSON value with exact types, or a "<bad type: ...>" string."""
     t = _type(x)
+    if t is _int and _int.bit_length(x) > MAX_INT_BITS:
+        return "<bad type: int of %d bits>" % (_int.bit_length(x),)  # (its digits would not even be written)
     if x is None or t is _bool or t is _int:
         return x
     if t is _str:
@@ -396,7 +399,7 @@ def as_eq(x):
         try:
             mro = _type_mro(t)
             if _int in mro:
-                return _int.__int__(x)
+                return normalise(_int.__int__(x))
             if _str in mro:
                 return normalise(_str.__str__(x))
             if _float not in mro:
@@ -923,7 +926,9 @@ def main(argv):
                 emit({"batch": batch})
     sys.stdout = real_stdout
     os.close(fd)
-    return 0
+    # Gone at once: no thread the solution left (a non-daemon one would hold the exit), no atexit handler,
+    # finalizer or __del__ of its objects runs after the last line.
+    _os_exit(0)
 
 
 if __name__ == "__main__":

@@ -84,8 +84,8 @@ class _Output:
     """The harness's output as the grader reads it: through the grader's own descriptor of the anonymous file,
     from where the last read stopped, whole lines only, at most `budget` bytes per call."""
 
-    def __init__(self):
-        self.fd = _anonymous_file()
+    def __init__(self, fd: int | None = None):
+        self.fd = _anonymous_file() if fd is None else fd  # (a reader of another's descriptor never closes it)
         self.pos = 0
         self._partial = b""  # the start of a line not finished yet
         self._long = False  # that line is past MAX_LINE_BYTES: only its start is kept, the rest skipped
@@ -128,6 +128,143 @@ class _Output:
 
     def close(self) -> None:
         os.close(self.fd)
+
+
+CHECK_SLACK_S = 0.2  # CPU time past its limit after which the grader itself counts a check as timed out
+KILL_GRACE_S = 3.0  # ... and at most this much more before it stops one still running (see `_grace`)
+
+
+def _grace(limit: float) -> float:
+    """CPU time past its limit after which a check still running is stopped: three times its limit (at least
+    CHECK_SLACK_S, at most KILL_GRACE_S). A call into C that no alarm interrupts comes back late, and its harness says
+    it timed out; a check its harness stops, or that comes back, before then costs no fresh process, whose
+    start would repeat what the solution does once per process (a slow first step)."""
+    return min(max(CHECK_SLACK_S, 3 * limit), KILL_GRACE_S)
+FULL_TIMEOUTS = 2  # as `harness.FULL_TIMEOUTS`
+NOT_RUN = "not run: the time allowed for checks that time out was spent"  # as `harness.NOT_RUN`
+_TIMED_OUT = {"timeout": True}
+_OUT_OF_MEMORY = {"raised": "MemoryError", "msg": "memory kept growing until the time limit"}
+
+
+class _CheckMeter:
+    """Each check's CPU time, measured by the grader from outside the harness: the per-check alarms live in the
+    solution's own process, whose code can reach the harness's globals (``sys._getframe().f_back.f_globals``,
+    ``gc.get_objects()``) and silence them, so a slow check would pass.
+
+    The sandbox's watcher calls `poll` with the CPU time of the run's processes (``/proc``) every 0.02 s; each poll
+    first notes that CPU time, then reads the result lines that have appeared since. A check runs from the line
+    before it (the load line, the previous check's line, or the sending of a shrinking batch) to its own line;
+    only the next check's line, in order, ends it (any other line is forged or ignored: writing one never
+    resets the count). For a line first seen at poll j, the CPU time at poll j-1 is a lower bound of when it was
+    written, and the CPU time at poll j+1 an upper bound: so a check is charged at least what it used minus two
+    polls' worth, never more (a busy machine polls less often: it never charges an honest check more).
+    A check whose charge passes its limit + CHECK_SLACK_S timed out, and one still running past its limit +
+    `_grace` is stopped (`poll` returns a reason: the sandbox kills the run; `collect_observations` goes on in a
+    fresh one). The hang rules (`harness.main`: which limit, which checks are not run) are applied again here,
+    from the grader's own count of the checks that timed out, so a harness whose counters were reset changes
+    nothing."""
+
+    def __init__(self, fd: int, scenarios: list[dict], limits: Limits, *, timeouts_before: int, allowance_s: float,
+                 hang_rules: bool):
+        self._out = _Output(fd)
+        self._lock = threading.Lock()
+        self.budget = limits.scenario_cpu_s
+        self.short = min(limits.short_scenario_cpu_s, limits.scenario_cpu_s)
+        self.allowance = allowance_s
+        self.growth = limits.memory_mb * 2**20 // 4
+        self.timeouts = int(timeouts_before)
+        self.expected, self.next, self.hang_rules = [s["id"] for s in scenarios], 0, hang_rules
+        self.loaded = False
+        self.used = 0  # bytes read (at most MAX_OUTPUT_BYTES per batch, as the grader's own reading)
+        self.prev_cpu = 0.0  # the CPU time at the previous poll
+        self.mark = None  # the latest the running check can have started, in CPU time (None: not known yet)
+        self.mark_rss = 0
+        self.rebase = False  # a check ended (or a batch was sent): its successor's start is the next poll's CPU
+        self.verdicts: dict = {}  # id -> "timeout" (append a timeout), or the observations that replace the line's
+        self.killed = None  # the id of the check the run was stopped in
+
+    def batch(self, scenarios: list[dict]) -> None:
+        """A shrinking batch is about to be sent: its checks come next, each with the full limit."""
+        with self._lock:
+            self.expected, self.next, self.hang_rules, self.used = [s["id"] for s in scenarios], 0, False, 0
+            self.rebase, self.loaded = True, True
+
+    def _limit(self) -> float:
+        if not self.hang_rules:
+            return self.budget
+        n = self.timeouts
+        spent = self.budget * min(n, FULL_TIMEOUTS) + self.short * max(0, n - FULL_TIMEOUTS)
+        limit = self.budget if n < FULL_TIMEOUTS else self.short
+        return -1.0 if spent + limit > self.allowance + 1e-9 else limit  # -1: the check is not run
+
+    def poll(self, cpu: float | None, rss: int = 0, final: bool = True):
+        """One turn of the watcher: a reason to stop the run, or None. With ``cpu`` None, only the lines written
+        since the last turn are read (the run has ended, when `final`; else the batch's last line came)."""
+        with self._lock:
+            if cpu is not None and self.rebase:
+                self.mark, self.mark_rss, self.rebase = cpu, rss, False
+            lines, n = self._out.lines(max(0, MAX_OUTPUT_BYTES - self.used), final=cpu is None and final)
+            self.used += n
+            for chunk in lines:
+                self._line(chunk)
+            if cpu is None:
+                return None
+            self.prev_cpu = cpu
+            if self.rebase or self.mark is None or self.next >= len(self.expected):
+                return None
+            limit = self._limit()
+            if cpu - self.mark <= max(limit, 0.0) + _grace(limit):
+                return None
+            sid = self.killed = self.expected[self.next]
+            if limit < 0:
+                self.verdicts[sid] = [{"killed": NOT_RUN}]
+            else:
+                self.verdicts[sid] = [_OUT_OF_MEMORY if rss - self.mark_rss > self.growth else _TIMED_OUT]
+            return f"a check ran past its time limit ({cpu - self.mark:.1f} s of CPU, limit {max(limit, 0.0):g} s)"
+
+    def _line(self, chunk: bytes) -> None:
+        if not self.loaded:
+            if chunk.startswith(b'{"load":'):
+                self.loaded, self.rebase = True, True
+            return
+        if self.next >= len(self.expected) or _result_id(chunk) != self.expected[self.next]:
+            return  # not the next check's line: it ends nothing (`_parse_all` says which lines are forged)
+        sid = self.expected[self.next]
+        charged = 0.0 if self.rebase or self.mark is None else self.prev_cpu - self.mark
+        limit = self._limit()
+        if limit < 0:
+            self.verdicts[sid] = [{"killed": NOT_RUN}]
+        else:
+            if charged > limit + CHECK_SLACK_S:
+                self.verdicts[sid] = "timeout"
+            if charged > limit + CHECK_SLACK_S or _says_timed_out(chunk):
+                self.timeouts += 1
+        self.next += 1
+        self.rebase = True
+
+    def apply(self, obs: dict) -> dict:
+        """`obs` with the grader's own measure applied: a check over its limit timed out, whatever its line says."""
+        with self._lock:
+            verdicts = dict(self.verdicts)
+        for sid, v in verdicts.items():
+            if v == "timeout":
+                got = obs.get(sid)
+                got = got if isinstance(got, list) else []
+                obs[sid] = got if _timed_out(got) else got + [_TIMED_OUT]
+            elif sid in obs or sid == self.killed:
+                obs[sid] = v
+        return obs
+
+
+def _says_timed_out(chunk: bytes) -> bool:
+    """Whether a result line's last observation is the harness's timeout (its limit for the next check)."""
+    if len(chunk) > 64 * 1024:
+        return False
+    try:
+        items = json.loads(chunk.decode("ascii")).get("obs")
+    except (ValueError, UnicodeDecodeError, RecursionError, AttributeError):
+        return False
+    return _timed_out(items)
 
 
 def _result_id(chunk: bytes):
@@ -205,6 +342,10 @@ def _parse_all(chunks: list, scenarios: list[dict], first: bool = True):
     patched = sorted({str(n)[:40] for ln in lines if isinstance(ln, dict) and isinstance(ln.get("builtins_changed"), list)
                       for n in ln["builtins_changed"]})
     loaded = not first
+    if sum(1 for ln in lines if isinstance(ln, dict) and "load" in ln) > 1:
+        forged.append("a second load line")  # the harness loads the cell once
+    if sum(1 for ln in lines if isinstance(ln, dict) and ("done" in ln or "batch" in ln)) > 1:
+        forged.append("a second done line")  # ... and ends a batch once
     for ln in lines:
         if not isinstance(ln, dict):
             continue
@@ -218,8 +359,12 @@ def _parse_all(chunks: list, scenarios: list[dict], first: bool = True):
             if not isinstance(sid, str) or sid not in known or sid in seen or not isinstance(ln.get("obs"), list):
                 forged.append(f"unexpected result line for {str(sid)[:40]!r}")
                 continue
+            if sid != scenarios[len(seen)]["id"]:
+                forged.append(f"the result line for {sid[:40]!r} out of the checks' order")  # it runs them in order
             seen.add(sid)
             obs[sid] = ln["obs"]
+    if done and len(seen) < len(scenarios):
+        forged.append(f"a done line after {len(seen)} of {len(scenarios)} checks")  # it writes one after the last
     slow = sorted({ln["load_timeout"] for ln in lines if isinstance(ln, dict) and type(ln.get("load_timeout")) is int})
     yielded = any(isinstance(ln, dict) and "yield" in ln for ln in lines)
     return load, done, obs, forged, patched, slow, yielded
@@ -267,6 +412,7 @@ class _Prepared:
     out: _Output
     child_fds: tuple  # closed by `run_isolated` once the child has them
     more_w: int | None  # the write end of the session's pipe
+    meter: _CheckMeter  # each check's CPU time, from outside
 
 
 def _prepare(source: str, scenarios: list[dict], limits: Limits, skip_lines, serve: bool,
@@ -299,7 +445,9 @@ def _prepare(source: str, scenarios: list[dict], limits: Limits, skip_lines, ser
         job["serve_fd"] = more_r
     with open(os.path.join(tmp, "in.json"), "w", encoding="utf-8") as fh:
         json.dump(job, fh)
-    return _Prepared(tmp, out, tuple(child_fds), more_w)
+    meter = _CheckMeter(out.fd, scenarios, limits, timeouts_before=timeouts_before,
+                        allowance_s=job["timeout_allowance_s"], hang_rules=bool(hang_rules))
+    return _Prepared(tmp, out, tuple(child_fds), more_w, meter)
 
 
 ARGV = [sys.executable, "-I", "-S", "harness.py", "in.json"]
@@ -322,12 +470,17 @@ def run_harness(source: str, scenarios: list[dict], *, limits: Limits | None = N
         session = HarnessSession(prep, limits, hide)
         try:
             load, done, obs, forged, patched, slow, yielded = _parse_all(session.wait_for(b'{"done":'), scenarios)
+            prep.meter.poll(None, final=not session.alive())
+            obs = prep.meter.apply(obs)
         except BaseException:
             session.close()  # its sandbox ends and its folder goes, whatever went wrong here
             raise
         if not session.alive() or not done:
             session.close()
             evidence, session_out, session = session.evidence, session.outcome, None
+            if yielded and not _may_yield(session_out, limits):
+                forged.append("a yield line with CPU time left")
+                yielded = False
         else:
             evidence = _planted_note(prep.tmp)  # so far: the rest is `session.evidence` once it is closed
             session_out = None  # still serving: it got through every scenario within its limits
@@ -335,14 +488,29 @@ def run_harness(source: str, scenarios: list[dict], *, limits: Limits | None = N
                           forged=forged, evidence=evidence, builtins_changed=patched, slow_lines=slow,
                           session=session, yielded=yielded)
     try:
-        outcome = _run_sandboxed(ARGV, prep.tmp, limits, hide, prep.child_fds)
+        outcome = _run_sandboxed(ARGV, prep.tmp, limits, hide, prep.child_fds, monitor=prep.meter.poll)
         load, done, obs, forged, patched, slow, yielded = _parse_all(prep.out.lines(final=True)[0], scenarios)
+        prep.meter.poll(None)
+        obs = prep.meter.apply(obs)
+        if yielded and not _may_yield(outcome, limits):
+            forged.append("a yield line with CPU time left")
+            yielded = False
         return HarnessRun(load=load, obs=obs, done=done, outcome=outcome, wall_s=time.monotonic() - start,
                           forged=forged, evidence=_evidence(prep.tmp, outcome), builtins_changed=patched,
                           slow_lines=slow, yielded=yielded)
     finally:
         prep.out.close()
         shutil.rmtree(prep.tmp, ignore_errors=True)
+
+
+YIELD_MARGIN_S = 0.5  # as `harness.YIELD_MARGIN_S`
+
+
+def _may_yield(outcome, limits: Limits) -> bool:
+    """Whether a harness that said it yielded (``{"yield": n}``) was near its run's CPU limit, as it yields only
+    then: a solution that writes that line itself before it dies would have the check it died in run again."""
+    cpu = float(getattr(outcome, "cpu_s", 0.0) or 0.0)
+    return cpu + limits.scenario_cpu_s + YIELD_MARGIN_S + 0.25 > limits.cpu_s
 
 
 class HarnessSession:
@@ -356,6 +524,7 @@ class HarnessSession:
         self.outcome = None
         self.evidence: list = []
         self._out = prep.out
+        self._meter = prep.meter
         self._wfd = prep.more_w
         os.set_blocking(self._wfd, False)
         self._batches = 0
@@ -364,7 +533,7 @@ class HarnessSession:
         self._thread.start()
 
     def _run(self, limits, hide, child_fds):
-        self.outcome = _run_sandboxed(ARGV, self.tmp, limits, hide, child_fds)
+        self.outcome = _run_sandboxed(ARGV, self.tmp, limits, hide, child_fds, monitor=self._meter.poll)
 
     def alive(self) -> bool:
         return self._thread.is_alive()
@@ -385,10 +554,15 @@ class HarnessSession:
     def run(self, scenarios: list[dict]) -> dict:
         """Observations (id -> obs) of more scenarios; those it did not finish are missing."""
         data = (json.dumps([{"id": s["id"], "ops": s["ops"]} for s in scenarios]) + "\n").encode()
-        if self._closed or not self._send(data):
+        if self._closed:
+            return {}
+        self._meter.batch(scenarios)
+        if not self._send(data):
             return {}
         self._batches += 1
-        return _parse(self.wait_for(b'{"batch":%d}' % self._batches), scenarios, first=False)[2]
+        obs = _parse(self.wait_for(b'{"batch":%d}' % self._batches), scenarios, first=False)[2]
+        self._meter.poll(None, final=not self.alive())
+        return self._meter.apply(obs)
 
     def _send(self, data: bytes, patience_s: float = 60.0) -> bool:
         """Write `data` down the pipe without ever blocking on a harness that does not read it."""
@@ -415,10 +589,10 @@ class HarnessSession:
         shutil.rmtree(self.tmp, ignore_errors=True)
 
 
-def _run_sandboxed(argv, cwd, limits: Limits, hide, child_fds=()):
+def _run_sandboxed(argv, cwd, limits: Limits, hide, child_fds=(), monitor=None):
     from .sandbox import run_isolated
 
-    return run_isolated(argv, cwd=cwd, **{**limits.kwargs(), "hide": tuple(hide)}, pass_fds=child_fds)
+    return run_isolated(argv, cwd=cwd, **{**limits.kwargs(), "hide": tuple(hide)}, pass_fds=child_fds, monitor=monitor)
 
 
 def package_paths() -> list[str]:
@@ -498,7 +672,9 @@ def collect_observations(source: str, scenarios: list[dict], limits: Limits, hid
         if not missing:
             pending = []
             break
-        if hr.yielded and hr.load is not None and hr.outcome is not None and not (
+        stopped_check = getattr(hr.outcome, "check_exceeded", False) and hr.load is not None and \
+            not getattr(hr.outcome, "memory_exceeded", False)  # the grader stopped a check past its limit
+        if stopped_check or hr.yielded and hr.load is not None and hr.outcome is not None and not (
                 getattr(hr.outcome, "timed_out", False) or getattr(hr.outcome, "memory_exceeded", False)):
             if len(missing) == len(pending):
                 break  # not even one check fitted in what is left of the budget: the rest are not run

@@ -116,6 +116,7 @@ class Outcome:
     cpu_s: float = 0.0
     cpu_exceeded: bool = False
     wall_exceeded: bool = False  # stopped by the wall-clock backstop (no progress), not by a CPU limit
+    check_exceeded: bool = False  # stopped by the caller's `monitor` (a verdict check past its CPU limit)
     output_truncated: bool = False
     leftovers_killed: int = 0  # processes still alive after the command ended (killed by us)
     protected_writes: list = field(default_factory=list)  # files it created in hidden folders (root only)
@@ -418,6 +419,7 @@ class _Watch:
     cpu_exceeded: bool = False
     wall_exceeded: bool = False
     memory_exceeded: bool = False
+    check_exceeded: bool = False
 
 
 MAX_FOLDER_ENTRIES = 10_000  # files and folders in a run's own folder (an honest kernel run makes under 200) ...
@@ -501,11 +503,13 @@ STALL_SHARE = 0.02  # ... is asleep (a blocked or sleeping submission), not star
 
 
 def _watch(alive, members: _Members, start: float, *, timeout_s: float, cpu_s: float, mem_bytes: int,
-           notes: list, folder=None) -> _Watch:
+           notes: list, folder=None, monitor=None) -> _Watch:
     """Watch a run until it ends or breaks a limit: the CPU time and memory of all its processes together
     (every 0.1 s), and the wall-clock backstop, stretched by the measured load (every second). Memory is
     their resident memory plus what the run has written (`files_bytes` of `folder`): its folder is on
-    /dev/shm, and files there are RAM that no process's resident memory shows."""
+    /dev/shm, and files there are RAM that no process's resident memory shows. `monitor(cpu_s, rss_bytes)`,
+    when given, is called with the run's CPU time and resident memory at every turn (every 0.02 s); a reason
+    it returns stops the run (``check_exceeded``)."""
     w = _Watch()
     next_scan = next_load = 0.0
     factor = 1.0
@@ -523,9 +527,22 @@ def _watch(alive, members: _Members, start: float, *, timeout_s: float, cpu_s: f
             notes.append(f"wall-clock backstop of {timeout_s * factor:.0f} s reached "
                          f"({w.tree_cpu_s:.1f} s of CPU used)")
             break
+        sampled = None
+        if monitor is not None:
+            sampled = pids, rss, cpu = members.scan(with_rss=True)
+            w.tree_cpu_s = max(w.tree_cpu_s, cpu)
+            try:
+                reason = monitor(w.tree_cpu_s, rss)
+            except Exception as exc:  # noqa: BLE001 - a broken monitor stops nothing (the other limits hold)
+                notes.append(f"monitor failed: {type(exc).__name__}")
+                reason, monitor = None, None
+            if reason:
+                w.check_exceeded = True
+                notes.append(reason)
+                break
         if now >= next_scan:
             next_scan = now + 0.1
-            pids, rss, cpu = members.scan(with_rss=True)
+            pids, rss, cpu = sampled or members.scan(with_rss=True)
             w.tree_cpu_s = max(w.tree_cpu_s, cpu)
             samples.append((now, w.tree_cpu_s))
             while samples and samples[0][0] < now - STALL_S:
@@ -708,6 +725,7 @@ def run_isolated(
     expose=(),
     server: ForkServer | None = None,
     pass_fds=(),
+    monitor=None,
 ) -> Outcome:
     """Run `argv` in `cwd` under the limits above; never raises for anything the command does.
 
@@ -719,7 +737,8 @@ def run_isolated(
     ``python -m nbgrader ...`` then runs in the pre-imported process). `pass_fds`: descriptors the command
     inherits at the same numbers (channels that no name in its writable folder can stand for); they are
     this call's to close, as soon as the command has them (the caller keeps its own copies), and such a
-    run never goes through `server`.
+    run never goes through `server`. `monitor(cpu_s, rss_bytes)`: see `_watch` (the verdict's per-check CPU
+    time, measured from outside the command).
     """
     open_fds = list(pass_fds)  # each closed once, as soon as it may be (a number closed twice may be another's)
     try:
@@ -727,7 +746,8 @@ def run_isolated(
             raise Interrupted("the grading is being interrupted")
         return _run_isolated(argv, cwd=cwd, timeout_s=timeout_s, cpu_s=cpu_s, memory_mb=memory_mb,
                              max_output_bytes=max_output_bytes, env=env, hide=hide, address_space=address_space,
-                             marker=marker, expose=expose, server=None if pass_fds else server, pass_fds=open_fds)
+                             marker=marker, expose=expose, server=None if pass_fds else server, pass_fds=open_fds,
+                             monitor=monitor)
     finally:
         _close_all(open_fds)
 
@@ -739,7 +759,7 @@ def _close_all(fds: list) -> None:
 
 
 def _run_isolated(argv, *, cwd, timeout_s, cpu_s, memory_mb, max_output_bytes, env, hide, address_space, marker,
-                  expose, server, pass_fds) -> Outcome:
+                  expose, server, pass_fds, monitor=None) -> Outcome:
     cwd = Path(cwd).resolve()
     marker = marker or uuid.uuid4().hex
     full_env = scrubbed_env(cwd, env)
@@ -789,7 +809,7 @@ def _run_isolated(argv, *, cwd, timeout_s, cpu_s, memory_mb, max_output_bytes, e
         err_t.start()
         members = _Members(proc.pid, marker, uid)
         watch = _watch(lambda: proc.poll() is None, members, start, timeout_s=timeout_s, cpu_s=cpu_s,
-                       mem_bytes=mem_bytes, notes=notes, folder=str(cwd))
+                       mem_bytes=mem_bytes, notes=notes, folder=str(cwd), monitor=monitor)
         if proc.poll() is None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(proc.pid, signal.SIGKILL)
@@ -831,7 +851,7 @@ def _run_isolated(argv, *, cwd, timeout_s, cpu_s, memory_mb, max_output_bytes, e
                 notes.append("ran out of memory (address-space limit)")
         return Outcome(
             returncode=returncode,
-            timed_out=watch.wall_exceeded or cpu_exceeded,
+            timed_out=watch.wall_exceeded or cpu_exceeded or watch.check_exceeded,
             memory_exceeded=memory_exceeded,
             signal=sig,
             stdout=out_t.value(),
@@ -840,6 +860,7 @@ def _run_isolated(argv, *, cwd, timeout_s, cpu_s, memory_mb, max_output_bytes, e
             cpu_s=cpu_used,
             cpu_exceeded=cpu_exceeded,
             wall_exceeded=watch.wall_exceeded,
+            check_exceeded=watch.check_exceeded,
             output_truncated=out_t.total > max_output_bytes or err_t.total > max_output_bytes,
             leftovers_killed=int(report.get("leftovers", 0)) + killed,
             protected_writes=[str(p) for p in report.get("protected_writes", [])][:20],
