@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import shutil
 import sqlite3
 import sys
@@ -25,7 +26,7 @@ from . import sandbox, spec
 from .course import Course
 from .evidence import CANARY_TAG, _canary_expected, _error_outputs, _inspect_gradebook_copy, canary_cell, cell_outputs
 from .limits import Limits
-from .notebook import Submission, _cell_source, _nbgrader_meta, _plain_file, _safe_source, _safe_text
+from .notebook import Submission, _cell_source, _nbgrader_meta, _plain_file, _safe_source, _safe_text, printable
 
 MAX_AUTOGRADED_BYTES = 64 * 1024 * 1024
 
@@ -105,6 +106,76 @@ def warm_server(server: sandbox.ForkServer, course: Course, template: Path, work
         shutil.rmtree(warm, ignore_errors=True)
 
 
+def for_nbgrader(nb: dict, release: dict) -> tuple[dict, list[str]]:
+    """The copy of a submission that nbgrader autograde gets, and a note per repair. nbgrader stops the whole run
+    (and the submission would read `crashed`) on what editors and students' habits leave: a notebook without
+    ``nbformat_minor``, a cell without ``metadata``, a code cell without ``outputs`` (jupytext, hand-made and
+    converted notebooks), a cell carrying nbgrader metadata the release does not have (copied from another
+    assignment's notebook: "Cell ... does not exist in the database", then "the nbgrader metadata may be
+    corrupted"), and grading metadata of a released cell that lost a key or has another ``schema_version``
+    ("nbgrader update"). What the student wrote, the cells' sources, stays as it is; the evidence was taken from
+    the notebook as submitted (`grader.evidence`); only this copy is repaired."""
+    release_meta = {}
+    for cell in release.get("cells", []):
+        meta = _nbgrader_meta(cell)
+        if isinstance(meta.get("grade_id"), str):
+            release_meta[meta["grade_id"]] = meta
+    minor = release.get("nbformat_minor")
+    out = {**nb, "nbformat": 4, "metadata": nb["metadata"] if isinstance(nb.get("metadata"), dict) else {}}
+    if type(out.get("nbformat_minor")) is not int or out["nbformat_minor"] < 0:
+        out["nbformat_minor"] = minor if type(minor) is int else 5
+    cells, unknown, repaired, seen = [], [], [], set()
+    release_types = {_nbgrader_meta(c).get("grade_id"): c.get("cell_type") for c in release.get("cells", [])}
+    for cell in nb["cells"]:
+        cell = dict(cell)
+        meta = dict(cell["metadata"]) if isinstance(cell.get("metadata"), dict) else {}
+        gid = _nbgrader_meta(cell).get("grade_id")
+        if isinstance(gid, str) and gid not in seen and release_types.get(gid, cell["cell_type"]) != cell["cell_type"]:
+            cell["cell_type"] = release_types[gid]  # turned into markdown or raw by a key press: as nbgrader does
+            cell.pop("attachments", None)
+        if cell["cell_type"] == "code":
+            if not isinstance(cell.get("outputs"), list):
+                cell["outputs"] = []
+            count = cell.get("execution_count")
+            if "execution_count" not in cell or not (count is None or (type(count) is int and count >= 0)):
+                cell["execution_count"] = None
+        else:
+            cell.pop("outputs", None)
+            cell.pop("execution_count", None)
+        if "nbgrader" in meta:
+            nbg = meta["nbgrader"] if isinstance(meta["nbgrader"], dict) else {}
+            gid = nbg.get("grade_id")
+            if isinstance(gid, str) and gid in seen:
+                # a copy of a cell (duplicate cell, copy/paste): nbgrader refuses a grade_id twice ("Duplicate
+                # grade id"); the solution's identical copy was graded once (`notebook.find_solution`), a test
+                # cell's copy that differs is tamper evidence (`evidence.altered_cells`)
+                del meta["nbgrader"]
+            elif not isinstance(gid, str) or gid not in release_meta:
+                # no cell of the release: nbgrader cannot place it, so it runs as the student's own cell
+                del meta["nbgrader"]
+                if gid is not None or nbg.get("grade") or nbg.get("solution") or nbg.get("locked"):
+                    unknown.append(printable(str(gid))[:64])
+            else:
+                ref = release_meta[gid]
+                fixed = {**{k: v for k, v in ref.items() if k != "checksum"}, **nbg,
+                         "schema_version": ref.get("schema_version", nbg.get("schema_version"))}
+                if fixed != nbg:
+                    repaired.append(gid)
+                meta["nbgrader"] = fixed
+                seen.add(gid)
+        cell["metadata"] = meta
+        cells.append(cell)
+    out["cells"] = cells
+    notes = []
+    if unknown:
+        notes.append("cells with nbgrader metadata that the release does not have (copied from another notebook?) "
+                     "ran as ordinary cells: grade_id " + ", ".join(sorted(set(unknown))))
+    if repaired:
+        notes.append("the nbgrader metadata of these cells lacked keys or had another schema version; nbgrader got "
+                     "the release's: " + ", ".join(sorted(set(repaired))))
+    return out, notes
+
+
 @dataclass
 class KernelReport:
     status: str = "graded"  # graded/timeout/crashed/memory
@@ -139,8 +210,18 @@ def _kernel_died(err: str) -> bool:
     return "DeadKernel" in err or "Kernel died" in err
 
 
+# the last line of a Python traceback, ``package.module.SomeError: what went wrong``
+_EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_]\w*\.)*([A-Za-z_]\w*(?:Error|Exception|Exit|Interrupt)): (.+)$")
+
+
 def _last_line(err: str) -> str:
+    """What nbgrader's stderr says went wrong, in one line: the last exception it printed (nbgrader itself ends
+    with "Please see the above traceback for details"), else its last line."""
     lines = [ln.strip() for ln in err.splitlines() if ln.strip()]
+    for ln in reversed(lines):
+        match = _EXCEPTION_LINE.match(ln)
+        if match:
+            return f"{match.group(1)}: {match.group(2)}"[:160]
     return lines[-1][:160] if lines else "nothing on stderr"
 
 

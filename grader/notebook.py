@@ -130,7 +130,8 @@ def collect_submissions(folder, skipped: list | None = None) -> list[Submission]
     subs: dict[str, Submission] = {}
     entries = sorted(root.iterdir())
     # hidden files are no submissions: macOS leaves ``._alice.ipynb`` beside each file it copies to a share
-    flat = [p for p in entries if p.suffix == ".ipynb" and not p.is_dir() and not p.name.startswith(".")]
+    # ``.IPYNB``: a notebook saved on Windows or from a zip made there is a notebook all the same
+    flat = [p for p in entries if p.suffix.lower() == ".ipynb" and not p.is_dir() and not p.name.startswith(".")]
     dirs = [p for p in entries if p.is_dir() and not p.name.startswith(".")]
     if skipped is not None:
         skipped += [(display_name(p.name), "not a .ipynb notebook" + (" (unpack an archive into the folder first)"
@@ -167,12 +168,53 @@ def collect_submissions(folder, skipped: list | None = None) -> list[Submission]
             if skipped is not None:  # a folder of something else (another assignment)
                 skipped.append((sid + "/", f"a folder without {spec.ASSIGNMENT}/ inside"))
         elif not nb.is_file():
-            put(Submission(sid, None, f"no {spec.ASSIGNMENT}/{spec.NOTEBOOK} in the submission"), exact_name(d.name) + "/")
+            put(Submission(sid, None, f"no {spec.ASSIGNMENT}/{spec.NOTEBOOK} in the submission"
+                           + _other_notebooks(d / spec.ASSIGNMENT)), exact_name(d.name) + "/")
         else:
             put(Submission(sid, nb), exact_name(d.name) + "/")
     if not subs:
         raise UserError(f"{folder}: no submissions (expected <student_id>.ipynb files or submitted/<student>/{spec.ASSIGNMENT}/)")
     return [subs[k] for k in sorted(subs)]
+
+
+def _other_notebooks(folder: Path) -> str:
+    """A hint naming the notebooks that are in an assignment folder under another name (a browser's
+    ``decode_scheduling (1).ipynb``, a copy in a subfolder), or ""."""
+    try:
+        found = sorted(p.relative_to(folder).as_posix() for pattern in ("*", "*/*") for p in folder.glob(pattern)
+                       if p.suffix.lower() == ".ipynb" and not any(part.startswith(".") for part in
+                                                                   p.relative_to(folder).parts))
+    except OSError:
+        return ""
+    if not found:
+        return ""
+    names = ", ".join(display_name(n) for n in found[:3]) + (", ..." if len(found) > 3 else "")
+    return f" (it holds {names}: rename the notebook to {spec.ASSIGNMENT}/{spec.NOTEBOOK})"
+
+
+def _decode(data: bytes) -> str:
+    """The notebook's text. JSON is UTF-8, but editors on Windows write a byte-order mark (Notepad: UTF-8 with a
+    BOM; PowerShell 5's ``>`` and ``Out-File``: UTF-16): the content is the student's all the same, and nbgrader
+    gets it re-encoded (`grader.autograde`). Raises InvalidSubmission for text in no Unicode encoding."""
+    try:
+        return data.decode(json.detect_encoding(data))  # utf-8-sig, utf-16, utf-32: the BOM is dropped
+    except (UnicodeDecodeError, LookupError):
+        raise InvalidSubmission("not a readable notebook (invalid JSON: the file is not UTF-8 text)") from None
+
+
+_CONFLICT = re.compile(r"^(<{7}|>{7})( |$)", re.MULTILINE)
+
+
+def _json_problem(text: str, exc: ValueError) -> str:
+    """Why `text` is no JSON, in one line an instructor can act on."""
+    if not text.strip():
+        return "not a readable notebook: the file is empty" + (" (0 bytes)" if not text else " (only whitespace)")
+    if _CONFLICT.search(text):
+        return ("not a readable notebook (invalid JSON: it holds git merge-conflict markers, <<<<<<< and >>>>>>>; "
+                "resolve the conflict and hand it in again)")
+    where = f" at line {exc.lineno}, column {exc.colno}" if isinstance(exc, json.JSONDecodeError) else ""
+    what = f": {exc.msg}" if isinstance(exc, json.JSONDecodeError) else ""
+    return f"not a readable notebook (invalid JSON{where}{what})"
 
 
 def _cell_source(cell) -> str:
@@ -210,14 +252,21 @@ def load_notebook(path: Path) -> dict:
             raise InvalidSubmission("not a regular file (a FIFO, a device or a broken link)")
         if st.st_size > MAX_NOTEBOOK_BYTES:
             raise InvalidSubmission(f"the notebook is {st.st_size / 2**20:.0f} MiB "
-                                    f"(limit {MAX_NOTEBOOK_BYTES / 2**20:.0f} MiB)")
+                                    f"(limit {MAX_NOTEBOOK_BYTES / 2**20:.0f} MiB; mostly outputs? clear them, "
+                                    "`jupyter nbconvert --clear-output --inplace`, and grade again)")
         data = fh.read(MAX_NOTEBOOK_BYTES + 1)
     if len(data) > MAX_NOTEBOOK_BYTES:
         raise InvalidSubmission(f"the notebook grew past {MAX_NOTEBOOK_BYTES / 2**20:.0f} MiB while it was read")
+    text = _decode(data)
     try:
-        nb = json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError):
+        nb = json.loads(text)
+    except RecursionError:
         raise InvalidSubmission("not a readable notebook (invalid JSON)") from None
+    except ValueError as exc:
+        raise InvalidSubmission(_json_problem(text, exc)) from None
+    if isinstance(nb, dict) and type(nb.get("nbformat")) is int and 1 <= nb["nbformat"] <= 3:
+        raise InvalidSubmission(f"not a Jupyter notebook in nbformat 4 (it is nbformat {nb['nbformat']}, an old "
+                                "Jupyter format: open it in a current Jupyter and save it again)")
     if not isinstance(nb, dict) or nb.get("nbformat") != 4 or not isinstance(nb.get("cells"), list):
         raise InvalidSubmission("not a Jupyter notebook in nbformat 4")
     for cell in nb["cells"]:
@@ -228,14 +277,73 @@ def load_notebook(path: Path) -> dict:
 
 
 def solution_source(nb: dict) -> str:
+    return find_solution(nb)[0]
+
+
+# The classes the solution cell defines (the seed's interface, kept by `grader.release.check_release`).
+SOLUTION_CLASSES = ("RequestState", "DecodeSchedulerSim")
+
+
+def _same_code(a: str, b: str) -> bool:
+    """Equal but for line endings and whitespace at the ends of lines and of the cell."""
+    def norm(s: str) -> str:
+        return "\n".join(line.rstrip() for line in s.replace("\r\n", "\n").replace("\r", "\n").strip().split("\n"))
+    return norm(a) == norm(b)
+
+
+def _defines_solution_classes(source: str) -> bool:
+    import ast
+
+    from .evidence import _AST_LOCK
+    from .harness import strip_magics
+
+    try:
+        with _AST_LOCK:
+            tree = ast.parse(strip_magics(source))
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return False
+    names = {node.name for node in tree.body if isinstance(node, ast.ClassDef)}
+    return all(name in names for name in SOLUTION_CLASSES)
+
+
+def find_solution(nb: dict) -> tuple[str, list[str]]:
+    """(the solution cell's source, notes for the feedback); InvalidSubmission when there is none to grade.
+
+    What an editor does to the cell is no reason to grade nothing: a copy of it made with Jupyter's "duplicate
+    cell" or copy/paste (which keeps the grading metadata) that is the same code is graded once, and a solution
+    cell that lost its nbgrader metadata (the student deleted the cell and typed a new one; an editor that drops
+    metadata) is the one code cell without grading metadata that defines both classes. Copies that differ, or
+    several such cells, stay `invalid`: which one the student means is theirs to say."""
     sols = [c for c in nb["cells"] if _nbgrader_meta(c).get("grade_id") == spec.SOLUTION_CELL]
+    notes: list[str] = []
     if not sols:
-        raise InvalidSubmission(f"no solution cell (the code cell with grade_id '{spec.SOLUTION_CELL}')")
-    if len(sols) > 1:
-        raise InvalidSubmission(f"{len(sols)} cells claim to be the solution cell '{spec.SOLUTION_CELL}'")
+        found = [c for c in nb["cells"] if c.get("cell_type") == "code" and not _nbgrader_meta(c).get("grade_id")
+                 and _defines_solution_classes(_cell_source(c))]
+        if not found:
+            raise InvalidSubmission(f"no solution cell (the code cell with grade_id '{spec.SOLUTION_CELL}', "
+                                    f"and no other code cell defines {' and '.join(SOLUTION_CLASSES)})")
+        if any(not _same_code(_cell_source(c), _cell_source(found[0])) for c in found[1:]):
+            raise InvalidSubmission(f"no solution cell (the code cell with grade_id '{spec.SOLUTION_CELL}'), and "
+                                    f"{len(found)} different code cells define {' and '.join(SOLUTION_CLASSES)}: "
+                                    "keep one and grade again")
+        notes.append(f"the solution cell had lost its nbgrader metadata (grade_id {spec.SOLUTION_CELL}); the code cell "
+                     f"that defines {' and '.join(SOLUTION_CLASSES)} was graded as the solution / 解答单元格丢失了 "
+                     "nbgrader 元数据，已按定义了这两个类的代码单元格评分")
+        return _cell_source(found[0]), notes
     if sols[0].get("cell_type") != "code":
-        raise InvalidSubmission("the solution cell is not a code cell")
-    return _cell_source(sols[0])
+        # Esc then M or R in Jupyter turns a cell into markdown or raw; its text is the code as typed, and nbgrader
+        # itself turns the cell back (OverwriteCells), so plain nbgrader grades it as code too
+        notes.append(f"the solution cell had been turned into a {sols[0].get('cell_type')} cell (M or R in command "
+                     "mode?); it was graded as code, as nbgrader turns it back / 解答单元格被改成了非代码单元格，"
+                     "已按代码评分")
+    if len(sols) > 1:
+        if any(not _same_code(_cell_source(c), _cell_source(sols[0])) for c in sols[1:]):
+            raise InvalidSubmission(f"{len(sols)} cells claim to be the solution cell '{spec.SOLUTION_CELL}' and "
+                                    "their code differs (a copy made with duplicate cell or copy/paste?): keep one "
+                                    "and grade again")
+        notes.append(f"{len(sols)} identical copies of the solution cell (duplicate cell or copy/paste); it was "
+                     "graded once / 解答单元格有相同的副本，只评分一次")
+    return _cell_source(sols[0]), notes
 
 
 def student_code_cells(nb: dict) -> list[str]:
@@ -243,7 +351,7 @@ def student_code_cells(nb: dict) -> list[str]:
     out = []
     for cell in nb["cells"]:
         meta = _nbgrader_meta(cell)
-        if cell.get("cell_type") != "code":
+        if cell.get("cell_type") != "code" and meta.get("grade_id") != spec.SOLUTION_CELL:  # graded as code
             continue
         if meta.get("grade_id") == spec.SOLUTION_CELL or not (meta.get("grade") or meta.get("locked")):
             out.append(_cell_source(cell))

@@ -43,13 +43,13 @@ from decodesched._io import Progress, atomic_writer, output_group
 from decodesched.errors import UserError
 
 from . import spec
-from .autograde import build_template, kernel_run, warm_server
+from .autograde import build_template, for_nbgrader, kernel_run, warm_server
 from .course import Course, open_course
 from .evidence import altered_cells, restore_protected, static_evidence
 from .limits import Limits, load_factor
 from .observe import package_paths
-from .notebook import (InvalidSubmission, Submission, collect_submissions, is_plain_id, load_notebook, printable,
-                       solution_source, student_code_cells)
+from .notebook import (InvalidSubmission, Submission, collect_submissions, find_solution, is_plain_id, load_notebook,
+                       printable, student_code_cells)
 from .feedback import feedback_html
 from .outputs import grades_csv_text, preload_gradebook, update_gradebook
 from . import sandbox
@@ -100,14 +100,16 @@ def grade_one(sub: Submission, course: Course, template: cf.Future, workroot: Pa
         return Result(status="invalid", score=0.0, cells=_zero_cells(), lines={}, notes=[sub.problem], **base)
     try:
         nb = load_notebook(sub.path)
-        source = solution_source(nb)
+        source, found_notes = find_solution(nb)
     except InvalidSubmission as exc:
         return Result(status="invalid", score=0.0, cells=_zero_cells(), lines={}, notes=[str(exc)], **base)
 
     tampered = []
     # Whitespace-only changes and identical copies of locked/test cells are put back as released, for
     # nbgrader too (its checksums and its one-cell-per-grade_id rule); a real alteration stays evidence.
+    nb, formatted = restore_formatting(nb, course.release)
     nb, notes = restore_protected(nb, course.release)
+    notes = found_notes + formatted + notes
     altered = altered_cells(nb, course.release)
     if altered:
         tampered.append("locked or test cells were altered: " + ", ".join(altered))
@@ -116,9 +118,12 @@ def grade_one(sub: Submission, course: Course, template: cf.Future, workroot: Pa
     # The kernel run mostly waits (nbgrader and kernel start-up), so it overlaps with the verdict.
     kernel = None
     if options.run_nbgrader:
+        # what editors leave out or change and nbgrader cannot read, repaired in nbgrader's copy only
+        nb_kernel, kernel_notes = for_nbgrader(nb, course.release)
+        notes += kernel_notes
         kernel = cf.ThreadPoolExecutor(1, thread_name_prefix=f"kernel-{sub.student_id}")
-        kernel_future = kernel.submit(lambda: kernel_run(sub, nb, template.result(), workroot, options.marker_prefix,
-                                                         limits, server))
+        kernel_future = kernel.submit(lambda: kernel_run(sub, nb_kernel, template.result(), workroot,
+                                                         options.marker_prefix, limits, server))
     try:
         verdict = verdict_for_source(source, limits=limits, hide=limits.hide)
     finally:
@@ -151,6 +156,65 @@ def grade_one(sub: Submission, course: Course, template: cf.Future, workroot: Pa
     pictures = {k: v.picture for k, v in verdict.cells.items() if v.picture}
     return Result(status=status, score=round(sum(cells.values()), 4), cells=cells, lines=lines, notes=notes,
                   seconds=time.monotonic() - start, pictures=pictures, **base)
+
+
+def _same_program(source: str, ref: str) -> bool:
+    """Both parse to the same syntax tree: they differ only in what a code formatter changes (quotes, line breaks
+    inside brackets, spaces, trailing commas are kept by the tree; comments are dropped)."""
+    import ast
+
+    from .evidence import _AST_LOCK
+    from .harness import strip_magics
+
+    try:
+        with _AST_LOCK:
+            return ast.dump(ast.parse(strip_magics(source))) == ast.dump(ast.parse(strip_magics(ref)))
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return False
+
+
+def restore_formatting(nb: dict, release: dict) -> tuple[dict, list[str]]:
+    """The notebook with each locked/test code cell that is the release's program, formatted otherwise, given the
+    release's exact source, and a note. "Format notebook" in VS Code or JupyterLab (black, ruff) reformats every
+    code cell, locked ones included: ``'prefill'`` becomes ``"prefill"``, a long call is wrapped. The program is
+    the same (one syntax tree), so it is no alteration; a changed program still is (`evidence.altered_cells`)."""
+    from .evidence import _norm, _protected, _same_but_whitespace
+    from .notebook import _cell_source, _nbgrader_meta
+
+    protected = _protected(release)
+    cells, formatted, retyped = [], [], []
+    for cell in nb["cells"]:
+        gid = _nbgrader_meta(cell).get("grade_id")
+        ref = protected.get(gid) if isinstance(gid, str) else None
+        if ref is not None and ref.get("cell_type") == "code" and cell.get("cell_type") in ("markdown", "raw"):
+            # Esc then M or R turned it into markdown or raw (nbgrader issue #1941); its text is the release's
+            as_code = {k: v for k, v in cell.items() if k != "attachments"}
+            as_code.update(cell_type="code", outputs=[], execution_count=None)
+            if _same_but_whitespace(as_code, ref) or _same_program(_cell_source(cell), _cell_source(ref)):
+                cell = as_code
+                retyped.append(gid)
+        if ref is not None and ref.get("cell_type") == "code":
+            ref_src, src = _cell_source(ref), _cell_source(cell)
+            as_released = {**cell, "source": ref_src}
+            # (whitespace alone: `restore_protected`, with its own note)
+            if (_norm(src) != _norm(ref_src) and _same_but_whitespace(as_released, ref)
+                    and _same_program(src, ref_src)):
+                if "checksum" in _nbgrader_meta(ref):
+                    meta = {**_nbgrader_meta(cell), "checksum": _nbgrader_meta(ref)["checksum"]}
+                    as_released["metadata"] = {**cell["metadata"], "nbgrader": meta}
+                cell = as_released
+                formatted.append(gid)
+        cells.append(cell)
+    notes = []
+    if retyped:
+        notes.append("these locked/test cells had been turned into markdown or raw cells (M or R in command mode?); "
+                     "they were graded as the release's code cells: " + ", ".join(sorted(set(retyped))))
+    if formatted:
+        notes.append("only the formatting of these locked/test cells differed from the release (a code formatter?); "
+                      "they were graded as released: " + ", ".join(sorted(set(formatted))))
+    if not notes:
+        return nb, []
+    return {**nb, "cells": cells}, notes
 
 
 ONLY_SOLUTION_NOTE = (

@@ -117,7 +117,7 @@ def _through_intake(source: str, template: dict | None) -> str:
     with tempfile.TemporaryDirectory(prefix="dsched-selfcheck-") as tmp:
         path = Path(tmp) / "student.ipynb"
         path.write_text(json.dumps(nb), encoding="utf-8")
-        return pipeline.solution_source(pipeline.load_notebook(path))
+        return pipeline.find_solution(pipeline.load_notebook(path))[0]
 
 
 def _judge_row(row: Row, source: str, limits: Limits) -> Row:

@@ -103,10 +103,10 @@ def test_unreadable_notebooks_are_invalid(tmp_path, content, reason):
 def test_solution_cell_rules(tmp_path):
     nb = _nb(solution=["x = 1\n", "y = 2\n"])
     assert notebook.solution_source(nb) == "x = 1\ny = 2\n"
-    none = _nb()
+    none = _nb(solution="x = 1\n")  # (a cell that defines the classes is the solution: test_grade_formats)
     del none["cells"][1]["metadata"]["nbgrader"]
     with pytest.raises(notebook.InvalidSubmission, match="no solution cell"):
         notebook.solution_source(none)
-    two = _nb(extra_cells=[json.loads(json.dumps(_nb()["cells"][1]))])
+    two = _nb(extra_cells=[json.loads(json.dumps(_nb(solution="x = 2\n")["cells"][1]))])  # (identical: graded once)
     with pytest.raises(notebook.InvalidSubmission, match="2 cells"):
         notebook.solution_source(two)

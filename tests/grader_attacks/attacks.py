@@ -439,7 +439,9 @@ EXPECT = {
     "honest_buggy": ("graded", "honest"),
     "release_untouched": ("graded", 0.0),
     "altered_test_cell": ("tampered", "honest"),
-    "no_solution_cell": ("invalid", 0.0),
+    # the solution cell without its nbgrader metadata (VS Code's Jupyter extension has dropped cell metadata on
+    # execute): the one code cell that defines both classes is graded as the solution (`notebook.find_solution`)
+    "no_solution_cell": ("graded", "honest"),
     "broken_json": ("invalid", 0.0),
 }
 
