@@ -53,7 +53,8 @@ Structures (all allocated inside the call; nothing global, safe to run per scena
   Requests needing more blocks than the capacity can never run; they enter no structure.
 
 Cost per step (n = requests waiting, A = admitted, P = distinct priority values, G = groups <= 2,
-B = buckets per group <= 8, k = records of M, at most the number of victims and usually a few):
+B = buckets per group <= 8, k = records of M that a waiting row's test can tell apart, at most
+STAIRS_MAX, past which M is read from the victims' segment tree, O(log P) a read: `_stairs`):
 a decode step of an admitted request is O(1) when it stays first among the admitted (the usual
 case) and O(log A) otherwise; an arrival costs O(log n) expected; a step that admits, preempts or
 finishes also refreshes the cached query: O(k log P) for the records of M, O(log P) for the victim
@@ -115,6 +116,7 @@ SOURCE_STAMP = source_stamp("enums.py", "ordered_nb.py", "btree_nb.py", "step_nb
 GK_NCOLS = 6
 PK_STEP = 3 * GK_NCOLS  # the column of `_heap_layout`'s rows after the layout
 MAX_BUCKETS = 8  # waiting structures per group (see `_buckets`)
+STAIRS_MAX = 32  # records of M written at a change; past them the walks read the segment tree (`_stairs`)
 
 # The waiting rows of every structure s (group * n_buckets + bucket): a treap and `n_h` rank trees
 # each (see `_wait_add`; built empty by `_waiting`).
@@ -252,18 +254,34 @@ def _akey_less(a, b, gk, deadline_policy, has_deadline, clock):
 # c: its records (class st_c[j], blocks st_b[j]), both increasing, are the victims' prefix maxima.
 
 @njit(cache=True, _nrt=False)
-def _stairs(seg, size, st_c, st_b):
-    """Write the records of M from the victims' segment tree; return their number."""
+def _stairs(seg, size, st_c, st_b, top, enough):
+    """Write the records of M from the victims' segment tree that a waiting row's test can tell from
+    the others; return their number.  Only M(c) for classes c <= `top` (the highest waiting class) is
+    read, so records from class `top` on are left out; and a row's test ``blocks <= free + M(c)``
+    holds for every row once M reaches `enough` (the largest blocks of a servable row less free), so
+    the records after the first that reaches it are left out too (M then stays at that record's
+    blocks, the same answers).  So the count is not the victims' when they are many (thousands of
+    admitted victims of rising classes and blocks, an unlimited capacity: every one was a record, and
+    each admission and finish wrote them all).  Past STAIRS_MAX records it stops and returns -1: the
+    walks then read M from the segment tree (`ordered_nb.stair_at_nb` with k < 0), O(log P) a read,
+    rather than this writing O(k log P) at each change (thousands of victims of rising classes and
+    blocks filling a tight capacity, a stream of short requests above them: 18 us a step with 4,000)."""
     k = 0
+    if enough <= 0:
+        return k  # every row fits in the free blocks alone: M does not matter
     need = np.int64(1)
     while True:
         c = _seg_first_ge(seg, size, need)
-        if c < 0:
+        if c < 0 or c >= top:
             return k
+        if k == STAIRS_MAX:
+            return -1
         b = seg[size + c]
         st_c[k] = c
         st_b[k] = b
         k += 1
+        if b >= enough:
+            return k
         need = b + 1
 
 
@@ -429,11 +447,29 @@ def _wait_first_runnable(w, s, free, st_c, st_b, k, gk, nd, stack):
     return best
 
 
+@njit(_nrt=False)
+def _wait_top_class(w, nd):
+    """The highest class of a waiting row (several classes per bucket: the trees keep their classes),
+    or -1: the roots' aggregates."""
+    top = np.int64(-1)
+    for s in range(w.root.shape[0]):
+        for h in range(w.n_h):
+            c = w.cls[w.base[w.n_h * s + h] + 1]
+            if c > top:
+                top = c
+        t = w.root[s]
+        if t >= 0 and nd[t, ND_MAXBASE] > top:
+            top = nd[t, ND_MAXBASE]
+    return top
+
+
 # The cached query's state (several classes per bucket): the free blocks when the cands were found
-# (QS_FREE_SEEN), and the lowest class whose M grew since (QS_GROW_FROM; n_classes for none).
+# (QS_FREE_SEEN), the lowest class whose M grew since (QS_GROW_FROM; n_classes for none), and the
+# largest blocks of a row that fits the capacity at all (QS_MAX_BLOCKS, see `_stairs`).
 QS_FREE_SEEN = 0
 QS_GROW_FROM = 1
-QS_N = 2
+QS_MAX_BLOCKS = 2
+QS_N = 3
 
 
 @njit(_nrt=False)
@@ -451,6 +487,16 @@ def _wait_first_fit(w, s, limit, gk, nd):
     return best
 
 
+@njit(cache=True, _nrt=False)
+def _max_servable(required_blocks, capacity):
+    """The largest blocks of a row that fits the capacity at all (0 if none)."""
+    top = np.int64(0)
+    for r in range(required_blocks.shape[0]):
+        if top < required_blocks[r] <= capacity:
+            top = required_blocks[r]
+    return top
+
+
 # Not cached on its own: it calls kernels of another file (see `stamp`); its caller's cache holds it.
 @njit(_nrt=False)
 def _refresh_cands(qs, free, v, n_buckets, n_classes, bucket_top, pclass, cand, cand_stale, w, gk, nd, stack):
@@ -459,7 +505,11 @@ def _refresh_cands(qs, free, v, n_buckets, n_classes, bucket_top, pclass, cand, 
     stays first (nothing before it ran before) and no cand stays none; the rest are walked again.
     Runnability grew for the classes from ``grow_from`` up (free blocks grew, or a victim raised M
     there).  (One class per bucket: the loop in `_replay_static`, with one limit per structure.)"""
-    n_st = _stairs(v.seg, v.size, v.st_c, v.st_b)
+    n_st = _stairs(v.seg, v.size, v.st_c, v.st_b, _wait_top_class(w, nd), qs[QS_MAX_BLOCKS] - free)
+    st_c = v.st_c
+    if n_st < 0:  # too many records: M from the segment tree (see `stair_at_nb`)
+        st_c = v.seg
+        n_st = -v.size
     grow_from = qs[QS_GROW_FROM]
     if free > qs[QS_FREE_SEEN]:
         grow_from = 0  # free blocks grew (a finish, or a preemption freeing more than it takes)
@@ -467,8 +517,8 @@ def _refresh_cands(qs, free, v, n_buckets, n_classes, bucket_top, pclass, cand, 
         c = cand[s]
         b = s % n_buckets
         if cand_stale[s] or bucket_top[b] >= grow_from or (
-                c != E.NO_ROW and nd[c, ND_BLOCKS] > free + stair_at_nb(pclass[c], v.st_c, v.st_b, n_st)):
-            cand[s] = _wait_first_runnable(w, s, free, v.st_c, v.st_b, n_st, gk, nd, stack)
+                c != E.NO_ROW and nd[c, ND_BLOCKS] > free + stair_at_nb(pclass[c], st_c, v.st_b, n_st)):
+            cand[s] = _wait_first_runnable(w, s, free, st_c, v.st_b, n_st, gk, nd, stack)
             cand_stale[s] = False
     qs[QS_FREE_SEEN] = free
     qs[QS_GROW_FROM] = n_classes
@@ -653,6 +703,7 @@ def _make_replay_static(stamp):
         qs = np.zeros(QS_N, np.int64)  # see `_refresh_cands`
         changed = True  # free blocks or victims changed since the cands were found
         qs[QS_FREE_SEEN] = free
+        qs[QS_MAX_BLOCKS] = _max_servable(required_blocks, capacity)
         best_wait = E.NO_ROW
 
         while True:
