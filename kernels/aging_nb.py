@@ -75,7 +75,7 @@ Cost per step: O(D (F log V + log R)) for D dirty slots (about 1 on a step of th
 residue whose shift rose; after a finish, preemption or a preemptible admission also the non-empty
 ones whose front may run, found by a scan of `slow` over all R of them, R <= min(K, requests in the
 system)), F = FRONT and V = admitted preemptible requests (a victim joining or leaving costs O(V)
-once); O(log A) heap work when the champion goes back to its slot and displaces a hot row (A
+once; none are kept where the capacity holds every servable request at once: `_never_short`); O(log A) heap work when the champion goes back to its slot and displaces a hot row (A
 admitted), O(log n) treap or B+tree work when the chosen request or its victim was waiting; and the
 walks of parts whose front may run: O(log n) when the bound prunes well, but not bounded by it in
 the worst case (a subtree can pass the bound without a runnable row).  With many non-empty residues
@@ -1971,6 +1971,20 @@ def _replay_loop(request_id, arrival_step, prompt_len, max_new_tokens, priority,
     return steps, clock, free, stop
 
 
+@njit(cache=True, _nrt=False)
+def _never_short(required_blocks, capacity):
+    """Whether the blocks of every request that fits the capacity at all fit in it together: then free
+    blocks never fall below a waiting request's (an unservable one never runs either way)."""
+    total = np.int64(0)
+    for r in range(required_blocks.shape[0]):
+        b = required_blocks[r]
+        if b <= capacity:
+            total += b  # (at most twice the capacity before it stops: no overflow)
+            if total > capacity:
+                return False
+    return True
+
+
 def _make_replay_aging(stamp, big_at, small_at, grouped_div, block_min, block_rule, cold_at=COLD_AT,
                        grouped_ratio=GROUPED_RATIO):
     """`replay_aging_nb`, closing over `stamp` so that an edit of a kernel it calls compiles it afresh,
@@ -1993,6 +2007,12 @@ def _make_replay_aging(stamp, big_at, small_at, grouped_div, block_min, block_ru
         if not fits:
             return False
         req = new_requests_nb(n)
+        # The rows that join the victims when admitted: none where no request ever waits for blocks, so
+        # none is ever preempted (the victim matrix costs O(V) a change, and an unlimited capacity
+        # admits thousands at once).
+        victims_of = np.zeros(n, np.bool_)
+        if not _never_short(required_blocks, free_kv_blocks):
+            victims_of[:] = preemptible
 
         top = cprio.max() if n > 0 else np.int64(0)
         koff = top + work // k + 1  # (see `_set_aging_key`)
@@ -2072,7 +2092,7 @@ def _make_replay_aging(stamp, big_at, small_at, grouped_div, block_min, block_ru
         conv = np.empty(big_at + small_at + 1, np.int64)
 
         state = (request_id, arrival_step, prompt_len, max_new_tokens, cprio, cache_hit, required_blocks,
-                 deadline_step, has_deadline, preemptible, order, free_kv_blocks, max_steps, events, k, top, koff, req,
+                 deadline_step, has_deadline, victims_of, order, free_kv_blocks, max_steps, events, k, top, koff, req,
                  nd, gk, stack, hkey, hval, mask, free_slots, n_free, s_rho, h, adm, afirst, sh, wlist, wpos, tb,
                  t_leaves, dirty, in_dirty, vic, v_pos, bt, path, conv, big_at, small_at, slow, ct, grouped, rnext,
                  rprev, blocked, block_rule, bw, n_blocks, m_res, live, n >= cold_at, np.zeros(2, np.int64))
