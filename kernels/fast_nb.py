@@ -98,6 +98,7 @@ from .ordered_nb import (
     rank_tree_first_fit_nb,
     rank_tree_first_runnable_nb,
     rank_tree_set_nb,
+    seg_prefix_max_nb,
     stair_at_nb,
     treap_delete_nb,
     treap_first_fit_nb,
@@ -555,26 +556,6 @@ def _seg_set(seg, size, i, value):
 
 
 @njit(cache=True, _nrt=False)
-def _seg_prefix_max(seg, size, j):
-    """max of leaves [0, j)."""
-    res = np.int64(0)
-    lo = size
-    hi = j + size
-    while lo < hi:
-        if lo & 1:
-            if seg[lo] > res:
-                res = seg[lo]
-            lo += 1
-        if hi & 1:
-            hi -= 1
-            if seg[hi] > res:
-                res = seg[hi]
-        lo >>= 1
-        hi >>= 1
-    return res
-
-
-@njit(cache=True, _nrt=False)
 def _seg_first_ge(seg, size, need):
     """The first leaf with value >= need, or -1."""
     if seg[1] < need:
@@ -724,8 +705,8 @@ def _make_replay_static(stamp):
                 b = bucket[r]
                 s = group[r] * n_buckets + b
                 _wait_add(w, s, r, stack, gk, nd)
-                fits = required_blocks[r] <= (cand_limit[s] if single else free + _seg_prefix_max(v.seg, v.size,
-                                                                                                     pclass[r]))
+                fits = required_blocks[r] <= (cand_limit[s] if single
+                                              else free + seg_prefix_max_nb(v.seg, v.size, pclass[r]))
                 if fits and (cand[s] == E.NO_ROW or key_less_nb(gk, r, cand[s])):
                     cand[s] = r
                     wait_dirty = True
@@ -737,7 +718,7 @@ def _make_replay_static(stamp):
                 if changed and single:  # free blocks or victims changed: check the cands
                     for s in range(n_struct):
                         b = s % n_buckets
-                        limit = free + _seg_prefix_max(v.seg, v.size, bucket_top[b])
+                        limit = free + seg_prefix_max_nb(v.seg, v.size, bucket_top[b])
                         c = cand[s]
                         # a lower limit keeps a cand that still fits (nothing before it fitted at the higher one)
                         if cand_stale[s] or limit > cand_limit[s] or (c != E.NO_ROW and nd[c, ND_BLOCKS] > limit):
@@ -877,7 +858,7 @@ def _make_replay_static(stamp):
                     heap_push_nb(heap, hkey, hsize, hpos, g, chosen, pack_key_nb(gk, chosen, pk, g), gk)
                     if preemptible[chosen]:
                         k = pclass[chosen]
-                        if not single and required_blocks[chosen] > _seg_prefix_max(v.seg, v.size, k + 1):
+                        if not single and required_blocks[chosen] > seg_prefix_max_nb(v.seg, v.size, k + 1):
                             # a new largest victim below the classes above k: more of them may run
                             qs[QS_GROW_FROM] = min(qs[QS_GROW_FROM], k + 1)
                         _victims_add(v, k, chosen, stack, nd)

@@ -328,26 +328,32 @@ def treap_delete_nb(t, x, stack, kk, nd):
 # records (class st_c[j], blocks st_b[j]), j < k, both increasing.
 
 @njit(cache=True, _nrt=False)
+def seg_prefix_max_nb(seg, size, j):
+    """The max of leaves [0, j) of the max segment tree `seg` of `size` leaves (at size + i), or 0."""
+    res = np.int64(0)
+    lo = size
+    hi = j + size
+    while lo < hi:
+        if lo & 1:
+            if seg[lo] > res:
+                res = seg[lo]
+            lo += 1
+        if hi & 1:
+            hi -= 1
+            if seg[hi] > res:
+                res = seg[hi]
+        lo >>= 1
+        hi >>= 1
+    return res
+
+
+@njit(cache=True, _nrt=False)
 def stair_at_nb(c, st_c, st_b, k):
     """M(c): the blocks of the last record of a class below c, or 0.  With k < 0 there are too many
     records to write at every change (see `fast_nb._stairs`): `st_c` is then the victims' max segment
     tree of -k leaves (each class's largest victim blocks) and M(c) the max of its leaves below c."""
     if k < 0:
-        res = np.int64(0)
-        lo = -k
-        hi = c - k
-        while lo < hi:
-            if lo & 1:
-                if st_c[lo] > res:
-                    res = st_c[lo]
-                lo += 1
-            if hi & 1:
-                hi -= 1
-                if st_c[hi] > res:
-                    res = st_c[hi]
-            lo >>= 1
-            hi >>= 1
-        return res
+        return seg_prefix_max_nb(st_c, -k, c)
     lo = 0
     hi = k
     while lo < hi:
