@@ -24,13 +24,9 @@ from pathlib import Path
 from . import spec
 from .harness import strip_magics
 from .sandbox import scratch_root
-from .notebook import _cell_source, _nbgrader_meta, _plain_file
+from .notebook import _cell_source, _nbgrader_meta, _plain_file, norm_source
 
 CANARY_TAG = "decodesched-grader-canary"
-
-
-def _norm(src: str) -> str:
-    return "\n".join(line.rstrip() for line in src.replace("\r\n", "\n").strip().split("\n"))
 
 
 def _protected(release: dict) -> dict:
@@ -47,7 +43,7 @@ def _protected(release: dict) -> dict:
 def _same_but_whitespace(cell: dict, ref: dict) -> bool:
     meta, rmeta = _nbgrader_meta(cell), _nbgrader_meta(ref)
     return (cell.get("cell_type") == ref.get("cell_type")
-            and _norm(_cell_source(cell)) == _norm(_cell_source(ref))
+            and norm_source(_cell_source(cell)) == norm_source(_cell_source(ref))
             and bool(meta.get("grade")) == bool(rmeta.get("grade"))
             and meta.get("points") == rmeta.get("points")
             and bool(meta.get("locked")) == bool(rmeta.get("locked")))
@@ -126,6 +122,18 @@ def altered_cells(nb: dict, release: dict) -> list[str]:
 _AST_LOCK = threading.Lock()
 
 
+def parse_cell(source: str):
+    """A code cell's syntax tree, magics at statement starts made `pass` as the harness and IPython do
+    (`harness.strip_magics`), or None when it does not parse."""
+    import ast
+
+    try:
+        with _AST_LOCK:  # CPython 3.11's ast.parse is not thread-safe ("recursion depth mismatch")
+            return ast.parse(strip_magics(source))
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return None
+
+
 _GRADEBOOK_FILE = re.compile(r"gradebook\.(db|sqlite)", re.IGNORECASE)
 _TRANSFORMER_ATTRS = {"ast_transformers", "input_transformers_post", "input_transformers_cleanup",
                       "input_transformer_manager", "input_splitter", "register_magic_function"}
@@ -143,11 +151,8 @@ def static_evidence(sources) -> list[str]:
 
     found = set()
     for source in sources:
-        text = strip_magics(source)  # as the harness and IPython do: magics at statement starts only
-        try:
-            with _AST_LOCK:  # CPython 3.11's ast.parse is not thread-safe ("recursion depth mismatch")
-                tree = ast.parse(text)
-        except (SyntaxError, ValueError, RecursionError, MemoryError):
+        tree = parse_cell(source)
+        if tree is None:
             continue
         names = {"builtins", "__builtins__"}
         for node in ast.walk(tree):

@@ -284,25 +284,18 @@ def solution_source(nb: dict) -> str:
 SOLUTION_CLASSES = ("RequestState", "DecodeSchedulerSim")
 
 
-def _same_code(a: str, b: str) -> bool:
-    """Equal but for line endings and whitespace at the ends of lines and of the cell."""
-    def norm(s: str) -> str:
-        return "\n".join(line.rstrip() for line in s.replace("\r\n", "\n").replace("\r", "\n").strip().split("\n"))
-    return norm(a) == norm(b)
+def norm_source(src: str) -> str:
+    """A cell's source but for line endings (CRLF, CR) and whitespace at the ends of lines and of the cell."""
+    return "\n".join(line.rstrip() for line in src.replace("\r\n", "\n").replace("\r", "\n").strip().split("\n"))
 
 
 def _defines_solution_classes(source: str) -> bool:
     import ast
 
-    from .evidence import _AST_LOCK
-    from .harness import strip_magics
+    from .evidence import parse_cell
 
-    try:
-        with _AST_LOCK:
-            tree = ast.parse(strip_magics(source))
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
-        return False
-    names = {node.name for node in tree.body if isinstance(node, ast.ClassDef)}
+    tree = parse_cell(source)
+    names = {node.name for node in tree.body if isinstance(node, ast.ClassDef)} if tree is not None else set()
     return all(name in names for name in SOLUTION_CLASSES)
 
 
@@ -322,7 +315,7 @@ def find_solution(nb: dict) -> tuple[str, list[str]]:
         if not found:
             raise InvalidSubmission(f"no solution cell (the code cell with grade_id '{spec.SOLUTION_CELL}', "
                                     f"and no other code cell defines {' and '.join(SOLUTION_CLASSES)})")
-        if any(not _same_code(_cell_source(c), _cell_source(found[0])) for c in found[1:]):
+        if any(norm_source(_cell_source(c)) != norm_source(_cell_source(found[0])) for c in found[1:]):
             raise InvalidSubmission(f"no solution cell (the code cell with grade_id '{spec.SOLUTION_CELL}'), and "
                                     f"{len(found)} different code cells define {' and '.join(SOLUTION_CLASSES)}: "
                                     "keep one and grade again")
@@ -337,7 +330,7 @@ def find_solution(nb: dict) -> tuple[str, list[str]]:
                      "mode?); it was graded as code, as nbgrader turns it back / 解答单元格被改成了非代码单元格，"
                      "已按代码评分")
     if len(sols) > 1:
-        if any(not _same_code(_cell_source(c), _cell_source(sols[0])) for c in sols[1:]):
+        if any(norm_source(_cell_source(c)) != norm_source(_cell_source(sols[0])) for c in sols[1:]):
             raise InvalidSubmission(f"{len(sols)} cells claim to be the solution cell '{spec.SOLUTION_CELL}' and "
                                     "their code differs (a copy made with duplicate cell or copy/paste?): keep one "
                                     "and grade again")

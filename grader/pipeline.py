@@ -163,14 +163,10 @@ def _same_program(source: str, ref: str) -> bool:
     inside brackets, spaces, trailing commas are kept by the tree; comments are dropped)."""
     import ast
 
-    from .evidence import _AST_LOCK
-    from .harness import strip_magics
+    from .evidence import parse_cell
 
-    try:
-        with _AST_LOCK:
-            return ast.dump(ast.parse(strip_magics(source))) == ast.dump(ast.parse(strip_magics(ref)))
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
-        return False
+    tree, ref_tree = parse_cell(source), parse_cell(ref)
+    return tree is not None and ref_tree is not None and ast.dump(tree) == ast.dump(ref_tree)
 
 
 def restore_formatting(nb: dict, release: dict) -> tuple[dict, list[str]]:
@@ -178,8 +174,8 @@ def restore_formatting(nb: dict, release: dict) -> tuple[dict, list[str]]:
     release's exact source, and a note. "Format notebook" in VS Code or JupyterLab (black, ruff) reformats every
     code cell, locked ones included: ``'prefill'`` becomes ``"prefill"``, a long call is wrapped. The program is
     the same (one syntax tree), so it is no alteration; a changed program still is (`evidence.altered_cells`)."""
-    from .evidence import _norm, _protected, _same_but_whitespace
-    from .notebook import _cell_source, _nbgrader_meta
+    from .evidence import _protected, _same_but_whitespace
+    from .notebook import _cell_source, _nbgrader_meta, norm_source
 
     protected = _protected(release)
     cells, formatted, retyped = [], [], []
@@ -197,7 +193,7 @@ def restore_formatting(nb: dict, release: dict) -> tuple[dict, list[str]]:
             ref_src, src = _cell_source(ref), _cell_source(cell)
             as_released = {**cell, "source": ref_src}
             # (whitespace alone: `restore_protected`, with its own note)
-            if (_norm(src) != _norm(ref_src) and _same_but_whitespace(as_released, ref)
+            if (norm_source(src) != norm_source(ref_src) and _same_but_whitespace(as_released, ref)
                     and _same_program(src, ref_src)):
                 if "checksum" in _nbgrader_meta(ref):
                     meta = {**_nbgrader_meta(cell), "checksum": _nbgrader_meta(ref)["checksum"]}
@@ -228,8 +224,7 @@ def defined_in_other_cells(nb: dict, names) -> list[str]:
     an assignment, an import): the student's kernel had them, the grader's run of the solution cell has not."""
     import ast
 
-    from .evidence import _AST_LOCK
-    from .harness import strip_magics
+    from .evidence import parse_cell
     from .notebook import _cell_source, _nbgrader_meta
 
     wanted, found = set(names), set()
@@ -239,9 +234,10 @@ def defined_in_other_cells(nb: dict, names) -> list[str]:
         if cell.get("cell_type") != "code" or _nbgrader_meta(cell).get("grade_id") == spec.SOLUTION_CELL:
             continue
         try:
-            with _AST_LOCK:
-                tree = ast.parse(strip_magics(_cell_source(cell)))
-        except (SyntaxError, ValueError, RecursionError, MemoryError, InvalidSubmission):
+            tree = parse_cell(_cell_source(cell))
+        except InvalidSubmission:
+            continue
+        if tree is None:
             continue
         for node in tree.body:
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
