@@ -274,7 +274,7 @@ def _trace_rows(rows) -> list:
 
     from .trace import Trace, load_trace
 
-    if isinstance(rows, (str, os.PathLike, Mapping)) or type(rows).__name__ == "DataFrame":
+    if isinstance(rows, (str, os.PathLike, Mapping)) or hasattr(rows, "columns"):  # (columns: a DataFrame)
         rows = load_trace(rows)
     if isinstance(rows, Trace):
         return rows.rows()
