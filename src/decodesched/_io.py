@@ -25,6 +25,7 @@ import stat
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 from .errors import OutputError, UserError
@@ -78,6 +79,31 @@ def input_file(path, what: str = "file") -> Path:
     return path
 
 
+# What a text input that is not UTF-8 is, by its first bytes, and the fix (`binary_input`).
+_NOT_TEXT = ((b"\x1f\x8b", "is gzip-compressed; decompress it first (gunzip -k)"),
+             (b"PK\x03\x04", "is a zip archive; extract the file from it first"),
+             (b"\xff\xfe", "is UTF-16 text; save it as UTF-8"),
+             (b"\xfe\xff", "is UTF-16 text; save it as UTF-8"))
+
+
+def binary_input(path) -> str | None:
+    """The message for an input whose first bytes say it is no text file (gzip, zip, UTF-16), naming
+    the fix; None for any other file, and for a FIFO (``<(command)``: it cannot be read again)."""
+    try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return None
+        with open(path, "rb") as fh:
+            head = fh.read(4)
+    except OSError:
+        return None
+    return next((f"{path}: {what}" for magic, what in _NOT_TEXT if head.startswith(magic)), None)
+
+
+def not_text(path, exc: UnicodeDecodeError) -> str:
+    """The message for a text input (CSV, JSON lines) that is not UTF-8: `binary_input`'s, else the decoder's."""
+    return binary_input(path) or f"{path}: not a UTF-8 text file ({exc.reason})"
+
+
 PIPE_LABEL = "pipe"  # the name of a trace read from ``<(command)``: its path, /dev/fd/63, names no file
 
 
@@ -101,6 +127,13 @@ def read_parquet_table(path, error=UserError):
     try:
         return pq.read_table(path)
     except Exception as exc:  # pyarrow's errors have no common base class
+        try:  # (a column twice: pyarrow says "Multiple matches for FieldRef.Name(...)" and lists the schema)
+            names = pq.read_schema(path).names
+        except Exception:
+            names = []
+        dup = sorted(n for n, k in Counter(names).items() if k > 1)
+        if dup:
+            raise error(f"{path}: duplicate column(s) {', '.join(dup)}") from None
         raise error(f"{path}: not a readable Parquet file ({' '.join(str(exc).split())})") from None
 
 

@@ -73,6 +73,17 @@ def _parser_class():
         def error(self, message):  # one line, exit 2 (argparse prints the usage block too by default)
             self.exit(2, shorten(f"{self.prog}: error: {message} (see --help)") + "\n")
 
+        def _print_message(self, message, file=None):
+            """As argparse's, but a write that fails is not passed over: ``--help`` or ``--version`` into a full
+            disk or a closed pipe (under ``python -u``, where no buffer holds the text until the flush) exited 0."""
+            if message:
+                try:
+                    (file or sys.stderr).write(message)
+                except AttributeError:  # (no stream at all)
+                    pass
+                except OSError as exc:
+                    raise _stdout_failed(exc) if file is sys.stdout else exc from None
+
     return _Parser
 
 
@@ -177,6 +188,24 @@ def _os_message(exc: OSError) -> str:
     return f"{where}: {_describe(exc)}" if where else _describe(exc)
 
 
+def _stdout_failed(exc: OSError) -> OSError:
+    """A failed write to standard output as the error to raise: a closed pipe as it is (`CLOSED_PIPE`), any other
+    (a full disk: its OSError names no file) as an `OutputError` that names standard output."""
+    if isinstance(exc, (BrokenPipeError, UserError)):
+        return exc
+    from ._io import _describe
+    from .errors import OutputError
+
+    return OutputError(f"standard output: cannot write ({_describe(exc)})")
+
+
+def _flush_stdout() -> None:
+    try:
+        sys.stdout.flush()
+    except OSError as exc:
+        raise _stdout_failed(exc) from None
+
+
 def _silence(stream) -> None:
     """After a closed pipe: point `stream` (stdout, or stderr too) at /dev/null so that the exit flush
     does not fail again."""
@@ -266,7 +295,7 @@ def _main(argv) -> int:
             args = parser.parse_args(argv)
         except SystemExit as exc:  # --help or --version printed on stdout, or a usage error on stderr
             if exc.code == 0 and sys.stdout is not None:
-                sys.stdout.flush()  # (its failure is handled below, not by the exit's flush: status 120)
+                _flush_stdout()  # (its failure is handled below, not by the exit's flush: status 120)
             raise
         if not getattr(args, "func", None):
             parser.print_help()
@@ -278,7 +307,7 @@ def _main(argv) -> int:
 
             return fail(CLOSED_STDOUT)
         status = int(args.func(args) or 0)
-        sys.stdout.flush()  # what it printed, written while a failure is still the command's
+        _flush_stdout()  # what it printed, written while a failure is still the command's
         return status
     except UserError as exc:
         return fail(str(exc))

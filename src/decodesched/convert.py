@@ -47,9 +47,12 @@ reported later (`load_trace` reads ``steps_per_second`` from it; `read_meta` rea
 
 from __future__ import annotations
 
+import csv
 import json
 import math
 import os
+import re
+import warnings
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -57,9 +60,9 @@ from typing import Sequence
 
 import numpy as np
 
-from ._io import input_file
+from ._io import binary_input, input_file, not_text
 from .errors import OutputError, UserError
-from .trace import MAX_STEP, Trace, TraceError, load_trace, parse_decimal, show
+from .trace import MAX_STEP, Trace, TraceError, _next_record, load_trace, parse_decimal, show
 
 FORMATS = ("azure", "mooncake")
 DEFAULT_PRIORITY_CLASSES = (0, 1, 2)
@@ -113,9 +116,17 @@ def detect_format(path: str | os.PathLike) -> str:
     if suffix in (".jsonl", ".json", ".ndjson"):
         return "mooncake"
     _check_file(path)
+    if not path.is_file():  # a pipe, `<(command)`: the bytes read here to tell its format would be gone for good
+        raise UserError(f"{path}: cannot tell a pipe's trace format without using up its start; "
+                        f"give --format azure|mooncake")
     with open(path, "rb") as fh:
         start = fh.read(4096)
+    binary = binary_input(path)  # (gzip: "decompress it first", not "give --format")
+    if binary:
+        raise UserError(binary)
     start = start.removeprefix(b"\xef\xbb\xbf").lstrip()  # a UTF-8 BOM (spreadsheets write one)
+    if not start:
+        raise UserError(f"{path}: empty file (expected an Azure CSV with a TIMESTAMP header or Mooncake JSON lines)")
     if start.startswith(b"{"):
         return "mooncake"
     if start.upper().startswith(b"TIMESTAMP"):
@@ -142,39 +153,44 @@ def read_azure(path: str | os.PathLike) -> RawTrace:
     """Read an Azure LLM inference 2023 CSV (``TIMESTAMP,ContextTokens,GeneratedTokens``).
 
     TIMESTAMP is a wall-clock time such as ``2023-11-16 18:15:46.6805900`` (any number of fractional
-    digits, nanosecond precision kept); arrivals are seconds after the earliest one.
+    digits, nanosecond precision kept; a zone, ``Z`` or ``+05:00``, on every time or on none); arrivals are
+    seconds after the earliest one.  Read by the CSV rules of docs/files.md (quoted fields, CRLF line ends).
     """
     path = Path(path)
     _check_file(path)
     stamps: list[str] = []
     prompts: list[int] = []
     outputs: list[int] = []
+    lines: list[int] = []  # each request's line, for the messages
+    want = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
     try:
-        with open(path, encoding="utf-8-sig", newline="") as fh:
-            header = fh.readline()
-            if not header.strip():
-                raise UserError(f"{path}: empty file (expected the header TIMESTAMP,ContextTokens,GeneratedTokens)")
-            cols = [c.strip() for c in header.strip().split(",")]
-            want = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
+        with open(path, encoding="utf-8-sig", newline="") as fh:  # (the CSV rules of docs/files.md: quotes, CRLF)
+            reader = csv.reader(fh)
+            header = _next_record(reader, path)
+            if header is None:
+                raise UserError(f"{path}: empty file (expected the header {','.join(want)})")
+            cols = [c.strip() for c in header]
             missing = [c for c in want if c not in cols]
             if missing:
                 raise UserError(f"{path}: not an Azure LLM trace: missing column(s) {', '.join(missing)} "
                                 f"(header {show(','.join(cols), 80)})")
+            dup = [c for c in want if cols.count(c) > 1]  # (which one holds the data?)
+            if dup:
+                raise UserError(f"{path}: duplicate column(s) {', '.join(dup)}")
             it, ic, ig = (cols.index(c) for c in want)
-            for lineno, line in enumerate(fh, start=2):
-                if not line.strip():
-                    continue
-                rec = line.rstrip("\r\n").split(",")
+            while (rec := _next_record(reader, path)) is not None:
+                lineno = reader.line_num
                 if len(rec) != len(cols):
                     raise UserError(f"{path}: line {lineno}: {len(rec)} fields, expected {len(cols)}")
                 stamps.append(rec[it].strip())
                 prompts.append(_int_field(rec[ic], path, lineno, "ContextTokens"))
                 outputs.append(_int_field(rec[ig], path, lineno, "GeneratedTokens"))
+                lines.append(lineno)
     except UnicodeDecodeError as exc:
-        raise UserError(f"{path}: not a UTF-8 text file ({exc.reason})") from None
+        raise UserError(not_text(path, exc)) from None
     if not stamps:
         raise UserError(f"{path}: no requests (only a header)")
-    seconds = _parse_timestamps(stamps, path)
+    seconds = _parse_timestamps(stamps, path, lines)
     return RawTrace(seconds, np.asarray(prompts, np.int64), np.asarray(outputs, np.int64), None, str(path), "azure")
 
 
@@ -193,20 +209,40 @@ def _int_field(text: str, path: Path, lineno: int, col: str) -> int:
     return v
 
 
-def _parse_timestamps(stamps: list[str], path: Path) -> np.ndarray:
+_ZONE = re.compile(r"T[0-9][0-9:.]*(Z|[+-][0-9][0-9](:?[0-9][0-9])?)$")  # a time zone after the time of day
+
+
+def _parse_timestamps(stamps: list[str], path: Path, lines: list[int]) -> np.ndarray:
+    """Seconds after the earliest of `stamps`; `lines` are their lines in `path`, for the messages.  Times with
+    a zone (``Z``, ``+05:00``) are read as UTC; a mix of times with and without one is refused (NumPy would read
+    the others as UTC too, hours off, and warn)."""
     iso = [s.replace(" ", "T", 1) for s in stamps]
+    zoned = [_ZONE.search(s) is not None for s in iso]
+    if any(zoned) and not all(zoned):
+        i = zoned.index(not zoned[0])
+        raise UserError(f"{path}: line {lines[i]}, column TIMESTAMP: {show(stamps[i])} has "
+                        f"{'a' if zoned[i] else 'no'} time zone, line {lines[0]}'s {show(stamps[0])} "
+                        f"{'has one' if zoned[0] else 'none'}; give every time with a zone or none")
+
+    def parse(values, unit):
+        with warnings.catch_warnings():  # ("no explicit representation of timezones": read as UTC, above)
+            warnings.simplefilter("ignore", UserWarning)
+            warnings.simplefilter("ignore", DeprecationWarning)
+            return np.array(values, dtype=f"datetime64[{unit}]")
+
     try:
-        t = np.array(iso, dtype="datetime64[ns]")
+        t = parse(iso, "ns")
     except ValueError:
         for i, s in enumerate(iso):  # find the first bad one, to name it
             try:
-                np.datetime64(s, "ns")
+                parse(s, "ns")
             except ValueError:
-                raise UserError(f"{path}: line {i + 2}, column TIMESTAMP: not a date and time: {show(stamps[i])}") from None
+                raise UserError(f"{path}: line {lines[i]}, column TIMESTAMP: not a date and time: "
+                                f"{show(stamps[i])}") from None
         raise UserError(f"{path}: unreadable TIMESTAMP column") from None  # pragma: no cover
     if np.isnat(t).any():
         i = int(np.flatnonzero(np.isnat(t))[0])
-        raise UserError(f"{path}: line {i + 2}, column TIMESTAMP: not a date and time: {show(stamps[i])}")
+        raise UserError(f"{path}: line {lines[i]}, column TIMESTAMP: not a date and time: {show(stamps[i])}")
     ns = t.astype(np.int64)
     return (ns - ns.min()).astype(np.float64) / 1e9
 
@@ -262,7 +298,7 @@ def read_mooncake(path: str | os.PathLike, cache_min_blocks: int = DEFAULT_CACHE
                 except TypeError:
                     raise UserError(f"{path}: line {lineno}, field hash_ids: ids must be numbers or strings") from None
     except UnicodeDecodeError as exc:
-        raise UserError(f"{path}: not a UTF-8 text file ({exc.reason})") from None
+        raise UserError(not_text(path, exc)) from None
     if not ms:
         raise UserError(f"{path}: no requests (empty file)")
     t = np.asarray(ms, np.float64)
@@ -493,7 +529,7 @@ def read_meta(trace_path: str | os.PathLike) -> dict | None:
         return None
     try:
         meta = json.loads(side.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # (RecursionError: JSON nested thousands deep)
         return None
     return meta if isinstance(meta, dict) else None
 

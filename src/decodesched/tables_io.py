@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ._io import atomic_writer, input_file, read_parquet_table
+from ._io import atomic_writer, input_file, not_text, read_parquet_table
 from .errors import UserError
 from .kernels import enums as E
 from .trace import INT64_MAX, INT64_MIN, parse_decimal, show
@@ -363,7 +363,7 @@ def read_table(path) -> dict[str, np.ndarray]:
                 for store, x in zip(raw, rec):
                     store.append(x)
     except UnicodeDecodeError as exc:
-        raise UserError(f"{path}: not a UTF-8 text file ({exc.reason})") from None
+        raise UserError(not_text(path, exc)) from None
     except csv.Error as exc:
         raise UserError(f"{path}: not a CSV file ({exc})") from None
     out = {}

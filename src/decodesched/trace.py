@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from ._io import input_file, read_parquet_table
+from ._io import input_file, not_text, read_parquet_table
 from .errors import UserError
 from .kernels.fields import FILE_COLUMNS, TRACE_FIELDS
 
@@ -316,12 +316,22 @@ def _sidecar_time_scale(path: Path) -> float | None:
     if not meta.is_file():
         return None
     try:
-        value = float(json.loads(meta.read_text(encoding="utf-8"))["steps_per_second"])
-    except (ValueError, KeyError, TypeError, OSError) as exc:
+        data = json.loads(meta.read_text(encoding="utf-8"))
+    except RecursionError:  # (JSON nested thousands deep)
+        raise TraceError(f"{meta}: unreadable trace metadata (nested too deep)") from None
+    except (ValueError, OSError) as exc:
         raise TraceError(f"{meta}: unreadable trace metadata ({exc})") from None
-    if not (value > 0 and math.isfinite(value)):
-        raise TraceError(f"{meta}: steps_per_second must be a positive number, got {value!r}")
-    return value
+    if not isinstance(data, dict) or "steps_per_second" not in data:
+        raise TraceError(f"{meta}: trace metadata without steps_per_second (a JSON object, as trace convert "
+                         f"writes it); fix or remove the file")
+    value = data["steps_per_second"]
+    try:
+        scale = math.nan if isinstance(value, bool) or not isinstance(value, (int, float)) else float(value)
+    except OverflowError:  # (an integer of hundreds of digits)
+        scale = math.inf
+    if not (scale > 0 and math.isfinite(scale)):
+        raise TraceError(f"{meta}: steps_per_second must be a positive number, got {show(value)}")
+    return scale
 
 
 def _read_parquet(path: Path) -> tuple[dict[str, Any], float | None]:
@@ -392,7 +402,7 @@ def _from_csv(path: Path, steps_per_second: float | None, label: str) -> Trace:
                                          f"(at most {MAX_FIELD})")
                     cols[h].append(x.strip())
     except UnicodeDecodeError as exc:
-        raise TraceError(f"{path}: not a UTF-8 text file ({exc.reason})") from None
+        raise TraceError(not_text(path, exc)) from None
     return _from_columns(cols, str(path), steps_per_second, label, lines=lines)
 
 
@@ -443,7 +453,7 @@ def _check_header(header: list[str], where: str) -> None:
 
 def _few(names: list[str], most: int = 5) -> list[str]:
     """`names` to list in a one-line message: the first `most` (each shortened), then how many in all."""
-    shown = [n if len(n) <= 40 else show(n) for n in names[:most]]
+    shown = [n if 0 < len(n) <= 40 else show(n) for n in names[:most]]  # ('': a header's trailing comma)
     return shown + [f"... ({len(names)} in all)"] if len(names) > most else shown
 
 

@@ -41,7 +41,7 @@ from ..cli import int_arg
 from ..engine import ENGINES, POLICIES, check_config
 from ..errors import UserError
 from ..policy import check_distinct, resolve_policy
-from ..trace import load_trace
+from ..trace import load_trace, show
 
 # Columns of the printed table: (header, row key).
 TABLE_COLUMNS = (
@@ -106,9 +106,13 @@ def _names(text: str) -> list[str]:
 
 
 def _ints(text: str) -> list[int]:
-    out = []
+    out, seen = [], set()
     for x in _names(text):
-        out.append(int_arg(x))
+        value = int_arg(x)
+        if value in seen:  # (the same scenario twice: two identical rows, as a policy given twice would be)
+            raise _arg_error(f"{value} is given twice in {show(text)}; give each value once")
+        seen.add(value)
+        out.append(value)
     return out
 
 

@@ -9,7 +9,7 @@ import numpy as np
 
 from .. import convert as cv
 from .._io import check_outputs, check_writable
-from ..cli import float_arg, int_arg, positive_float_arg, seed_arg
+from ..cli import float_arg, int_arg, positive_float_arg, seed_arg, shorten
 from ..errors import UserError
 from ..trace import load_trace, parse_decimal, show
 
@@ -52,7 +52,8 @@ def add_parser(subparsers) -> None:
                        epilog=CONVERT_RULES, formatter_class=argparse.RawDescriptionHelpFormatter)
     c.add_argument("source", metavar="SRC", help="Azure CSV (TIMESTAMP,ContextTokens,GeneratedTokens) or Mooncake "
                                                  "JSONL; 'bundled' means the shipped Azure conversation trace")
-    c.add_argument("--format", choices=cv.FORMATS, help="source format (default: from the extension or content)")
+    c.add_argument("--format", choices=cv.FORMATS, help="source format (default: from the extension or content; "
+                                                        "a pipe, <(command), needs it)")
     scale = c.add_mutually_exclusive_group()
     scale.add_argument("--load", type=positive_float_arg, metavar="L",
                        help="target offered load (work steps per step), e.g. 1.0")
@@ -145,7 +146,7 @@ def run_convert(args) -> int:
         raise UserError(f"{out}: is a directory; --out names the CSV file to write")
     if src.exists() and out.exists() and out.resolve() == src.resolve():
         raise UserError(f"{out}: would overwrite the source trace; choose another --out")
-    check_outputs([out, cv.meta_path(out)], [src])
+    check_outputs([args.out, cv.meta_path(out)], [src])  # (the name as given: `x.csv/` names a folder)
     if out.suffix.lower() != ".csv":  # a .parquet name would be read back as Parquet, another as CSV
         got = f"'{out.suffix}'" if out.suffix else "no extension"
         raise UserError(f"{out}: --out names the canonical trace CSV, which ends in .csv; got {got}")
@@ -210,7 +211,9 @@ def inspect_lines(trace, meta: dict | None = None) -> list[str]:
     if meta:
         src = meta.get("source")
         if src:
-            lines.append(f"converted from   {src} ({meta.get('format', '?')}, seed {meta.get('seed', '?')})")
+            # (the sidecar's text, shown escaped on one line: a file from elsewhere may hold terminal escapes)
+            shown = shorten(f"{src} ({meta.get('format', '?')}, seed {meta.get('seed', '?')})")
+            lines.append(f"converted from   {shown}")
     return lines
 
 

@@ -92,6 +92,15 @@ def cache_location() -> str:
 def run(args) -> int:
     import numba
 
+    if args.cuda:  # no GPU: said before the CPU kernels compile for minutes, and with warmup's own option
+        from ..batch import _check_backend
+        from ..errors import UserError
+
+        try:
+            _check_backend("cuda")
+        except UserError:
+            raise UserError("--cuda needs an NVIDIA GPU with a working CUDA driver, and none was found; leave out "
+                            "--cuda, or set NUMBA_ENABLE_CUDASIM=1 to run it in Numba's simulator") from None
     print(f"Numba {numba.__version__}, cache in {cache_location()}")
     total = time.perf_counter()
     for label, dispatchers, thunk in tasks(args.cuda):
