@@ -246,6 +246,6 @@ class TestPolicyObjects:
                     req(3, prompt=6, new=4, priority=1, required_blocks=3, deadline_step=8, preemptible=False),
                     req(4, prompt=1, new=1, priority=-1, required_blocks=1)]
         named = sim_with(policy, blocks=4, interval=interval, requests=requests).run(50)
-        # the Policy's own interval (2) gives way to the simulator's, as with the name
-        as_policy = sim_with(builtin(policy, aging_interval=2), blocks=4, interval=interval, requests=requests).run(50)
+        # a Policy that carries no interval takes the simulator's, as the name does
+        as_policy = sim_with(builtin(policy), blocks=4, interval=interval, requests=requests).run(50)
         assert as_policy == named and len(named) == 14

@@ -513,19 +513,32 @@ def _umask() -> int:
 class Progress:
     """A plain progress bar on stderr (only when it is a terminal, or when forced).
 
+    With `lines`, `enabled` None on a stream that is not a terminal (a log under nohup or CI, where a
+    redrawn bar is one endless line) prints a plain line now and then instead: once both
+    `LINE_FRACTION` of the work and `LINE_SECONDS` have passed since the last (at most ten lines, at
+    most one each half minute, none for work that ends sooner), and a last line when any was printed.
+
     >>> with Progress(3, "demo", enabled=False) as bar:
     ...     for _ in range(3):
     ...         bar.advance()
     """
 
-    def __init__(self, total: int, label: str = "", enabled: bool | None = None, stream=None):
+    LINE_FRACTION = 0.1
+    LINE_SECONDS = 30.0
+
+    def __init__(self, total: int, label: str = "", enabled: bool | None = None, stream=None, *,
+                 lines: bool = False):
         self.total = max(int(total), 0)
         self.label = label
         self.stream = stream or sys.stderr
-        self.enabled = self.stream.isatty() if enabled is None else enabled
+        tty = _isatty(self.stream)
+        self.lines = lines and enabled is None and not tty
+        self.enabled = (tty if enabled is None else enabled) and not self.lines
         self.done = 0
         self._start = time.monotonic()
         self._last = 0.0
+        self._line_at = (0, self._start)  # (work done, time) of the last plain line, or of the start
+        self._printed = False
 
     def __enter__(self):
         self._draw(force=True)
@@ -535,7 +548,27 @@ class Progress:
         self.done += n
         self._draw()
 
+    def _line(self, final: bool = False) -> None:
+        done, at = self._line_at
+        now = time.monotonic()
+        if final:
+            if not self._printed:
+                return
+        elif (self.done - done < self.LINE_FRACTION * self.total or now - at < self.LINE_SECONDS
+              or self.done >= self.total):
+            return
+        self._line_at = (self.done, now)
+        self._printed = True
+        share = f" ({100 * self.done // self.total}%)" if self.total else ""
+        try:
+            self.stream.write(f"{self.label}: {self.done} of {self.total} done{share}, {now - self._start:.0f} s\n")
+            self.stream.flush()
+        except (OSError, ValueError):  # a closed log costs the progress lines, never the work
+            self.lines = False
+
     def _draw(self, force: bool = False) -> None:
+        if self.lines:
+            self._line()
         if not self.enabled:
             return
         now = time.monotonic()
@@ -550,8 +583,17 @@ class Progress:
         self.stream.flush()
 
     def __exit__(self, *exc):
+        if self.lines and exc[0] is None:
+            self._line(final=True)
         if self.enabled:
             self._draw(force=True)
             self.stream.write("\n")
             self.stream.flush()
+        return False
+
+
+def _isatty(stream) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, OSError, ValueError):  # (a closed or file-like stream)
         return False

@@ -43,7 +43,7 @@ from .engine import (ENGINES, SimulationResult, check_config, check_flag, event_
                      integral_hint, plain_value, refuse_beyond_memory, trace_arrays, zeros_within_memory)
 from .errors import UserError
 from .kernels import enums as E
-from .policy import Policy, policy_name
+from .policy import Policy, policy_name, replay_interval
 from .trace import Trace, load_trace, show
 
 BACKENDS = ("cpu", "cuda")
@@ -68,21 +68,28 @@ class Scenario:
 
     ``max_steps`` None means no limit.  ``replicate`` only labels the row: which redraw of the
     trace's seeded classes and deadlines `Scenario.trace` points at (see `replicate_traces`).
+    ``aging_interval`` None (the default) becomes the interval the policy carries, else 4; a policy
+    that carries one and another given is a `UserError` (`decodesched.policy.replay_interval`).
     """
 
     trace: int
     policy: str | Policy  # a built-in name or a decodesched.Policy
     free_kv_blocks: int
-    aging_interval: int = 4
+    aging_interval: int | None = None
     max_steps: int | None = None
     replicate: int = 0
 
+    def __post_init__(self):
+        object.__setattr__(self, "aging_interval", replay_interval(self.policy, self.aging_interval))
 
-def grid(traces, policies: Sequence, kv_blocks: Sequence[int], aging_intervals: Sequence[int],
+
+def grid(traces, policies: Sequence, kv_blocks: Sequence[int], aging_intervals: Sequence[int] | None,
          max_steps: int | None = None, replicates: int = 1) -> list[Scenario]:
     """Every combination, in the order trace, replicate, policy, capacity, aging interval (the last
     varies fastest); the aging interval varies only for policies whose result depends on it
-    (`uses_aging_interval`), the others run once, at the first interval.
+    (`uses_aging_interval`), the others run once, at the first interval.  `aging_intervals` None is
+    each policy's own interval (``builtin("aging", 8)``: 8), else 4; a policy that carries an interval
+    and an axis that holds another is a `UserError` (give the name ``"aging"`` to vary it).
 
     `traces` is the number of traces or the traces themselves (only their count is used).  With
     `replicates` N > 1, give `simulate_batch` the traces of ``replicate_traces(traces, N)``: scenario
@@ -97,16 +104,22 @@ def grid(traces, policies: Sequence, kv_blocks: Sequence[int], aging_intervals: 
     if isinstance(replicates, bool) or not isinstance(replicates, (int, np.integer)) or replicates < 1:
         raise UserError(f"replicates must be a positive integer, got {replicates!r}")
     policies, kv_blocks, intervals = (_grid_axis(name, v) for name, v in (
-        ("policies", policies), ("kv_blocks", kv_blocks), ("aging_intervals", aging_intervals)))
+        ("policies", policies), ("kv_blocks", kv_blocks),
+        ("aging_intervals", [None] if aging_intervals is None else aging_intervals)))
     if not intervals:
-        raise UserError("grid needs at least one aging interval")
+        raise UserError("grid needs at least one aging interval (or None: each policy's own)")
     # Each value as `simulate` takes it, refused now rather than when `simulate_batch` runs the grid.
     for name, values in (("kv_blocks", kv_blocks), ("aging_intervals", intervals)):
         for v in values:
+            if v is None and name == "aging_intervals" and aging_intervals is None:
+                continue
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
                 raise UserError(f"grid: {name} must hold integers, got {show(plain_value(v))}{integral_hint(v)}")
     refuse_beyond_memory("the grid's scenarios",
                           grid_size(n_traces, policies, kv_blocks, intervals, replicates) * _SCENARIO_BYTES)
+    for p in policies:
+        for k in intervals if uses_aging_interval(p) else ():
+            replay_interval(p, k, "the grid's aging interval")  # (one line now, not a Scenario's later)
     out = []
     for t, r, p, c in itertools.product(range(n_traces), range(replicates), policies, kv_blocks):
         for k in (intervals if uses_aging_interval(p) else intervals[:1]):
@@ -369,9 +382,10 @@ def simulate_batch(traces, scenarios: Sequence[Scenario], *, record_events: bool
     over a long trace fits in memory; with True each scenario keeps its event log too.
     `threads`: Numba threads for this call (default: Numba's current setting); restored after.
     `backend`: ``"cpu"`` (``prange`` over scenarios) or ``"cuda"`` (one GPU thread per scenario,
-    always the scan algorithm; `engine` is then ignored).  `progress`: a bar on stderr (None: only on
-    a terminal), advanced as scenarios finish.  CPU workers take scenarios from a shared queue
-    (dynamic scheduling), so uneven scenarios still keep every thread busy.
+    always the scan algorithm; `engine` is then ignored).  `progress`: a bar on stderr (None: on a
+    terminal, else a plain line now and then, `decodesched._io.Progress`), advanced as scenarios finish.
+    CPU workers take scenarios from a shared queue (dynamic scheduling), so uneven scenarios still keep
+    every thread busy.
     """
     traces = [load_trace(t) for t in _as_list(traces)]
     if not traces:
@@ -424,7 +438,7 @@ def simulate_batch(traces, scenarios: Sequence[Scenario], *, record_events: bool
         if threads is not None:
             numba.set_num_threads(threads)
         used = numba.get_num_threads()
-        with Progress(n_sc, "sweep", enabled=progress) as bar:
+        with Progress(n_sc, "sweep", enabled=progress, lines=True) as bar:
             if backend == "cuda":
                 from .kernels.cuda_nb import replay_batch_cuda
 

@@ -100,11 +100,14 @@ def is_checkpoint(path) -> bool:
 
 def check_checkpoint_path(path) -> None:
     """Refuse (UserError), before any work, a checkpoint path where something else lives: the sweep
-    replaces or removes the file there, so it must be a checkpoint already, or nothing."""
+    replaces or removes the file there, so it must be a checkpoint already, or nothing, in a folder
+    that takes a new file."""
+    from ._io import check_writable
     from .errors import UserError
 
     path = Path(path)
     if not path.is_symlink() and not path.exists():
+        check_writable(path)  # (a missing or read-only folder: now, not after the first chunk's work)
         return
     if not is_checkpoint(path):
         what = "a symbolic link" if path.is_symlink() else "a folder" if path.is_dir() else "not a sweep checkpoint"
@@ -260,7 +263,9 @@ def run_local(traces, scenarios: Sequence, *, chunk_size: int = DEFAULT_LOCAL_CH
     order, equal to ``simulate_batch(traces, scenarios).rows()``.  The checkpoint is removed at the
     end, unless `keep_checkpoint` (the caller then calls `finish` once it has written the rows)."""
     from .batch import estimated_cost, simulate_batch, trace_labels
+    from .engine import check_flag
 
+    progress = check_flag("progress", progress, none=True)
     traces, scenarios, key, done = prepare(traces, scenarios, chunk_size, checkpoint_path)
     n = len(scenarios)
     cost = estimated_cost(traces, scenarios)
@@ -268,7 +273,7 @@ def run_local(traces, scenarios: Sequence, *, chunk_size: int = DEFAULT_LOCAL_CH
     labels = trace_labels(traces, scenarios)
     checkpoint = Checkpoint(checkpoint_path, key, n, done) if checkpoint_path else None
     try:
-        with Progress(n, "sweep", enabled=progress) as bar:
+        with Progress(n, "sweep", enabled=progress, lines=True) as bar:
             bar.advance(len(done))
             for a in range(0, len(todo), chunk_size):
                 chunk = todo[a:a + chunk_size]

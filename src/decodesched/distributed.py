@@ -95,11 +95,10 @@ def connect(address: str, *, n_workers: int = 2, timeout: float = 30, quiet: boo
     if not isinstance(address, str) or not address:
         raise UserError(f"--dask needs a scheduler address (tcp://HOST:PORT) or 'local', got {address!r}")
     if address == "local":
-        # Numba threads per worker: the cores shared out, so the workers do not oversubscribe them.
-        numba_threads = str(max(1, (os.cpu_count() or 1) // n_workers))
+        # (no NUMBA_NUM_THREADS in the workers' environment: Dask sets it after the worker imported Numba,
+        # whose next compile then reloads its config and fails once its threads run; `local_threads`)
         cluster = distributed.LocalCluster(n_workers=n_workers, processes=True, threads_per_worker=1,
                                            host="127.0.0.1", dashboard_address=":0",
-                                           env={"NUMBA_NUM_THREADS": numba_threads},
                                            **({"silence_logs": logging.CRITICAL} if quiet else {}))
         try:
             with distributed.Client(cluster) as client:
@@ -119,6 +118,12 @@ def connect(address: str, *, n_workers: int = 2, timeout: float = 30, quiet: boo
         yield client
     finally:
         client.close()
+
+
+def local_threads(n_workers: int = 2) -> int:
+    """Numba threads per chunk on a ``"local"`` cluster's workers: the cores shared out, so that the
+    workers do not oversubscribe them."""
+    return max(1, (os.cpu_count() or 1) // n_workers)
 
 
 def probe(address: str, seconds: float = PROBE_SECONDS) -> None:
@@ -165,8 +170,9 @@ def run_sweep(traces, scenarios: Sequence, address, *, chunk_size: int = DEFAULT
 
     `address`: ``"local"``, a scheduler address, or an existing `distributed.Client`.
     `traces`: anything `simulate_batch` accepts.  `threads`: Numba threads per chunk on the workers
-    (default: the workers' Numba setting).  `on_chunk(done, total)` is called on the client after
-    each chunk computed in this run (not for rows resumed from the checkpoint); an exception it
+    (default: the workers' Numba setting; on ``"local"``, the cores shared out, `local_threads`).
+    `on_chunk(done, total)` is called on the client after each chunk computed in this run (not for
+    rows resumed from the checkpoint); an exception it
     raises stops the sweep, keeping the checkpoint.  `chunk_function(traces, scenarios, first,
     threads) -> (first, rows)` replaces the task run on the workers (for tests and instrumentation).
     A chunk that still fails after `retries` raises `UserError` (finished chunks stay in the
@@ -183,6 +189,8 @@ def run_sweep(traces, scenarios: Sequence, address, *, chunk_size: int = DEFAULT
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, numbers.Integral) or threads < 1):
         raise UserError(f"threads must be a positive integer (Numba threads per chunk on a worker), got {threads!r}")
     traces, scenarios, key, done = prepare(traces, scenarios, chunk_size, checkpoint_path)
+    if threads is None and isinstance(address, str) and address == "local":
+        threads = local_threads()
     for policy in {id(sc.policy): sc.policy for sc in scenarios if not isinstance(sc.policy, str)}.values():
         try:
             pickle.dumps(policy)  # a user policy travels by its module:attr (`Policy.__reduce__`)
@@ -230,7 +238,7 @@ def _compute(traces, chunks, address, done, checkpoint, progress, threads, retri
                    for first, chunk in chunks]
         completed = 0
         try:
-            with Progress(n, "sweep", enabled=progress) as bar:
+            with Progress(n, "sweep", enabled=progress, lines=True) as bar:
                 bar.advance(len(done))
                 for fut in distributed.as_completed(futures):
                     try:

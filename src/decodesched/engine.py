@@ -15,7 +15,7 @@ import numpy as np
 
 from . import metrics as _metrics
 from .errors import UserError
-from .policy import Policy, policy_name
+from .policy import Policy, policy_name, replay_interval
 from .kernels import enums as E
 from .kernels.fields import KERNEL_TRACE_ARGS
 from .trace import INT64_MAX, MAX_TOTAL, Trace, load_trace, show, writable_base
@@ -161,9 +161,12 @@ def replay_kernel(engine: str, policy=None):
     return replay_fast_nb
 
 
-def simulate(trace, policy="fixed_priority", free_kv_blocks: int = 1_000_000, aging_interval: int = 4,
+def simulate(trace, policy="fixed_priority", free_kv_blocks: int = 1_000_000, aging_interval: int | None = None,
              max_steps: int | None = None, *, record_events: bool = True, engine: str = "fast") -> "SimulationResult":
     """Replay `trace` under one policy and capacity; return events, per-request results and metrics.
+
+    `aging_interval` None (the default) is the interval the policy carries (``builtin("aging", 8)``),
+    else 4; a policy that carries one and another given is a `UserError` (`policy.replay_interval`).
 
     `trace` is anything `load_trace` accepts.  With ``record_events=False`` no event log is kept
     (only per-request results and metrics), for traces whose log would not fit in memory.
@@ -178,6 +181,7 @@ def simulate(trace, policy="fixed_priority", free_kv_blocks: int = 1_000_000, ag
     (['prefill_to_decode', 'decode_one_step', 'finish'], [2.0])
     """
     trace = load_trace(trace)
+    aging_interval = replay_interval(policy, aging_interval)
     code, capacity, interval, limit = check_config(policy, free_kv_blocks, aging_interval, max_steps)
     record_events = check_flag("record_events", record_events)
     kernel = replay_kernel(engine, policy)

@@ -8,8 +8,9 @@ pandas and pyarrow are not needed by the simulator itself; install them with
   ``deadline_step`` without a deadline are ``<NA>`` (nullable ``Int64``), latencies NaN.
 - `events_frame(result)`: the event log (SPEC section 4 columns); ``preempted_request_id`` is ``<NA>``
   when the step preempted no one.
-- `trace_frame(trace)`: a trace's canonical columns (write it with `to_parquet` and
-  `decodesched.load_trace` reads it back, with its ``steps_per_second`` from the Parquet metadata).
+- `trace_frame(trace)`: a trace's canonical columns, with its ``steps_per_second`` and ``name`` in the
+  frame's ``attrs``, which `decodesched.load_trace` of the frame (or of a frame made from it) takes
+  back; written with `to_parquet`, `load_trace` reads its ``steps_per_second`` from the Parquet metadata.
 - `metrics_frame(rows_or_batch)`: a sweep's per-scenario rows (``BatchResult.rows()`` or a list of
   dicts) as one frame, columns in `decodesched.batch.row_columns` order (per-class ``<metric>_class<P>``,
   seconds ``<metric>_s``, ``offered_load``, ``steps_per_second``; a censored statistic is ``inf``).
@@ -94,11 +95,15 @@ def trace_frame(trace) -> "Any":
     pd = _pandas()
     from .trace import load_trace
 
-    cols = load_trace(trace).columns()
+    trace = load_trace(trace)
+    cols = trace.columns()
     data = dict(cols)
     data["deadline_step"] = pd.array([None if v is None else int(v) for v in cols["deadline_step"].tolist()],
                                      dtype="Int64")
-    return pd.DataFrame(data)
+    frame = pd.DataFrame(data)
+    frame.attrs.update(name=trace.name, **({"steps_per_second": trace.steps_per_second}
+                                           if trace.steps_per_second else {}))
+    return frame
 
 
 def metrics_frame(rows) -> "Any":

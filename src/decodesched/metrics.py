@@ -118,6 +118,7 @@ def jain_index(x: np.ndarray) -> float:
 
 
 def _group(req: dict, mask: np.ndarray) -> dict:
+    """The aggregates of the requests `mask` selects (a boolean mask, or row indices)."""
     has_deadline = req["has_deadline"][mask]
     met = req["deadline_met"][mask]
     n_deadline = int(has_deadline.sum())
@@ -133,7 +134,7 @@ def _group(req: dict, mask: np.ndarray) -> dict:
     ran = req["first_step"][mask] >= 0
     out.update(
         {
-            "requests": int(mask.sum()),
+            "requests": int(finished.size),
             "finished": int(finished.sum()),
             "unservable": int(req["unservable"][mask].sum()),
             "unfinished": int(unfinished.sum()),
@@ -143,7 +144,7 @@ def _group(req: dict, mask: np.ndarray) -> dict:
             "deadline_misses": int(n_deadline - met.sum()),
             "deadline_miss_rate": float((n_deadline - met.sum()) / n_deadline) if n_deadline else math.nan,
             "slo_attainment": float(met.sum() / n_deadline) if n_deadline else math.nan,
-            "mean_service_share": float(service_share.mean()) if mask.any() else math.nan,
+            "mean_service_share": float(service_share.mean()) if finished.size else math.nan,
         }
     )
     return out
@@ -161,8 +162,12 @@ def aggregate(trace: Trace, req: dict, n_events: int, clock: int) -> dict:
     everyone = np.ones(len(trace), dtype=bool)
     out = _group(req, everyone)
     classes = {}
-    for p in np.unique(trace.priority):
-        classes[int(p)] = _group(req, trace.priority == p)
+    # each class's rows from one sort (a mask per class took classes x requests, quadratic for a trace
+    # whose priorities are all distinct, such as shortest job first's -max_new_tokens)
+    order = np.argsort(trace.priority, kind="stable")
+    values, starts = np.unique(trace.priority[order], return_index=True)
+    for p, a, b in zip(values.tolist(), starts.tolist(), [*starts[1:].tolist(), len(order)]):
+        classes[int(p)] = _group(req, order[a:b])
     span = max(int(clock) - int(trace.arrival_step.min()), 1)
     out.update(
         {
@@ -251,7 +256,10 @@ FLAT_COLUMNS = (
 # Columns in steps: each gets a twin in seconds, ``<name>_s``, when the trace has a time scale.
 TIME_COLUMNS = frozenset(("starvation",) + tuple(c for c in FLAT_COLUMNS if c.rpartition("_")[0] in LATENCIES
                                                and not c.endswith("_censored")))
-# Per priority class P, column ``<name>_class<P>`` (and ``<name>_s_class<P>`` for time columns).
+# Per priority class P, column ``<name>_class<P>`` (and ``<name>_s_class<P>`` for time columns), for a
+# trace of at most MAX_CLASS_COLUMNS classes: priorities that are not a few classes (all distinct, or
+# -max_new_tokens for shortest job first) would make a column per request (325,000 for Mooncake's).
+MAX_CLASS_COLUMNS = 32
 CLASS_COLUMNS = ("requests", "finished", "unservable", "unfinished", "queue_wait_p50", "queue_wait_p95",
                  "queue_wait_p99", "ttft_p50", "ttft_p95", "ttft_p99", "e2e_p50", "e2e_p95", "e2e_p99", "starvation",
                  "preemptions", "with_deadline", "slo_attainment")
@@ -275,9 +283,12 @@ def _with_seconds(names, metrics: dict, sps: float | None, suffix: str = "") -> 
 def flat_metrics(metrics: dict) -> dict:
     """One flat row of scalars, e.g. for a sweep's metrics CSV: the `FLAT_COLUMNS` (each time column
     followed by its seconds twin ``<name>_s`` when ``metrics["steps_per_second"]`` is set), then per
-    priority class P (ascending) the `CLASS_COLUMNS` as ``<name>_class<P>`` (``<name>_s_class<P>``)."""
+    priority class P (ascending) the `CLASS_COLUMNS` as ``<name>_class<P>`` (``<name>_s_class<P>``),
+    for a trace of at most `MAX_CLASS_COLUMNS` classes (``metrics["per_class"]`` has them all)."""
     sps = metrics.get("steps_per_second")
     row = _with_seconds(FLAT_COLUMNS, metrics, sps)
+    if len(metrics["per_class"]) > MAX_CLASS_COLUMNS:
+        return row
     for p in sorted(metrics["per_class"]):
         row.update(_with_seconds(CLASS_COLUMNS, metrics["per_class"][p], sps, f"_class{p}"))
     return row

@@ -24,6 +24,7 @@ RequestStatus = Literal["waiting", "running", "preempted", "finished"]
 
 POLICIES = ("fixed_priority", "aging", "deadline", "fcfs")
 NO_DEADLINE_SLACK = 1_000_000_000
+DEFAULT_AGING_INTERVAL = 4  # the seed's default
 
 
 @dataclass
@@ -59,13 +60,21 @@ class RequestState:
 class DecodeSchedulerSim:
     """Advance one request per step between prefill and decode, and record every event."""
 
-    def __init__(self, policy: str = "fixed_priority", free_kv_blocks: int = 1_000_000, aging_interval: int = 4):
+    def __init__(self, policy: str = "fixed_priority", free_kv_blocks: int = 1_000_000,
+                 aging_interval: int | None = None):
+        # (the seed's default is 4: None is 4 too, unless the policy carries its own, `policy.replay_interval`)
         custom = _custom_policy(policy)
         if custom is None and policy not in POLICIES:
             raise ValueError(
                 f"policy 必须是 {', '.join(POLICIES)} 之一 / policy must be one of {', '.join(POLICIES)}"
                 f"{_own_policy_hint(policy)}; got {policy!r}"
             )
+        if custom is not None:
+            from .policy import replay_interval
+
+            aging_interval = replay_interval(custom, aging_interval)
+        elif aging_interval is None:
+            aging_interval = DEFAULT_AGING_INTERVAL
         if free_kv_blocks < 0 or aging_interval <= 0:
             raise ValueError(
                 "容量不能为负，aging_interval 必须为正数 / free_kv_blocks must be >= 0 and aging_interval > 0; "
@@ -292,7 +301,7 @@ class ModelReplay:
     stop: str  # "drained", "stuck" or "max_steps"
 
 
-def replay(rows, policy: str = "fixed_priority", free_kv_blocks: int = 1_000_000, aging_interval: int = 4,
+def replay(rows, policy: str = "fixed_priority", free_kv_blocks: int = 1_000_000, aging_interval: int | None = None,
            max_steps: int | None = None) -> ModelReplay:
     """Replay a trace over `DecodeSchedulerSim` exactly as SPEC section 3 defines it.
 

@@ -50,6 +50,7 @@ from pathlib import Path
 
 from .errors import UserError
 from .kernels.enums import POLICY_AGING, POLICY_NAMES
+from .model import DEFAULT_AGING_INTERVAL  # (of a replay given none, of a policy that carries none)
 
 # The kernel's policy argument for a user policy (no built-in code; its functions ignore it).
 CUSTOM_CODE = -1
@@ -248,11 +249,13 @@ class Policy:
     `key` and `effective_priority` are ``@numba.njit`` functions of ``(r, clock)`` (see the module
     docstring); `name` names the policy in results and tables and may not be a built-in's.  Both
     functions are compiled and tried once on a sample request here, so that a wrong return type is
-    reported now, as a `UserError` naming the policy.
+    reported now, as a `UserError` naming the policy.  ``aging_interval`` is the interval the policy
+    carries (``builtin("aging", 8)``), which every replay of it runs at (`replay_interval`); None for a
+    policy that takes the replay's (a user policy, whose functions hold their own constants).
     """
 
-    __slots__ = ("name", "key", "effective_priority", "uses_aging_interval", "_code", "_interval", "_kernel",
-                 "_lock", "spec")
+    __slots__ = ("name", "key", "effective_priority", "uses_aging_interval", "aging_interval", "_code", "_interval",
+                 "_kernel", "_lock", "spec")
 
     def __init__(self, name: str, *, key, effective_priority):
         self._setup(name, key, effective_priority, builtin_code=None, interval=None)
@@ -272,6 +275,8 @@ class Policy:
         self.key = key
         self.effective_priority = effective_priority
         self.uses_aging_interval = builtin_code == POLICY_AGING
+        # the interval every replay of this policy runs at (`replay_interval`); None: the replay's
+        self.aging_interval = None
         self._code = builtin_code
         self._interval = interval
         self._kernel = None
@@ -286,7 +291,7 @@ class Policy:
         a user policy as the ``module:attr`` it was resolved from, or the importable module and
         attribute that hold it; compiled functions themselves do not pickle."""
         if self._code is not None:
-            return builtin, (self.name, self._interval)
+            return builtin, (self.name, self.aging_interval)
         spec = self.spec or _importable_spec(self)
         if spec is None:
             raise TypeError(f"policy {self.name!r} cannot be sent to another process: define it at the top "
@@ -313,7 +318,8 @@ class Policy:
         return CUSTOM_CODE if self._code is None else self._code
 
     def with_aging_interval(self, aging_interval: int) -> "Policy":
-        """This policy for a replay with `aging_interval`: itself, unless it `uses_aging_interval`."""
+        """This policy for a replay with `aging_interval` (as `replay_interval` resolved it): itself, unless
+        it `uses_aging_interval` at another interval."""
         if not self.uses_aging_interval or aging_interval == self._interval:
             return self
         return builtin(self.name, aging_interval=aging_interval)
@@ -627,13 +633,14 @@ class _CompileNotice:
               file=sys.stderr, flush=True)
 
 
-def builtin(name: str, aging_interval: int = 4) -> Policy:
+def builtin(name: str, aging_interval: int | None = None) -> Policy:
     """Built-in policy `name` as a `Policy` whose functions are SPEC section 2's.
 
-    `aging_interval` is what the functions use when called directly (and in `DecodeSchedulerSim`
-    built with this Policy's default); in a replay, a policy that `uses_aging_interval` (aging)
-    takes the replay's ``aging_interval`` as the name does.  Given to `simulate`, a built-in Policy
-    runs exactly as its name (same kernels, same results).
+    ``builtin("aging", 8)`` carries its interval: every replay of it runs at 8 (`replay_interval`; a
+    replay given another interval is refused), and its ``aging_interval`` attribute says 8.  Without
+    an interval (``builtin("aging")``) it takes the replay's, as the name does (its functions, called
+    directly, use `DEFAULT_AGING_INTERVAL`).  The other built-ins ignore the interval.  Given to
+    `simulate`, a built-in Policy runs exactly as its name (same kernels, same results).
     """
     if name not in POLICY_NAMES:
         raise UserError(f"unknown built-in policy {name!r}; choose one of {', '.join(POLICY_NAMES)}")
@@ -641,6 +648,9 @@ def builtin(name: str, aging_interval: int = 4) -> Policy:
 
     import numpy as np
 
+    carried = aging_interval is not None
+    if not carried:
+        aging_interval = DEFAULT_AGING_INTERVAL
     if (isinstance(aging_interval, (bool, np.bool_)) or not isinstance(aging_interval, (int, np.integer))
             or not 0 < aging_interval <= INT64_MAX):
         raise UserError(f"aging_interval must be an integer from 1 to 2**63 - 1, got {show(aging_interval)}")
@@ -662,12 +672,34 @@ def builtin(name: str, aging_interval: int = 4) -> Policy:
 
     policy = Policy.__new__(Policy)
     policy._setup(name, key, effective_priority, builtin_code=code, interval=interval)
+    if carried and policy.uses_aging_interval:
+        policy.aging_interval = interval
     return policy
 
 
 def policy_name(policy) -> str:
     """The name of a policy given as a name or a `Policy`."""
     return policy.name if isinstance(policy, Policy) else policy
+
+
+def replay_interval(policy, aging_interval=None, option: str = "aging_interval"):
+    """The aging interval a replay of `policy` runs at: `aging_interval` when given, else the one the
+    policy carries (``builtin("aging", 8)``: its ``aging_interval``), else `DEFAULT_AGING_INTERVAL`.
+
+    A policy that carries an interval and another interval given (`option` names where, for the
+    message) is one `UserError`: taking either silently would run a replay other than the one asked
+    for.  A value that is not an integer is returned as it is, for the caller's own check to name."""
+    carried = policy.aging_interval if isinstance(policy, Policy) else None
+    if aging_interval is None:
+        return DEFAULT_AGING_INTERVAL if carried is None else carried
+    import numpy as np
+
+    given = not isinstance(aging_interval, (bool, np.bool_)) and isinstance(aging_interval, (int, np.integer))
+    if carried is not None and given and aging_interval != carried:
+        raise UserError(f"policy {policy.name!r} was built with aging interval {carried}, but {option} "
+                        f"{int(aging_interval)} was given: give one of them (builtin({policy.name!r}) takes the "
+                        "replay's interval)")
+    return aging_interval
 
 
 def _origin(policy) -> str:

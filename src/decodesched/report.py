@@ -49,8 +49,9 @@ import numpy as np
 
 from ._io import _describe, _same_file, input_file, input_label, replace_together, temp_prefix
 from .errors import UserError
-from .metrics import offered_load
+from .metrics import MAX_CLASS_COLUMNS, offered_load
 from .palette import POLICY_ORDER, policy_colors, policy_marker, policy_style, sorted_policies
+from .tables_io import is_parquet
 from .trace import MAX_INT_DIGITS, show
 
 LATENCY_LABELS = {"queue_wait": "queue wait", "ttft": "TTFT", "e2e": "end-to-end latency", "tpot": "TPOT"}
@@ -218,25 +219,26 @@ REPORT_COLUMNS = re.compile(
 
 def read_sweep(path, columns=None) -> list[dict]:
     """The rows of a sweep metrics CSV: numbers as int/float (empty cells NaN, ``inf`` censored), text
-    as str; a CSV without a ``replicate`` column gets replicate 0.
+    as str; a CSV without a ``replicate`` column gets replicate 0.  A ``.parquet`` / ``.pq`` name is
+    read as Parquet (`decodesched.frames.to_parquet` of a batch or its rows), checked as the CSV is.
 
     `columns` (a compiled pattern, such as `REPORT_COLUMNS`): besides ``trace`` and ``policy``, only the
     columns whose whole name it matches are kept in the rows (every cell is checked all the same).
     Rows are parsed as they are read, so a large sweep is never held as text."""
     path = input_file(path, "sweep metrics CSV")
+    if is_parquet(path):
+        header, cells = _parquet_sweep(path)
+        keep, names = _sweep_columns(path, header, columns)
+        out = [_parse_row(path, i + 2, row, header, keep, names) for i, row in enumerate(cells)]
+        if not out:
+            raise UserError(f"{path}: the sweep has no rows")
+        return out
     out = []
     try:
         with open(path, newline="", encoding="utf-8-sig") as fh:  # (with or without a byte-order mark)
             reader = csv.DictReader(fh)
             header = reader.fieldnames or []
-            missing = [c for c in ("trace", "policy", "kv_blocks", "aging_interval") if c not in header]
-            if missing:
-                raise UserError(f"{path}: not a sweep metrics CSV (no column {', '.join(missing)})")
-            dup = [c for c, n in Counter(header).items() if n > 1]  # (a row would keep only the last one's cell)
-            if dup:
-                raise UserError(f"{path}: duplicate column(s) {', '.join(dup)}")
-            keep = {k for k in header if columns is None or columns.fullmatch(k)}
-            names: dict[str, str] = {}  # one str object per trace and policy name, not one per row
+            keep, names = _sweep_columns(path, header, columns)
             for row in reader:
                 out.append(_parse_row(path, reader.line_num, row, header, keep, names))
     except FileNotFoundError:
@@ -250,6 +252,27 @@ def read_sweep(path, columns=None) -> list[dict]:
     if not out:
         raise UserError(f"{path}: the sweep has no rows")
     return out
+
+
+def _sweep_columns(path, header: list, columns) -> tuple[set, dict]:
+    """Check a sweep's header; return the columns to keep and the dict that shares name strings."""
+    missing = [c for c in ("trace", "policy", "kv_blocks", "aging_interval") if c not in header]
+    if missing:
+        raise UserError(f"{path}: not a sweep metrics CSV (no column {', '.join(missing)})")
+    dup = [c for c, n in Counter(header).items() if n > 1]  # (a row would keep only the last one's cell)
+    if dup:
+        raise UserError(f"{path}: duplicate column(s) {', '.join(dup)}")
+    return {k for k in header if columns is None or columns.fullmatch(k)}, {}
+
+
+def _parquet_sweep(path) -> tuple[list, list[dict]]:
+    """A Parquet sweep's column names and its rows as the CSV's cells (`batch.write_metrics_csv`'s)."""
+    from ._io import read_parquet_table
+    from .batch import _csv_value
+
+    table = read_parquet_table(path)
+    cells = [{k: str(_csv_value(v)) for k, v in row.items()} for row in table.to_pylist()]
+    return table.column_names, cells
 
 
 def _parse_row(path, lineno: int, row: dict, header: list, keep: set, names: dict) -> dict:
@@ -777,13 +800,15 @@ def _unit(trace) -> tuple[float, str]:
     return (1.0 / sps, "s") if sps else (1.0, "steps")
 
 
-def scenario_plots(trace, out: Path, *, policies, kv_blocks: int, aging_interval: int = 4,
+def scenario_plots(trace, out: Path, *, policies, kv_blocks: int, aging_interval: int | None = None,
                    timeline_policy: str | None = None, gantt_requests: int = 30) -> tuple[list[Plot], list[str]]:
-    """Replay `trace` under each policy and render the per-request figures into `out`."""
+    """Replay `trace` under each policy and render the per-request figures into `out` (`aging_interval`
+    None: each policy's own, else 4, as `simulate` takes it)."""
+    from .batch import uses_aging_interval
     from .engine import simulate
     from .metrics import format_table
 
-    from .policy import policy_name
+    from .policy import DEFAULT_AGING_INTERVAL, policy_name
 
     by_name = {}  # built-in names and user Policies, keyed by the name the figures show
     for p in policies:
@@ -796,14 +821,33 @@ def scenario_plots(trace, out: Path, *, policies, kv_blocks: int, aging_interval
     order = sorted_policies(policies)
     colors = policy_colors(order)
     plots = []
-    cfg = f"{trace.name}, {len(trace)} requests, {kv_blocks} KV blocks, aging interval {aging_interval}"
+    shown = aging_interval if aging_interval is not None else next(
+        (results[p].aging_interval for p in policies if uses_aging_interval(by_name[p])), DEFAULT_AGING_INTERVAL)
+    cfg = f"{trace.name}, {len(trace)} requests, {kv_blocks} KV blocks, aging interval {shown}"
     notes = [f"Scenario: {cfg}.", "<pre>" + html.escape(format_table({p: results[p].metrics for p in order}))
              + "</pre>"]
     plots.append(_cdf_plot(results, order, colors, out, scale, u, cfg))
 
+    classes = sorted(int(c) for c in np.unique(trace.priority))
+    if len(classes) <= MAX_CLASS_COLUMNS:
+        plots.append(_per_class_plot(results, order, colors, out, scale, u, cfg, classes))
+    else:  # (a bar per distinct priority: thousands for shortest job first's -max_new_tokens)
+        notes.append(f"No per-class figure: the trace has {len(classes)} distinct priorities, more than "
+                     f"{MAX_CLASS_COLUMNS} classes (the sweep's metrics rows leave out per-class columns then too).")
+
+    tp = policy_name(timeline_policy) if timeline_policy is not None else policies[0]
+    if tp not in results:
+        results[tp] = simulate(trace, policy=timeline_policy, free_kv_blocks=kv_blocks, aging_interval=aging_interval)
+    r = results[tp]
+    plots.append(_occupancy_plot(r, out, kv_blocks, scale, u))
+    plots.append(_gantt_plot(r, out, gantt_requests, scale, u))
+    return plots, notes
+
+
+def _per_class_plot(results: dict, order: list[str], colors: dict, out: Path, scale: float, u: str, cfg: str,
+                    classes: list[int]) -> Plot:
     from matplotlib.ticker import MaxNLocator
 
-    classes = sorted(int(c) for c in np.unique(trace.priority))
     fig, axes = _figure(1, 3, width=4.6, height=3.8)
     width = 0.8 / len(order)
     xs = np.arange(len(classes))
@@ -824,17 +868,8 @@ def scenario_plots(trace, out: Path, *, policies, kv_blocks: int, aging_interval
     axes[0][2].set_ylim(0, 105)
     axes[0][0].legend(fontsize=8)
     _suptitle(fig, f"Per priority class ({cfg})", fontsize=10)
-    plots.append(_save(fig, out, Plot("per_class",
-                                      "Per priority class: starvation (the longest wait of a request that ran), "
-                                      "preemptions suffered, and deadline attainment, per policy.")))
-
-    tp = policy_name(timeline_policy) if timeline_policy is not None else policies[0]
-    if tp not in results:
-        results[tp] = simulate(trace, policy=timeline_policy, free_kv_blocks=kv_blocks, aging_interval=aging_interval)
-    r = results[tp]
-    plots.append(_occupancy_plot(r, out, kv_blocks, scale, u))
-    plots.append(_gantt_plot(r, out, gantt_requests, scale, u))
-    return plots, notes
+    return _save(fig, out, Plot("per_class", "Per priority class: starvation (the longest wait of a request that "
+                                             "ran), preemptions suffered, and deadline attainment, per policy."))
 
 
 def _cdf_plot(results: dict, order: list[str], colors: dict, out: Path, scale: float, u: str, cfg: str) -> Plot:
@@ -1093,7 +1128,7 @@ def build_report(out_dir, *, results=None, trace=None, policies=None, kv_blocks=
                 notes += n
             if loaded is not None:
                 p, n = scenario_plots(loaded, tmp, policies=policies, kv_blocks=scenario_kv,
-                                      aging_interval=aging_interval if aging_interval is not None else 4,
+                                      aging_interval=aging_interval,
                                       timeline_policy=timeline_policy, gantt_requests=gantt_requests)
                 plots += p
                 notes += n

@@ -256,9 +256,14 @@ def load_trace(source: Any, *, steps_per_second: float | None = None, name: str 
         cols = {k: [r.get(k) for r in source] for k in keys}
         return _from_columns(cols, "<rows>", steps_per_second, name or "trace")
     if hasattr(source, "to_dict") and hasattr(source, "columns"):  # a pandas DataFrame
-        return _from_columns(_frame_columns(source), "<dataframe>", steps_per_second, name or "trace")
+        attrs = getattr(source, "attrs", None) or {}  # (`frames.trace_frame` keeps the time scale and name there)
+        return _from_columns(_frame_columns(source), "<dataframe>", steps_per_second or attrs.get("steps_per_second"),
+                             name or attrs.get("name") or "trace")
     if isinstance(source, Mapping):
         return _from_columns(dict(source), "<arrays>", steps_per_second, name or "trace")
+    if type(source).__name__ == "RawTrace":  # (`convert.read_azure` / `read_mooncake`: no steps nor classes yet)
+        raise TraceError("a RawTrace is a real trace as read, in seconds: convert it first, "
+                         "decodesched.convert.to_trace(raw, load=...) (or steps_per_second=...)")
     raise TraceError(f"cannot read a trace from {type(source).__name__}; give a path, a mapping of columns or a Trace")
 
 
@@ -303,6 +308,12 @@ def _recheck(trace: Trace) -> Trace:
     deadline = np.asarray(trace.deadline_step)
     if has.dtype != np.bool_ or has.shape != deadline.shape:
         raise TraceError("<Trace>: has_deadline must be a boolean array as long as deadline_step")
+    stray = np.flatnonzero(~has & (deadline != 0))  # (`dataclasses.replace(trace, deadline_step=...)` alone)
+    if stray.size:
+        i = int(stray[0])
+        raise TraceError(f"<Trace>: row {i + 1}, column deadline_step: {show(deadline[i].item())} on a row whose "
+                         "has_deadline is False, so it would be ignored; replace has_deadline as well "
+                         "(np.ones(len(trace), bool): a deadline on every row)")
     cols["deadline_step"] = np.ma.MaskedArray(deadline, mask=~has)
     out = _from_columns(cols, "<Trace>", trace.steps_per_second, trace.name)
     return _checked(dataclasses.replace(out, source=trace.source))

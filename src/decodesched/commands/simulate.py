@@ -9,7 +9,7 @@ import time
 from ..cli import int_arg
 from ..engine import ENGINES, POLICIES, simulate
 from ..metrics import format_table
-from ..policy import resolve_policy
+from ..policy import replay_interval, resolve_policy
 from ..trace import load_trace
 
 
@@ -26,7 +26,8 @@ def add_parser(sub) -> None:
                    help=f"a built-in policy ({', '.join(POLICIES)}) or module:attr / path/to/file.py:attr naming "
                    "a decodesched.Policy")
     p.add_argument("--kv-blocks", type=int_arg, required=True, metavar="N", help="free KV blocks at the start")
-    p.add_argument("--aging-interval", type=int_arg, default=4, metavar="K", help="steps per priority level (default 4)")
+    p.add_argument("--aging-interval", type=int_arg, default=None, metavar="K",
+                   help="steps per priority level (default: the one a policy module:attr was built with, else 4)")
     p.add_argument("--max-steps", type=int_arg, default=None, metavar="N", help="stop after N steps that ran")
     p.add_argument("--events", metavar="PATH", help="write the event log here: a .csv, or a .parquet / .pq name "
                    "(needs the data extra); - for standard output")
@@ -48,6 +49,7 @@ def run(args) -> int:
             check_writable(path)  # and a folder that takes no file (read-only), not after it
     trace = load_trace(args.trace, name=input_label(args.trace))  # (`<(cmd)`: a "pipe", not "63")
     policy = resolve_policy(args.policy)
+    interval = replay_interval(policy, args.aging_interval, "--aging-interval")  # (refused before any compile)
     if not isinstance(policy, str):
         policy.compile()  # a user policy's kernel, with its own notice, before the replay is timed
     else:
@@ -58,7 +60,7 @@ def run(args) -> int:
         compile_notice(replay_kernel(args.engine), what)
     start = time.perf_counter()
     with immediate_interrupt():
-        result = simulate(trace, policy, args.kv_blocks, args.aging_interval, args.max_steps,
+        result = simulate(trace, policy, args.kv_blocks, interval, args.max_steps,
                           record_events=args.events is not None, engine=args.engine)
     elapsed = time.perf_counter() - start
     with output_group():  # both files or neither
@@ -68,7 +70,7 @@ def run(args) -> int:
             result.write_requests(args.requests)
     out = sys.stderr if STDOUT in (args.events, args.requests) else sys.stdout  # keep a streamed table clean
     aging = policy == "aging" if isinstance(policy, str) else policy.uses_aging_interval
-    interval = f", aging interval {args.aging_interval}" if aging else ""  # (the others ignore it)
+    interval = f", aging interval {result.aging_interval}" if aging else ""  # (the others ignore it)
     print(f"{trace.name}: {len(trace)} requests, policy {result.policy}, {args.kv_blocks} KV blocks{interval}; "
           f"{result.n_events} steps in {elapsed:.2f} s ({result.stop_reason})", file=out)
     print(format_table({result.policy: result.metrics}), file=out)

@@ -40,7 +40,7 @@ from ..batch import BACKENDS, check_sweep_fits, convert_rules, grid, grid_size, 
 from ..cli import int_arg
 from ..engine import ENGINES, POLICIES, check_config
 from ..errors import UserError
-from ..policy import check_distinct, resolve_policy
+from ..policy import check_distinct, replay_interval, resolve_policy
 from ..trace import load_trace, show
 
 # Columns of the printed table: (header, row key).
@@ -74,8 +74,9 @@ def add_parser(sub) -> None:
     p.add_argument("--policy", required=True, type=_names, metavar="P[,P..]",
                    help=f"policies, comma-separated ({', '.join(POLICIES)}, or module:attr of a decodesched.Policy)")
     p.add_argument("--kv-blocks", required=True, type=_ints, metavar="N[,N..]", help="free KV blocks, comma-separated")
-    p.add_argument("--aging-interval", type=_ints, default=[4], metavar="K[,K..]",
-                   help="aging intervals, comma-separated (default 4)")
+    p.add_argument("--aging-interval", type=_ints, default=None, metavar="K[,K..]",
+                   help="aging intervals, comma-separated (default: the one a policy module:attr was built with, "
+                        "else 4)")
     p.add_argument("--replicates", type=int_arg, default=1, metavar="N",
                    help="replay each trace N times, redrawing its seeded classes and deadlines (default 1)")
     p.add_argument("--max-steps", type=int_arg, default=None, metavar="N",
@@ -91,6 +92,9 @@ def add_parser(sub) -> None:
     p.add_argument("--chunk-size", type=int_arg, default=None, metavar="N",
                    help="scenarios per chunk, each checkpointed as it finishes (default: with --dask 64, "
                         "else 4 per thread, at least 16)")
+    p.add_argument("--no-progress", action="store_true",
+                   help="no progress on stderr (by default a bar on a terminal, else a line each 10%% of the "
+                        "scenarios and 30 s at most)")
     p.add_argument("--out", required=True, metavar="metrics.csv",
                    help="the metrics CSV to write (a .csv name; its finished scenarios are kept in "
                         "metrics.csv.partial.jsonl until it is written, so that a rerun resumes), or - for "
@@ -155,9 +159,10 @@ def run(args) -> int:
     # Validate the whole grid before loading anything heavy or running anything.
     for policy in policies:
         for blocks in args.kv_blocks:
-            for interval in args.aging_interval:
-                check_config(policy, blocks, interval, args.max_steps)
-    check_sweep_fits(grid_size(len(args.traces), policies, args.kv_blocks, args.aging_interval, args.replicates))
+            for interval in args.aging_interval or [None]:
+                check_config(policy, blocks, replay_interval(policy, interval, "--aging-interval"), args.max_steps)
+    check_sweep_fits(grid_size(len(args.traces), policies, args.kv_blocks, args.aging_interval or [None],
+                               args.replicates))
     traces = [load_trace(t, name=input_label(t)) for t in args.traces]  # (`<(cmd)` is a "pipe", not "63")
     if args.replicates > 1:
         from ..convert import read_meta
@@ -234,6 +239,11 @@ def _kept(checkpoint: str | None, out: str) -> str:
     return f"the scenarios are saved in {checkpoint}: rerun the same command to write {_where(out)} from them"
 
 
+def _progress(args) -> bool | None:
+    """The runners' `progress`: None (a bar on a terminal, else a line now and then), or False."""
+    return False if args.no_progress else None
+
+
 def _run_local(args, traces, scenarios, checkpoint):
     import numba
 
@@ -247,7 +257,7 @@ def _run_local(args, traces, scenarios, checkpoint):
 
         compile_notice(_cpu_kernel(args.engine), "the batch replay kernel")  # (built-in policies run there)
     rows = run_local(traces, scenarios, chunk_size=chunk, checkpoint_path=checkpoint, threads=threads,
-                     engine=args.engine, backend=args.backend, progress=None, keep_checkpoint=True)
+                     engine=args.engine, backend=args.backend, progress=_progress(args), keep_checkpoint=True)
     return rows, f"{args.backend}, {threads} thread{'s' if threads != 1 else ''}"
 
 
@@ -262,7 +272,7 @@ def _run_dask(args, traces, scenarios, checkpoint):
         raise
     if args.engine != "fast":
         raise UserError("--dask runs the fast engine on the workers; drop --engine scan")
-    return distributed.run_sweep(traces, scenarios, args.dask, progress=None, threads=args.threads,
+    return distributed.run_sweep(traces, scenarios, args.dask, progress=_progress(args), threads=args.threads,
                                  chunk_size=args.chunk_size or distributed.DEFAULT_CHUNK_SIZE,
                                  checkpoint_path=checkpoint, keep_checkpoint=True, quiet=True)
 
