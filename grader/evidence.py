@@ -92,11 +92,6 @@ def altered_cells(nb: dict, release: dict) -> list[str]:
     A cell deleted by mistake is not evidence (nbgrader puts graded cells back); a cell that is
     present with other source, another type, or other grading metadata is.
     """
-    try:
-        from nbgrader.utils import compute_checksum
-        from nbformat import from_dict
-    except ImportError:  # pragma: no cover - nbgrader is a grader dependency
-        compute_checksum = None
     protected = _protected(release)
     seen: dict[str, int] = {}
     altered = []
@@ -109,14 +104,33 @@ def altered_cells(nb: dict, release: dict) -> list[str]:
         ref = protected[gid]
         rmeta = _nbgrader_meta(ref)
         same = _same_but_whitespace(cell, ref)
-        if same and compute_checksum is not None and "checksum" in meta:
+        if same and "checksum" in meta:
             # nbgrader's own check: the stored checksum must match the cell as submitted
             with contextlib.suppress(Exception):
-                same = compute_checksum(from_dict(cell)) == rmeta.get("checksum", meta["checksum"])
+                same = nbgrader_checksum(cell) == rmeta.get("checksum", meta["checksum"])
         if not same:
             altered.append(gid)
     altered += [g for g, n in seen.items() if n > 1]  # copies that were not identical (identical ones: dropped)
     return sorted(set(altered))
+
+
+def nbgrader_checksum(cell: dict) -> str:
+    """nbgrader's ``utils.compute_checksum(nbformat.from_dict(cell))``, raising where it raises (a source kept as
+    a list of lines, a missing grade_id), without importing nbgrader: that costs the grading process seconds of
+    CPU (nbformat, jsonschema), and it holds up a Ctrl-C until it is done."""
+    import hashlib
+
+    meta = cell["metadata"]
+    nb = meta["nbgrader"] if "nbgrader" in meta else None
+    grade = nb.get("grade", False) if nb is not None else False
+    solution = nb.get("solution", False) if nb is not None else False
+    locked = False if nb is None or solution else True if grade else nb.get("locked", False)
+    m = hashlib.md5()
+    for part in (cell["source"], cell["cell_type"], str(grade), str(solution), str(locked), nb["grade_id"]):
+        m.update(part.encode("utf-8"))  # (what is not text raises, as in nbgrader's `to_bytes`)
+    if grade:
+        m.update(str(float(nb["points"])).encode("utf-8"))
+    return m.hexdigest()
 
 
 _AST_LOCK = threading.Lock()

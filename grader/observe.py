@@ -444,7 +444,7 @@ def _prepare(source: str, scenarios: list[dict], limits: Limits, skip_lines, ser
         child_fds.append(more_r)
         job["serve_fd"] = more_r
     with open(os.path.join(tmp, "in.json"), "w", encoding="utf-8") as fh:
-        json.dump(job, fh)
+        fh.write(json.dumps(job))  # (json.dump encodes in Python, piece by piece: several times the CPU)
     meter = _CheckMeter(out.fd, scenarios, limits, timeouts_before=timeouts_before,
                         allowance_s=job["timeout_allowance_s"], hang_rules=bool(hang_rules))
     return _Prepared(tmp, out, tuple(child_fds), more_w, meter)
@@ -529,11 +529,17 @@ class HarnessSession:
         os.set_blocking(self._wfd, False)
         self._batches = 0
         self._closed = False
+        self._interrupted = None
         self._thread = threading.Thread(target=self._run, args=(limits, hide, prep.child_fds), daemon=True)
         self._thread.start()
 
     def _run(self, limits, hide, child_fds):
-        self.outcome = _run_sandboxed(ARGV, self.tmp, limits, hide, child_fds, monitor=self._meter.poll)
+        from .sandbox import Interrupted
+
+        try:
+            self.outcome = _run_sandboxed(ARGV, self.tmp, limits, hide, child_fds, monitor=self._meter.poll)
+        except Interrupted as exc:  # the grading is being stopped: `wait_for` raises it in the grading thread
+            self._interrupted = exc
 
     def alive(self) -> bool:
         return self._thread.is_alive()
@@ -547,6 +553,8 @@ class HarnessSession:
             more, n = self._out.lines(MAX_OUTPUT_BYTES - used, final=not alive)
             chunks += more
             used += n
+            if not alive and self._interrupted is not None:
+                raise self._interrupted
             if not alive or used >= MAX_OUTPUT_BYTES or any(c.startswith(needle) for c in more):
                 return chunks
             time.sleep(0.003)

@@ -53,16 +53,17 @@ def gradebook_rows(results: list) -> list:
 def update_gradebook(course: Course, results: list, server=None) -> None:
     """Write the verdicts into the instructor's gradebook, so `nbgrader export` agrees: in the fork
     server when there is one (it has nbgrader imported already; every sandboxed run has ended), else here."""
-    from sqlalchemy.exc import SQLAlchemyError
-
     rows = gradebook_rows(results)
-    if server is None or not server.write_gradebook(course.gradebook, rows):
-        try:
-            write_gradebook(str(course.gradebook), rows)
-        except (SQLAlchemyError, OSError) as exc:  # locked by another program, a full disk, a read-only file
-            why = str(getattr(exc, "orig", None) or exc).strip().split("\n")[0][:200]
-            raise UserError(f"{course.gradebook}: cannot write the gradebook ({why}); grades.csv and the feedback "
-                            "were not written") from None
+    if server is not None and server.write_gradebook(course.gradebook, rows):
+        return
+    from sqlalchemy.exc import SQLAlchemyError  # (only here: the grading process needs no SQLAlchemy otherwise)
+
+    try:
+        write_gradebook(str(course.gradebook), rows)
+    except (SQLAlchemyError, OSError) as exc:  # locked by another program, a full disk, a read-only file
+        why = str(getattr(exc, "orig", None) or exc).strip().split("\n")[0][:200]
+        raise UserError(f"{course.gradebook}: cannot write the gradebook ({why}); grades.csv and the feedback "
+                        "were not written") from None
 
 
 def write_gradebook(path: str, rows: list) -> None:
@@ -71,20 +72,27 @@ def write_gradebook(path: str, rows: list) -> None:
 
     with warnings.catch_warnings(), Gradebook(f"sqlite:///{path}") as gb:
         warnings.simplefilter("ignore")  # nbgrader's add_submission trips SQLAlchemy autoflush warnings
-        gb.find_assignment(spec.ASSIGNMENT)
+        assignment = gb.find_assignment(spec.ASSIGNMENT)
+        # The notebook's cells by id, read once: a student's grades are then one query (`find_grade` per cell
+        # was ten, each joining seven tables: half a minute for 600 students).
+        notebook = next((nb for nb in assignment.notebooks if nb.name == spec.NOTEBOOK[:-6]), None)
+        names = {cell.id: cell.name for cell in (notebook.grade_cells + notebook.task_cells if notebook else [])}
+        notebook_id = notebook.id if notebook else None
         for student_id, cells in rows:
             gb.update_or_create_student(student_id)
             try:
-                gb.find_submission(spec.ASSIGNMENT, student_id)
+                submission = gb.find_submission(spec.ASSIGNMENT, student_id)
             except MissingEntry:
-                gb.add_submission(spec.ASSIGNMENT, student_id)
-            for c in spec.CELLS:
-                try:
-                    grade = gb.find_grade(c.grade_id, spec.NOTEBOOK[:-6], spec.ASSIGNMENT, student_id)
-                except MissingEntry:
+                submission = gb.add_submission(spec.ASSIGNMENT, student_id)
+            for submitted in submission.notebooks:
+                if submitted.notebook_id != notebook_id:
                     continue
-                grade.auto_score = cells[c.grade_id]
-                grade.manual_score = None
-                grade.extra_credit = None
-                grade.needs_manual_grade = False
+                for grade in submitted.grades:
+                    name = names.get(grade.cell_id)
+                    if name not in cells:
+                        continue
+                    grade.auto_score = cells[name]
+                    grade.manual_score = None
+                    grade.extra_credit = None
+                    grade.needs_manual_grade = False
             gb.db.commit()

@@ -274,6 +274,8 @@ def grade(submissions, out_dir, *, course=None, options: Options | None = None) 
     subs = collect_submissions(submissions, skipped)
     out_dir = Path(out_dir)
     made_out_dir = not out_dir.exists()
+    if not made_out_dir:
+        check_outputs(out_dir, [s.student_id for s in subs])
     out_dir.mkdir(parents=True, exist_ok=True)
     jobs = options.jobs or os.cpu_count() or 1
     limits = Limits(cpu_s=options.timeout_s, memory_mb=options.memory_mb,
@@ -282,25 +284,29 @@ def grade(submissions, out_dir, *, course=None, options: Options | None = None) 
     os.chmod(workroot, 0o711)  # private uids must reach their own folder, but list nothing
     results: list[Result] = []
     rendered: dict = {}
-    try:
-        _grade_all(subs, course_obj, workroot, options, limits, jobs, results, rendered)
-    except BaseException:
-        if made_out_dir:  # an interrupted or failed grading leaves no empty output folder behind
-            with contextlib.suppress(OSError):
-                out_dir.rmdir()
-        raise
-    finally:
-        sandbox.STOPPING.clear()  # every run of this grading has ended (the pools were shut down)
-    results.sort(key=lambda r: r.student_id)
-    # Rendered before the gradebook was written (`_grade_all`): feedback pages, then grades.csv last.
     fb = out_dir / "feedback"
-    fb.mkdir(exist_ok=True)
-    with output_group():  # every page and grades.csv appear together, or none
-        for name, text in rendered["feedback"]:
-            with atomic_writer(fb / name) as fh:
-                fh.write(text)
-        with atomic_writer(out_dir / "grades.csv") as fh:
-            fh.write(rendered["grades.csv"])
+    made_fb = not fb.exists()
+    try:
+        try:
+            _grade_all(subs, course_obj, workroot, options, limits, jobs, results, rendered)
+        finally:
+            sandbox.STOPPING.clear()  # every run of this grading has ended (the pools were shut down)
+        results.sort(key=lambda r: r.student_id)
+        # Rendered before the gradebook was written (`_grade_all`): feedback pages, then grades.csv last.
+        fb.mkdir(exist_ok=True)
+        with output_group():  # every page and grades.csv appear together, or none
+            for name, text in rendered["feedback"]:
+                with atomic_writer(fb / name) as fh:
+                    fh.write(text)
+            with atomic_writer(out_dir / "grades.csv") as fh:
+                fh.write(rendered["grades.csv"])
+    except BaseException:
+        # an interrupted or failed grading leaves no empty folder of its own behind
+        for folder, made in ((fb, made_fb), (out_dir, made_out_dir)):
+            if made:
+                with contextlib.suppress(OSError):
+                    folder.rmdir()
+        raise
     for line in report_lines(skipped, results):
         print(f"decodesched grade: {line}", file=sys.stderr)
     return results
@@ -317,13 +323,38 @@ def report_lines(skipped: list, results: list) -> list[str]:
     return [printable(line) for line in lines]
 
 
+def page_name(student_id: str) -> str | None:
+    """The feedback page's file name, for a plain student id (`notebook.is_plain_id`: at most 64 bytes, so the
+    name fits the 255-byte limit); the others are named only in grades.csv and on stderr."""
+    name = f"{student_id}.html"
+    return name if is_plain_id(student_id) and len(name.encode("utf-8")) <= 255 else None
+
+
+def check_outputs(out_dir: Path, student_ids) -> None:
+    """Refuse, before any grading, an output folder that the outputs could not be written into at the end: one
+    that is not writable, a ``feedback`` that is no folder, a ``grades.csv`` or page that is a folder or a
+    device (`_io.output_target`). Raises `UserError` (one line, exit 2)."""
+    from decodesched._io import output_target
+
+    if not os.access(out_dir, os.W_OK | os.X_OK):
+        raise UserError(f"{out_dir}: cannot write into this folder; choose another --out")
+    output_target(out_dir / "grades.csv")
+    fb = out_dir / "feedback"
+    if fb.exists() or fb.is_symlink():
+        if not fb.is_dir():
+            raise UserError(f"{fb}: exists and is not a folder; move it away or choose another --out")
+        if not os.access(fb, os.W_OK | os.X_OK):
+            raise UserError(f"{fb}: cannot write into this folder; choose another --out")
+        for name in filter(None, map(page_name, student_ids)):
+            output_target(fb / name)
+
+
 def render_outputs(results: list) -> dict:
     """Every output file's text, made before anything is written (so a failure here writes nothing):
-    ``{"feedback": [(file name, html), ...], "grades.csv": text}``. A page is written for each plain
-    student id (`notebook.is_plain_id`: at most 64 bytes, so the page's name fits the 255-byte limit); the
-    others are named only in grades.csv and on stderr."""
-    pages = [(f"{r.student_id}.html", feedback_html(r)) for r in sorted(results, key=lambda r: r.student_id)
-             if is_plain_id(r.student_id) and len(f"{r.student_id}.html".encode("utf-8")) <= 255]
+    ``{"feedback": [(file name, html), ...], "grades.csv": text}``, a page for each plain student id
+    (`page_name`)."""
+    pages = [(page_name(r.student_id), feedback_html(r)) for r in sorted(results, key=lambda r: r.student_id)
+             if page_name(r.student_id)]
     text = grades_csv_text(results)
     for _name, page in pages:
         page.encode("utf-8")  # surrogates would fail only half-way through the writes
@@ -355,6 +386,8 @@ def _grade_all(subs, course_obj, workroot, options, limits, jobs, results: list,
             sandbox.STOPPING.set()
             for fut in futs:
                 fut.cancel()
+            if server is not None:
+                server.abort()
             raise
         if template is not None and isinstance(template.exception(), UserError):
             raise template.exception()  # e.g. the gradebook lacks the assignment: no outputs at all
@@ -373,9 +406,9 @@ def _grade_safely(sub, course, template, workroot, options, limits, server) -> R
     """One student's failure never stops the run: an unexpected grader error is reported as crashed."""
     try:
         return grade_one(sub, course, template, workroot, options, limits, server)
-    except sandbox.Interrupted as exc:  # the grading is being interrupted: nothing of it is kept
-        return Result(sub.student_id, "crashed", 0.0, float(spec.MAX_SCORE), _zero_cells(), {}, [str(exc)])
     except Exception as exc:  # noqa: BLE001
+        if sandbox.STOPPING.is_set():  # the grading is being stopped (its fork server too): nothing of it is kept
+            return Result(sub.student_id, "crashed", 0.0, float(spec.MAX_SCORE), _zero_cells(), {}, [str(exc)])
         import traceback
 
         print(f"decodesched grade: internal error while grading {printable(sub.student_id)}:\n{traceback.format_exc()}",

@@ -693,6 +693,14 @@ class ForkServer:
                 return False
             return json.loads(self._sock.recv(4096)).get("gradebook") is True
 
+    def abort(self):
+        """End the server now (the grading is being stopped): a thread waiting for it to start, warm up or fork
+        gets an error at once instead of waiting for nbgrader's import. Its runs are stopped by `STOPPING`."""
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(self._socket.SHUT_RDWR)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self._proc.pid, signal.SIGKILL)
+
     def close(self):
         with contextlib.suppress(OSError):
             self._sock.close()

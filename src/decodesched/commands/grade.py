@@ -78,6 +78,9 @@ def run(args) -> int:
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise UserError(f"{out}: exists and is not a folder")
+    if out.is_symlink() and not out.exists():
+        raise UserError(f"{out}: a link to {os.readlink(out)}, which does not exist; make that folder or give "
+                        "another --out")
     from ..grader import course, pipeline, sandbox
 
     course.require_nbgrader("decodesched grade")
