@@ -315,3 +315,43 @@ def test_a_sweep_saved_as_parquet_reads_back_as_its_csv_and_reports(tmp_path):
     assert json.dumps(read_sweep(tmp_path / "m.parquet")) == json.dumps(read_sweep(tmp_path / "m.csv"))
     assert main(["report", str(tmp_path / "m.parquet"), "--out", str(tmp_path / "rep")]) == 0
     assert (tmp_path / "rep" / "index.html").is_file()
+
+
+# --- 10. report: the compile note after every check, the flag named as the user wrote it -----------------
+
+def test_a_report_checks_every_input_before_the_note_that_a_kernel_compiles(tmp_path):
+    from decodesched.report import build_report
+
+    trace = tmp_path / "t.csv"
+    decodesched.load_trace(ROWS).to_csv(trace)
+    calls = []
+    with pytest.raises(UserError, match="kv-blocks"):  # (no results and no --kv-blocks: nothing to replay with)
+        build_report(tmp_path / "r", trace=trace, before_replay=lambda: calls.append(1))
+    with pytest.raises(UserError, match="built with aging interval 8"):
+        build_report(tmp_path / "r", trace=trace, kv_blocks=4, aging_interval=2, policies=[builtin("aging", 8)],
+                     before_replay=lambda: calls.append(1))
+    assert calls == [] and not (tmp_path / "r").exists()
+    build_report(tmp_path / "r", trace=trace, kv_blocks=4, policies=["fcfs"], before_replay=lambda: calls.append(1))
+    assert calls == [1] and (tmp_path / "r" / "index.html").is_file()
+
+
+def test_cli_report_names_its_aging_interval_flag_beside_a_policy_that_carries_one(tmp_path, capsys):
+    trace = tmp_path / "t.csv"
+    decodesched.load_trace(ROWS).to_csv(trace)
+    spec = _write_policy_module(tmp_path)
+    assert main(["report", "--trace", str(trace), "--policy", spec, "--kv-blocks", "4", "--aging-interval", "2",
+                 "--out", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--aging-interval 2" in err[0], err
+    assert not (tmp_path / "r").exists()
+
+
+def test_a_sweep_table_that_is_not_text_names_what_it_is(tmp_path):
+    import gzip
+
+    from decodesched.report import read_sweep
+
+    path = tmp_path / "m.csv"
+    path.write_bytes(gzip.compress(b"policy,kv_blocks\nfcfs,4\n"))
+    with pytest.raises(UserError, match="gzip-compressed"):
+        read_sweep(path)

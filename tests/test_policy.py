@@ -350,7 +350,7 @@ def test_resolve_policy(tmp_path, monkeypatch):
     (tmp_path / "broken.py").write_text("def (\n")
     for spec, message in [
         ("sjf", "unknown policy 'sjf'"),
-        ("my_policies:NOT_A_POLICY", "is a int, not a decodesched.Policy"),
+        ("my_policies:NOT_A_POLICY", "is of type int, not a decodesched.Policy"),
         ("my_policies:MISSING", "has no attribute 'MISSING'"),
         ("no_such_module_xyz:P", "cannot import no_such_module_xyz"),
         (f"{tmp_path / 'absent.py'}:P", "no such file"),

@@ -483,7 +483,7 @@ def test_read_sweep_keeps_every_spelling_the_sweep_writes(tmp_path):
 def test_a_missing_metric_column_is_named_on_stderr_and_in_the_page(sweep_dir, tmp_path, capsys):
     """A CSV without ttft_p99 gave blank panels and '-' cells (which elsewhere mean 'no value'), exit 0,
     and no word that the column was missing."""
-    rows = list(csv.reader(open(sweep_dir / "metrics.csv")))
+    rows = list(csv.reader((sweep_dir / "metrics.csv").read_text().splitlines()))
     j = rows[0].index("ttft_p99")
     src = tmp_path / "nottft.csv"
     with open(src, "w", newline="") as fh:

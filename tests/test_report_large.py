@@ -66,7 +66,7 @@ def test_the_report_from_the_kept_columns_is_the_report_from_every_column(big_sw
 
 @pytest.mark.parametrize("column, cell", [("tpot_p99", "x1"), ("events", "1e300"), ("e2e_max_s", "4_0")])
 def test_a_bad_cell_in_a_column_the_report_does_not_keep_is_still_refused(big_sweep, tmp_path, capsys, column, cell):
-    rows = list(csv.reader(open(big_sweep / "metrics.csv", newline="")))
+    rows = list(csv.reader((big_sweep / "metrics.csv").read_text().splitlines()))
     assert not REPORT_COLUMNS.fullmatch(column)
     rows[700][rows[0].index(column)] = cell
     bad = tmp_path / "metrics.csv"

@@ -758,7 +758,7 @@ def resolve_policy(spec):
                  else "; it defines no decodesched.Policy at its top level")
         raise UserError(f"policy {spec!r}: {where} has no attribute {attr!r}{there}") from None
     if not isinstance(value, Policy):
-        raise UserError(f"policy {spec!r} is a {type(value).__name__}, not a decodesched.Policy")
+        raise UserError(f"policy {spec!r} is of type {type(value).__name__}, not a decodesched.Policy")
     if value.spec is None and value._code is None:
         value.spec = f"{Path(where).resolve()}:{attr}" if where.endswith(".py") else spec
     return value

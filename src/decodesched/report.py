@@ -47,7 +47,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ._io import _describe, _same_file, input_file, input_label, replace_together, temp_prefix
+from ._io import _describe, _same_file, input_file, input_label, not_text, replace_together, temp_prefix
 from .errors import UserError
 from .metrics import MAX_CLASS_COLUMNS, offered_load
 from .palette import POLICY_ORDER, policy_colors, policy_marker, policy_style, sorted_policies
@@ -244,7 +244,7 @@ def read_sweep(path, columns=None) -> list[dict]:
     except FileNotFoundError:
         raise UserError(f"{path}: no such file") from None
     except UnicodeDecodeError as exc:
-        raise UserError(f"{path}: not a UTF-8 text file ({exc.reason})") from None
+        raise UserError(not_text(path, exc)) from None
     except OSError as exc:
         raise UserError(f"{path}: cannot read it ({_describe(exc)})") from None
     except csv.Error as exc:
@@ -1066,13 +1066,15 @@ def _refuse_inputs_among_outputs(out_dir: Path, inputs) -> None:
 
 def build_report(out_dir, *, results=None, trace=None, policies=None, kv_blocks=None, aging_interval=None,
                  loads=None, trace_dirs=(), load=None, timeline_policy=None, gantt_requests: int = 30,
-                 warn=None) -> list[Plot]:
+                 warn=None, before_replay=None) -> list[Plot]:
     """Write the PNGs and ``index.html`` into `out_dir` (created, or its files replaced); return the plots.
 
     All figures are rendered into a temporary folder first, so a failure leaves `out_dir` as it was.
     An input (the results, the trace, a sweep trace found beside the results, or a sidecar) that is
     one of the files the report writes is refused before any work.  `warn(text)`: called with the
     note on metric columns the CSV lacks (their panels and table cells are left empty).
+    `before_replay()`: called once every input has been checked, before `trace` is replayed (the CLI's
+    note that a kernel must compile first).
     """
     if results is None and trace is None:
         raise UserError("give a sweep metrics CSV, a --trace, or both")
@@ -1105,9 +1107,10 @@ def build_report(out_dir, *, results=None, trace=None, policies=None, kv_blocks=
         if timeline_policy is not None:
             check_distinct(policies + [timeline_policy], repeats=True)
         from .engine import check_config
+        from .policy import replay_interval
 
         for p in policies + ([timeline_policy] if timeline_policy else []):
-            check_config(p, 0, 1, None)
+            check_config(p, 0, replay_interval(p, aging_interval), None)
     scenario_kv = kv_blocks
     if loaded is not None and scenario_kv is None:
         if rows is None:
@@ -1127,6 +1130,8 @@ def build_report(out_dir, *, results=None, trace=None, policies=None, kv_blocks=
                 plots += p
                 notes += n
             if loaded is not None:
+                if before_replay is not None:
+                    before_replay()
                 p, n = scenario_plots(loaded, tmp, policies=policies, kv_blocks=scenario_kv,
                                       aging_interval=aging_interval,
                                       timeline_policy=timeline_policy, gantt_requests=gantt_requests)

@@ -148,7 +148,7 @@ class Trace:
         return out
 
     def columns(self) -> dict[str, np.ndarray]:
-        """The canonical columns; `deadline_step` as a float array with NaN where absent."""
+        """The canonical columns; `deadline_step` as an object array with None where absent."""
         deadline = np.where(self.has_deadline, self.deadline_step, 0).astype(object)
         deadline[~self.has_deadline] = None
         return {

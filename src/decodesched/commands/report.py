@@ -13,7 +13,7 @@ from pathlib import Path
 from ..cli import int_arg, positive_float_arg
 from ..engine import POLICIES
 from ..errors import UserError
-from ..policy import resolve_policy
+from ..policy import replay_interval, resolve_policy
 
 EPILOG = """\
 offered load of each sweep trace (first match wins): --loads NAME=L; an offered_load column in the
@@ -111,18 +111,19 @@ def run(args) -> int:
         raise UserError("--timeline-policy is empty; name a policy, or leave it out for the first --policy")
     policies = [resolve_policy(p) for p in args.policy] if args.policy else None  # names, or module:attr
     timeline = resolve_policy(args.timeline_policy) if args.timeline_policy else None
-    if args.trace is not None:  # its scenarios replay on the fast kernel: say so if it must compile first
-        from ..report import _refuse_inputs_among_outputs
+    for p in (policies or []) + ([timeline] if timeline else []):
+        replay_interval(p, args.aging_interval, "--aging-interval")  # (named as the flag, not as the API's keyword)
 
-        _refuse_inputs_among_outputs(Path(args.out), [args.results, args.trace, f"{args.trace}.meta.json"])
+    def before_replay():  # the scenarios of --trace replay on the fast kernel: say so if it must compile first
         from .._numba_cache import compile_notice
         from ..engine import replay_kernel
 
         compile_notice(replay_kernel("fast"), "the replay kernel")
+
     plots = build_report(args.out, results=args.results, trace=args.trace, policies=policies,
                          kv_blocks=args.kv_blocks, aging_interval=args.aging_interval, loads=args.loads,
                          trace_dirs=args.trace_dir, load=args.load, timeline_policy=timeline,
-                         gantt_requests=args.gantt_requests, warn=_note)
+                         gantt_requests=args.gantt_requests, warn=_note, before_replay=before_replay)
     out = args.out.rstrip("/") or "/"  # (`--out report/`: report/index.html, not report//index.html)
     for p in plots:
         print(os.path.join(out, p.file))
