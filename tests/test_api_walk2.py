@@ -126,7 +126,7 @@ def test_progress_in_a_log_prints_a_line_each_tenth_and_half_minute_whichever_is
     clock = _Clock()
     monkeypatch.setattr(_io, "time", clock)
     log = _Log()
-    with _io.Progress(100, "sweep", enabled=None, stream=log, lines=True) as bar:
+    with _io.Progress(100, "sweep", enabled=None, stream=log) as bar:
         for _ in range(100):  # 1 s per scenario: a tenth every 10 s, so a line each 30 s (30 scenarios)
             clock.now += 1
             bar.advance()
@@ -135,22 +135,21 @@ def test_progress_in_a_log_prints_a_line_each_tenth_and_half_minute_whichever_is
                      "sweep: 90 of 100 done (90%), 90 s", "sweep: 100 of 100 done (100%), 100 s"]
     assert "\r" not in log.getvalue()
     log = _Log()
-    with _io.Progress(100, "sweep", enabled=None, stream=log, lines=True) as bar:
+    with _io.Progress(100, "sweep", enabled=None, stream=log) as bar:
         for _ in range(100):  # 40 s per scenario: one line per tenth, not one per scenario
             clock.now += 40
             bar.advance()
     assert len(log.getvalue().splitlines()) == 10
     log = _Log()
-    with _io.Progress(100, "sweep", enabled=None, stream=log, lines=True) as bar:
+    with _io.Progress(100, "sweep", enabled=None, stream=log) as bar:
         clock.now += 29
         bar.advance(100)  # done within half a minute: nothing
     assert log.getvalue() == ""
-    for enabled in (False, None):  # switched off, or a caller that did not ask for lines: nothing
-        log = _Log()
-        with _io.Progress(10, "sweep", enabled=enabled, stream=log, lines=enabled is not None) as bar:
-            clock.now += 100
-            bar.advance(10)
-        assert log.getvalue() == ""
+    log = _Log()  # switched off: nothing
+    with _io.Progress(10, "sweep", enabled=False, stream=log) as bar:
+        clock.now += 100
+        bar.advance(10)
+    assert log.getvalue() == ""
 
 
 def test_a_sweep_in_a_log_shows_progress_lines_and_none_with_no_progress(tmp_path, monkeypatch, capsys):
@@ -355,3 +354,18 @@ def test_a_sweep_table_that_is_not_text_names_what_it_is(tmp_path):
     path.write_bytes(gzip.compress(b"policy,kv_blocks\nfcfs,4\n"))
     with pytest.raises(UserError, match="gzip-compressed"):
         read_sweep(path)
+
+
+def test_grading_progress_in_a_log_is_lines_too(monkeypatch):
+    """`grade` builds its bar as the sweeps do (`options.progress` None by default): in a log, lines."""
+    from decodesched import _io
+    from decodesched.grader.pipeline import Options
+
+    clock = _Clock()
+    monkeypatch.setattr(_io, "time", clock)
+    log = _Log()
+    with _io.Progress(4, "grading", enabled=Options().progress, stream=log) as bar:
+        for _ in range(4):
+            clock.now += 40
+            bar.advance()
+    assert log.getvalue().splitlines()[0] == "grading: 1 of 4 done (25%), 40 s"

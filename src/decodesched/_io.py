@@ -513,7 +513,7 @@ def _umask() -> int:
 class Progress:
     """A plain progress bar on stderr (only when it is a terminal, or when forced).
 
-    With `lines`, `enabled` None on a stream that is not a terminal (a log under nohup or CI, where a
+    With `enabled` None on a stream that is not a terminal (a log under nohup or CI, where a
     redrawn bar is one endless line) prints a plain line now and then instead: once both
     `LINE_FRACTION` of the work and `LINE_SECONDS` have passed since the last (at most ten lines, at
     most one each half minute, none for work that ends sooner), and a last line when any was printed.
@@ -526,13 +526,12 @@ class Progress:
     LINE_FRACTION = 0.1
     LINE_SECONDS = 30.0
 
-    def __init__(self, total: int, label: str = "", enabled: bool | None = None, stream=None, *,
-                 lines: bool = False):
+    def __init__(self, total: int, label: str = "", enabled: bool | None = None, stream=None):
         self.total = max(int(total), 0)
         self.label = label
         self.stream = stream or sys.stderr
         tty = _isatty(self.stream)
-        self.lines = lines and enabled is None and not tty
+        self.lines = enabled is None and not tty
         self.enabled = (tty if enabled is None else enabled) and not self.lines
         self.done = 0
         self._start = time.monotonic()

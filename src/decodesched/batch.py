@@ -438,7 +438,7 @@ def simulate_batch(traces, scenarios: Sequence[Scenario], *, record_events: bool
         if threads is not None:
             numba.set_num_threads(threads)
         used = numba.get_num_threads()
-        with Progress(n_sc, "sweep", enabled=progress, lines=True) as bar:
+        with Progress(n_sc, "sweep", enabled=progress) as bar:
             if backend == "cuda":
                 from .kernels.cuda_nb import replay_batch_cuda
 

@@ -273,7 +273,7 @@ def run_local(traces, scenarios: Sequence, *, chunk_size: int = DEFAULT_LOCAL_CH
     labels = trace_labels(traces, scenarios)
     checkpoint = Checkpoint(checkpoint_path, key, n, done) if checkpoint_path else None
     try:
-        with Progress(n, "sweep", enabled=progress, lines=True) as bar:
+        with Progress(n, "sweep", enabled=progress) as bar:
             bar.advance(len(done))
             for a in range(0, len(todo), chunk_size):
                 chunk = todo[a:a + chunk_size]

@@ -238,7 +238,7 @@ def _compute(traces, chunks, address, done, checkpoint, progress, threads, retri
                    for first, chunk in chunks]
         completed = 0
         try:
-            with Progress(n, "sweep", enabled=progress, lines=True) as bar:
+            with Progress(n, "sweep", enabled=progress) as bar:
                 bar.advance(len(done))
                 for fut in distributed.as_completed(futures):
                     try:
