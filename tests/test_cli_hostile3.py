@@ -406,3 +406,27 @@ def test_option_values_are_a_result_or_one_line(fuzz_inputs, tmp_path_factory, c
         assert not list(out.parent.iterdir()), argv  # nothing written
     assert "warning" not in err.lower(), (argv, err)
     assert _files(fuzz_inputs) == before, argv
+
+
+# ---------------------------------------------------------------- a converted trace written through a link
+
+def test_a_trace_converted_through_a_link_has_one_sidecar_that_both_names_read(tmp_path):
+    """`--out link.csv` writes the link's target (docs/files.md); its sidecar went beside the link, so the
+    target kept its old sidecar, and the target read back at the old time scale."""
+    from decodesched import load_trace
+
+    src = tmp_path / "az.csv"
+    src.write_text(AZURE)
+    (tmp_path / "data").mkdir()
+    target = tmp_path / "data" / "t.csv"
+    assert run(["trace", "convert", str(src), "--steps-per-second", "2", "--out", str(target)])[0] == 0
+    link = tmp_path / "link.csv"
+    link.symlink_to(target)
+    code, _, err = run(["trace", "convert", str(src), "--steps-per-second", "5", "--out", str(link)])
+    assert code == 0, err
+    assert link.is_symlink() and not (tmp_path / "link.csv.meta.json").exists()
+    assert load_trace(target).steps_per_second == load_trace(link).steps_per_second == 5
+    assert cv.read_meta(link) == cv.read_meta(target)
+    code, _, err = run(["simulate", str(link), "--policy", "fcfs", "--kv-blocks", "9", "--requests",
+                        str(target) + ".meta.json"])
+    assert code == 2 and "sidecar" in one_line(err)  # (the sidecar of the input, reached through the link)

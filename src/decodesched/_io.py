@@ -189,6 +189,18 @@ def _same_file(a: Path, b: Path) -> bool:
         return False
 
 
+META_SUFFIX = ".meta.json"  # a converted trace's metadata sidecar: ``<trace file>.meta.json``
+
+
+def meta_path(trace_path) -> Path:
+    """The metadata sidecar of the trace at `trace_path`, beside the file itself: through a symbolic link,
+    beside its target (the sidecar belongs to the file, whichever name writes or reads it)."""
+    path = Path(trace_path)
+    if path.is_symlink():
+        path = path.resolve()
+    return Path(str(path) + META_SUFFIX)
+
+
 def check_outputs(outputs, inputs=()) -> None:
     """Refuse (UserError) outputs that would overwrite an input, an input's ``.meta.json`` sidecar, or
     each other; and any output `output_target` refuses.  `outputs` may hold None (not requested)."""
@@ -199,7 +211,8 @@ def check_outputs(outputs, inputs=()) -> None:
         if inp is None or str(inp) == STDOUT:
             continue
         protected.append((Path(inp), "an input of this command"))
-        protected.append((Path(str(inp) + ".meta.json"), f"the metadata sidecar of the input {inp}"))
+        for side in {Path(str(inp) + META_SUFFIX), meta_path(inp)}:  # (by its name, and by its file's)
+            protected.append((side, f"the metadata sidecar of the input {inp}"))
     for out in outputs:
         if out is None:
             continue

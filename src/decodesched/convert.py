@@ -60,7 +60,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ._io import binary_input, input_file, not_text
+from ._io import binary_input, input_file, meta_path, not_text
 from .errors import OutputError, UserError
 from .trace import MAX_STEP, Trace, TraceError, _next_record, load_trace, parse_decimal, show
 
@@ -72,7 +72,6 @@ DEFAULT_SLO_FACTOR = 20.0
 DEFAULT_BLOCK_SIZE = 16
 DEFAULT_CACHE_MIN_BLOCKS = 2  # see the module docstring: 1 makes 99.99% of Mooncake requests hits
 BUNDLED_TRACE = "azure_llm_2023_conv.csv"
-META_SUFFIX = ".meta.json"
 
 
 @dataclass(frozen=True)
@@ -490,11 +489,6 @@ def to_trace(
         steps_per_second=float(steps_per_second),
         name=name or (Path(raw.source).stem if raw.source else "trace"),
     )
-
-
-def meta_path(trace_path: str | os.PathLike) -> Path:
-    """The sidecar of a converted trace: ``<trace path>.meta.json``."""
-    return Path(str(trace_path) + META_SUFFIX)
 
 
 def write_trace(trace: Trace, out: str | os.PathLike, meta: dict) -> Path:

@@ -47,7 +47,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ._io import _describe, _same_file, input_file, input_label, not_text, replace_together, temp_prefix
+from ._io import (META_SUFFIX, _describe, _same_file, input_file, input_label, meta_path, not_text, replace_together,
+                  temp_prefix)
 from .errors import UserError
 from .metrics import MAX_CLASS_COLUMNS, offered_load
 from .palette import POLICY_ORDER, policy_colors, policy_marker, policy_style, sorted_policies
@@ -1058,7 +1059,7 @@ def _refuse_inputs_among_outputs(out_dir: Path, inputs) -> None:
             continue
         for inp in inputs:
             if _same_file(out, inp):
-                what = "the metadata sidecar of an input" if inp.name.endswith(".meta.json") else \
+                what = "the metadata sidecar of an input" if inp.name.endswith(META_SUFFIX) else \
                     "an input of this command"
                 also = "" if out == inp else f" ({inp})"
                 raise UserError(f"{out}: is {what}{also}; refusing to overwrite it (give --out another folder)")
@@ -1088,13 +1089,13 @@ def build_report(out_dir, *, results=None, trace=None, policies=None, kv_blocks=
     parent = out_dir.parent if str(out_dir.parent) else Path(".")
     if not parent.is_dir():
         raise UserError(f"{out_dir}: no such directory {parent}")
-    _refuse_inputs_among_outputs(out_dir, [results, trace, f"{trace}.meta.json" if trace is not None else None])
+    _refuse_inputs_among_outputs(out_dir, [results, trace, meta_path(trace) if trace is not None else None])
     rows = read_sweep(results, REPORT_COLUMNS) if results is not None else None
     info = None
     if rows is not None:
         info = trace_info(rows, results, loads=loads, trace_dirs=trace_dirs)
         found = [i.path for i in info.values() if i.path is not None]
-        _refuse_inputs_among_outputs(out_dir, found + [f"{p}.meta.json" for p in found])
+        _refuse_inputs_among_outputs(out_dir, found + [meta_path(p) for p in found])
     loaded = None
     if trace is not None:
         from .trace import load_trace

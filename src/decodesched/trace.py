@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from ._io import input_file, not_text, read_parquet_table
+from ._io import input_file, meta_path, not_text, read_parquet_table
 from .errors import UserError
 from .kernels.fields import FILE_COLUMNS, TRACE_FIELDS
 
@@ -323,7 +323,7 @@ def _sidecar_time_scale(path: Path) -> float | None:
     """``steps_per_second`` from ``<trace>.meta.json`` (written by ``decodesched trace convert``), if any."""
     import json
 
-    meta = Path(str(path) + ".meta.json")
+    meta = meta_path(path)
     if not meta.is_file():
         return None
     try:
