@@ -143,6 +143,9 @@ _KeyError = KeyError
 _MemoryError = MemoryError
 _builtins = __builtins__ if _type(__builtins__) is _dict else __builtins__.__dict__
 _BUILTINS = _dict(_builtins)  # restored after every operation: the student's patches never reach us
+# the builtin exception classes by name: a class of the solution's own named `ValueError` (or `MemoryError`)
+# is not one of them, though its name is (`_error`)
+_BUILTIN_ERRORS = {n: c for n, c in _BUILTINS.items() if _type(c) is type and issubclass(c, _BaseException)}
 _HEX = "0123456789abcdef"
 
 
@@ -446,6 +449,11 @@ def _error(exc):
                 name = "?"
         except _BaseException:
             name = "?"
+        builtin = _BUILTIN_ERRORS.get(name)
+        if builtin is not None and not _isinstance(exc, builtin):
+            # `except ValueError` would not catch it: it must not read as the builtin (a check expecting a
+            # ValueError would pass, a MemoryError would set the status)
+            name = name[:30] + " (not the builtin)"
     msg = ""
     try:
         args = exc.args
