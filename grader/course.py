@@ -45,6 +45,12 @@ ever written back into that package. Run every command from this folder (it hold
    (in Chinese and English, with a picture of the first failing schedule) and updates `gradebook.db`,
    so `nbgrader export` agrees with grades.csv. `decodesched grade --selfcheck` shows that the
    grader tells the reference from a library of one-bug solutions.
+4. `nbgrader export` writes the gradebook's scores to `grades.csv` in this folder.
+
+Do not run `nbgrader autograde` here yourself: it would run the hidden tests in the student's kernel,
+warn that each hidden cell's checksum changed (the release holds only a probe there), and overwrite
+the gradebook with its own scores, which then disagree with `OUT/grades.csv`. `decodesched grade`
+runs nbgrader's autograde for you, sandboxed, in a private copy of the course.
 
 You may edit the markdown and the visible tests of the source notebook; the hidden tests are judged
 by the grader outside the student's kernel, and the graded cells and their points must stay as
