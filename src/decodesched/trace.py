@@ -261,7 +261,9 @@ def load_trace(source: Any, *, steps_per_second: float | None = None, name: str 
                              name or attrs.get("name") or "trace")
     if isinstance(source, Mapping):
         return _from_columns(dict(source), "<arrays>", steps_per_second, name or "trace")
-    if type(source).__name__ == "RawTrace":  # (`convert.read_azure` / `read_mooncake`: no steps nor classes yet)
+    from .convert import RawTrace  # (here: convert imports this module)
+
+    if isinstance(source, RawTrace):  # (`convert.read_azure` / `read_mooncake`: no steps nor classes yet)
         raise TraceError("a RawTrace is a real trace as read, in seconds: convert it first, "
                          "decodesched.convert.to_trace(raw, load=...) (or steps_per_second=...)")
     raise TraceError(f"cannot read a trace from {type(source).__name__}; give a path, a mapping of columns or a Trace")
