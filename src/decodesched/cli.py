@@ -121,6 +121,40 @@ def int_arg(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a whole number{why}, got {shorten(repr(text), 60)}") from None
 
 
+def _int_in(text: str, lo: int, hi: int | None) -> int:
+    """`int_arg` that also refuses values outside lo..hi (hi None: no upper bound), so that argparse's one
+    line names the flag ("argument --kv-blocks: must be >= 0, got -1"), not the API's keyword."""
+    import argparse
+
+    value = int_arg(text)
+    if value < lo or (hi is not None and value > hi):
+        bound = f">= {lo}" if hi is None else f"from {lo} to {_POWERS.get(hi, hi)}"
+        raise argparse.ArgumentTypeError(f"must be {bound}, got {value}")
+    return value
+
+
+_POWERS = {2**61: "2**61", 2**63 - 1: "2**63 - 1"}  # bounds written as `engine.check_config` writes them
+
+
+def kv_blocks_arg(text: str) -> int:
+    """A KV capacity option: 0 to `trace.MAX_TOTAL` blocks, the range `engine.check_config` takes."""
+    from .trace import MAX_TOTAL
+
+    return _int_in(text, 0, MAX_TOTAL)
+
+
+def interval_arg(text: str) -> int:
+    """An aging interval option: 1 to 2**63 - 1 steps, the range `engine.check_config` takes."""
+    from .trace import INT64_MAX
+
+    return _int_in(text, 1, INT64_MAX)
+
+
+def steps_arg(text: str) -> int:
+    """A step count option (--max-steps): 0 or more."""
+    return _int_in(text, 0, None)
+
+
 _DECIMAL = r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?"
 
 

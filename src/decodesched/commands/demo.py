@@ -21,7 +21,7 @@ import numpy as np
 
 from .. import convert as cv
 from .._io import _describe
-from ..cli import int_arg, positive_float_arg, seed_arg
+from ..cli import int_arg, interval_arg, kv_blocks_arg, positive_float_arg, seed_arg
 from ..errors import UserError
 
 # Full trace at load 0.8 with 2,000 KV blocks: policies differ clearly in tail TTFT, starvation and
@@ -54,11 +54,11 @@ def add_parser(subparsers) -> None:
     p.add_argument("--load", type=positive_float_arg, default=DEFAULT_LOAD, metavar="L",
                    help="offered load, work steps per step of wall time (default %(default)s; near 1.0 the "
                         "backlog, and the run time, grow sharply)")
-    p.add_argument("--kv-blocks", type=int_arg, default=DEFAULT_KV_BLOCKS, metavar="N",
+    p.add_argument("--kv-blocks", type=kv_blocks_arg, default=DEFAULT_KV_BLOCKS, metavar="N",
                    help="free KV blocks (16 tokens each) at the start (default %(default)s)")
     p.add_argument("--requests", type=int_arg, default=None, metavar="N",
                    help="use only the first N requests of the trace to arrive (default: all 19,366)")
-    p.add_argument("--aging-interval", type=int_arg, default=4, metavar="K", help="steps per aging level (default 4)")
+    p.add_argument("--aging-interval", type=interval_arg, default=4, metavar="K", help="steps per aging level (default 4)")
     p.add_argument("--seed", type=seed_arg, default=0, help="seed of the priority/deadline rules (default %(default)s)")
     p.add_argument("--out", default="decodesched-demo", metavar="DIR",
                    help="folder for ttft_cdf.png and summary.csv (default ./%(default)s)")
@@ -73,12 +73,8 @@ def check_args(args) -> Path:
     """Validate everything before any work, so that bad input writes nothing."""
     if not (math.isfinite(args.load) and args.load > 0):
         raise UserError(f"--load must be a positive number, got {args.load}")
-    if args.kv_blocks < 0:
-        raise UserError(f"--kv-blocks must be >= 0, got {args.kv_blocks}")
     if args.requests is not None and args.requests < 2:
         raise UserError(f"--requests must be at least 2 (a load needs a span of time), got {args.requests}")
-    if args.aging_interval <= 0:
-        raise UserError(f"--aging-interval must be > 0, got {args.aging_interval}")
     out = Path(args.out)
     if out.is_symlink() and not out.exists():
         raise UserError(f"{out}: is a broken symbolic link; --out names a folder")

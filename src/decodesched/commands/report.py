@@ -10,7 +10,7 @@ import os
 import sys
 from pathlib import Path
 
-from ..cli import int_arg, positive_float_arg
+from ..cli import int_arg, interval_arg, kv_blocks_arg, positive_float_arg
 from ..engine import POLICIES
 from ..errors import UserError
 from ..policy import replay_interval, resolve_policy
@@ -49,10 +49,10 @@ def add_parser(sub) -> None:
                         f"naming a decodesched.Policy (default all: {', '.join(POLICIES)})")
     p.add_argument("--timeline-policy", default=None, metavar="P",
                    help="policy of the KV/queue and Gantt figures (default the first --policy)")
-    p.add_argument("--kv-blocks", type=int_arg, default=None, metavar="N",
+    p.add_argument("--kv-blocks", type=kv_blocks_arg, default=None, metavar="N",
                    help="capacity: the cut of the sweep figures and the replay of --trace (default: the "
                         "sweep's lower-median capacity)")
-    p.add_argument("--aging-interval", type=int_arg, default=None, metavar="K",
+    p.add_argument("--aging-interval", type=interval_arg, default=None, metavar="K",
                    help="aging interval: the cut of the sweep figures and the replay (default 4)")
     p.add_argument("--load", type=positive_float_arg, default=None, metavar="L",
                    help="show only the traces at this offered load in the P99-against-capacity figure (default all)")

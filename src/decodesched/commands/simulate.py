@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 import time
 
-from ..cli import int_arg
+from ..cli import interval_arg, kv_blocks_arg, steps_arg
 from ..engine import ENGINES, POLICIES, simulate
 from ..metrics import format_table
 from ..policy import replay_interval, resolve_policy
@@ -25,10 +25,10 @@ def add_parser(sub) -> None:
     p.add_argument("--policy", required=True, metavar="P",
                    help=f"a built-in policy ({', '.join(POLICIES)}) or module:attr / path/to/file.py:attr naming "
                    "a decodesched.Policy")
-    p.add_argument("--kv-blocks", type=int_arg, required=True, metavar="N", help="free KV blocks at the start")
-    p.add_argument("--aging-interval", type=int_arg, default=None, metavar="K",
+    p.add_argument("--kv-blocks", type=kv_blocks_arg, required=True, metavar="N", help="free KV blocks at the start")
+    p.add_argument("--aging-interval", type=interval_arg, default=None, metavar="K",
                    help="steps per priority level (default: the one a policy module:attr was built with, else 4)")
-    p.add_argument("--max-steps", type=int_arg, default=None, metavar="N", help="stop after N steps that ran")
+    p.add_argument("--max-steps", type=steps_arg, default=None, metavar="N", help="stop after N steps that ran")
     p.add_argument("--events", metavar="PATH", help="write the event log here: a .csv, or a .parquet / .pq name "
                    "(needs the data extra); - for standard output")
     p.add_argument("--requests", metavar="PATH", help="write the per-request table here (.csv, .parquet / .pq, or - "

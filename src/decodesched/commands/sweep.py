@@ -37,7 +37,7 @@ from pathlib import Path
 
 from .._io import input_label
 from ..batch import BACKENDS, check_sweep_fits, convert_rules, grid, grid_size, replicate_traces, write_metrics_csv
-from ..cli import int_arg
+from ..cli import int_arg, interval_arg, kv_blocks_arg, steps_arg
 from ..engine import ENGINES, POLICIES, check_config
 from ..errors import UserError
 from ..policy import check_distinct, replay_interval, resolve_policy
@@ -73,13 +73,14 @@ def add_parser(sub) -> None:
     p.add_argument("traces", nargs="+", metavar="TRACE", help="canonical trace CSV(s) or .parquet")
     p.add_argument("--policy", required=True, type=_names, metavar="P[,P..]",
                    help=f"policies, comma-separated ({', '.join(POLICIES)}, or module:attr of a decodesched.Policy)")
-    p.add_argument("--kv-blocks", required=True, type=_ints, metavar="N[,N..]", help="free KV blocks, comma-separated")
-    p.add_argument("--aging-interval", type=_ints, default=None, metavar="K[,K..]",
+    p.add_argument("--kv-blocks", required=True, type=_int_list(kv_blocks_arg), metavar="N[,N..]",
+                   help="free KV blocks, comma-separated")
+    p.add_argument("--aging-interval", type=_int_list(interval_arg), default=None, metavar="K[,K..]",
                    help="aging intervals, comma-separated (default: the one a policy module:attr was built with, "
                         "else 4)")
     p.add_argument("--replicates", type=int_arg, default=1, metavar="N",
                    help="replay each trace N times, redrawing its seeded classes and deadlines (default 1)")
-    p.add_argument("--max-steps", type=int_arg, default=None, metavar="N",
+    p.add_argument("--max-steps", type=steps_arg, default=None, metavar="N",
                    help="stop each replay after N steps that ran")
     p.add_argument("--threads", type=int_arg, default=None, metavar="N",
                    help="CPU threads (default: all Numba threads)")
@@ -109,15 +110,19 @@ def _names(text: str) -> list[str]:
     return items
 
 
-def _ints(text: str) -> list[int]:
-    out, seen = [], set()
-    for x in _names(text):
-        value = int_arg(x)
-        if value in seen:  # (the same scenario twice: two identical rows, as a policy given twice would be)
-            raise _arg_error(f"{value} is given twice in {show(text)}; give each value once")
-        seen.add(value)
-        out.append(value)
-    return out
+def _int_list(item):
+    """An option type: comma-separated distinct values, each parsed by `item` (an int option type)."""
+    def parse(text: str) -> list[int]:
+        out, seen = [], set()
+        for x in _names(text):
+            value = item(x)
+            if value in seen:  # (the same scenario twice: two identical rows, as a policy given twice would be)
+                raise _arg_error(f"{value} is given twice in {show(text)}; give each value once")
+            seen.add(value)
+            out.append(value)
+        return out
+
+    return parse
 
 
 def _arg_error(msg: str):
