@@ -106,15 +106,19 @@ def warm_server(server: sandbox.ForkServer, course: Course, template: Path, work
         shutil.rmtree(warm, ignore_errors=True)
 
 
+_CELL_ID = re.compile(r"[a-zA-Z0-9_-]{1,64}")  # nbformat 4.5's schema for a cell's id
+
+
 def for_nbgrader(nb: dict, release: dict) -> tuple[dict, list[str]]:
     """The copy of a submission that nbgrader autograde gets, and a note per repair. nbgrader stops the whole run
     (and the submission would read `crashed`) on what editors and students' habits leave: a notebook without
     ``nbformat_minor``, a cell without ``metadata``, a code cell without ``outputs`` (jupytext, hand-made and
-    converted notebooks), a cell carrying nbgrader metadata the release does not have (copied from another
-    assignment's notebook: "Cell ... does not exist in the database", then "the nbgrader metadata may be
-    corrupted"), and grading metadata of a released cell that lost a key or has another ``schema_version``
-    ("nbgrader update"). What the student wrote, the cells' sources, stays as it is; the evidence was taken from
-    the notebook as submitted (`grader.evidence`); only this copy is repaired."""
+    converted notebooks), a cell id that nbformat's schema refuses (a space in it, over 64 characters), a cell
+    carrying nbgrader metadata the release does not have (copied from another assignment's notebook: "Cell ... does
+    not exist in the database", then "the nbgrader metadata may be corrupted"), and grading metadata of a released
+    cell that lost a key or has another ``schema_version`` ("nbgrader update"). What the student wrote, the cells'
+    sources, stays as it is; the evidence was taken from the notebook as submitted (`grader.evidence`); only this
+    copy is repaired."""
     release_meta = {}
     for cell in release.get("cells", []):
         meta = _nbgrader_meta(cell)
@@ -124,7 +128,7 @@ def for_nbgrader(nb: dict, release: dict) -> tuple[dict, list[str]]:
     out = {**nb, "nbformat": 4, "metadata": nb["metadata"] if isinstance(nb.get("metadata"), dict) else {}}
     if type(out.get("nbformat_minor")) is not int or out["nbformat_minor"] < 0:
         out["nbformat_minor"] = minor if type(minor) is int else 5
-    cells, unknown, repaired, seen = [], [], [], set()
+    cells, unknown, repaired, seen, renamed = [], [], [], set(), 0
     release_types = {_nbgrader_meta(c).get("grade_id"): c.get("cell_type") for c in release.get("cells", [])}
     for cell in nb["cells"]:
         cell = dict(cell)
@@ -133,6 +137,9 @@ def for_nbgrader(nb: dict, release: dict) -> tuple[dict, list[str]]:
         if isinstance(gid, str) and gid not in seen and release_types.get(gid, cell["cell_type"]) != cell["cell_type"]:
             cell["cell_type"] = release_types[gid]  # turned into markdown or raw by a key press: as nbgrader does
             cell.pop("attachments", None)
+        if "id" in cell and not (isinstance(cell["id"], str) and _CELL_ID.fullmatch(cell["id"])):
+            cell["id"] = f"decodesched-{len(cells)}"  # one such id and nbformat refuses the whole notebook
+            renamed += 1
         if cell["cell_type"] == "code":
             if not isinstance(cell.get("outputs"), list):
                 cell["outputs"] = []
@@ -173,6 +180,9 @@ def for_nbgrader(nb: dict, release: dict) -> tuple[dict, list[str]]:
     if repaired:
         notes.append("the nbgrader metadata of these cells lacked keys or had another schema version; nbgrader got "
                      "the release's: " + ", ".join(sorted(set(repaired))))
+    if renamed:
+        notes.append(f"{renamed} cell id(s) nbformat does not accept (1-64 letters, digits, - or _) were renamed in "
+                     "nbgrader's copy")
     return out, notes
 
 

@@ -843,6 +843,7 @@ def main(argv):
     module.__file__ = "<solution cell>"
     module.__dict__["get_ipython"] = _Anything  # IPython hooks in a cell do nothing here
     module.__dict__["display"] = _Anything()
+    module.__dict__["help"] = _Anything()  # what `site` adds and `python -S` lacks; in a notebook it only prints
     sys.modules["solution"] = module
     slow_lines = []
     skip = [n for n in job.get("skip_lines", []) if _type(n) is _int]

@@ -9,9 +9,11 @@ student id must be a plain name. Anything else is ``invalid``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+import threading
 import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,7 +38,14 @@ _IGNORABLE = ((0x00AD, 0x00AD), (0x034F, 0x034F), (0x061C, 0x061C), (0x115F, 0x1
               (0x1D173, 0x1D17A), (0xE0000, 0xE0FFF))
 
 
-MAX_NOTEBOOK_BYTES = 20 * 1024 * 1024
+# An honest notebook can be big with the outputs it was saved with (VS Code keeps 50 MB of a loop's prints); they are
+# dropped as it is read (`load_notebook`; nbgrader clears them too). One over BIG_NOTEBOOK_BYTES is parsed while no
+# other is, and only if it holds at most MAX_BIG_NOTEBOOK_ITEMS strings, objects and arrays (about 64 bytes each once
+# parsed; 50 MB of prints: about a million lines): a big one costs the grading process about 0.5 GB at most, once.
+MAX_NOTEBOOK_BYTES = 100 * 1024 * 1024
+BIG_NOTEBOOK_BYTES = 16 * 1024 * 1024
+MAX_BIG_NOTEBOOK_ITEMS = 3_000_000
+_BIG_PARSE = threading.Lock()
 _ARCHIVES = (".zip", ".tar", ".gz", ".tgz", ".bz2", ".xz", ".7z", ".rar")
 
 
@@ -251,19 +260,29 @@ def load_notebook(path: Path) -> dict:
         if not _stat.S_ISREG(st.st_mode):
             raise InvalidSubmission("not a regular file (a FIFO, a device or a broken link)")
         if st.st_size > MAX_NOTEBOOK_BYTES:
-            raise InvalidSubmission(f"the notebook is {st.st_size / 2**20:.0f} MiB "
-                                    f"(limit {MAX_NOTEBOOK_BYTES / 2**20:.0f} MiB; mostly outputs? clear them, "
-                                    "`jupyter nbconvert --clear-output --inplace`, and grade again)")
+            raise _too_big(f"{st.st_size / 2**20:.0f} MiB (limit {MAX_NOTEBOOK_BYTES / 2**20:.0f} MiB")
         data = fh.read(MAX_NOTEBOOK_BYTES + 1)
     if len(data) > MAX_NOTEBOOK_BYTES:
         raise InvalidSubmission(f"the notebook grew past {MAX_NOTEBOOK_BYTES / 2**20:.0f} MiB while it was read")
-    text = _decode(data)
-    try:
-        nb = json.loads(text)
-    except RecursionError:
-        raise InvalidSubmission("not a readable notebook (invalid JSON)") from None
-    except ValueError as exc:
-        raise InvalidSubmission(_json_problem(text, exc)) from None
+    big = len(data) > BIG_NOTEBOOK_BYTES
+    if big:  # an upper bound on what parsing makes: every quote, brace and bracket, in strings too
+        items = data.count(b'"') // 2 + data.count(b"{") + data.count(b"[")
+        if items > MAX_BIG_NOTEBOOK_ITEMS:
+            raise _too_big(f"{len(data) / 2**20:.0f} MiB of up to {items:,} JSON values "
+                           f"(limit {MAX_BIG_NOTEBOOK_ITEMS:,} above {BIG_NOTEBOOK_BYTES / 2**20:.0f} MiB")
+    with _BIG_PARSE if big else contextlib.nullcontext():
+        nb = _parse(data)
+        del data
+        return _checked(nb)
+
+
+def _too_big(size: str) -> InvalidSubmission:
+    return InvalidSubmission(f"the notebook is {size}; mostly outputs? clear them, "
+                             "`jupyter nbconvert --clear-output --inplace`, and grade again)")
+
+
+def _checked(nb) -> dict:
+    """`nb` if it is a notebook in nbformat 4 with well-formed cells, without the outputs it was saved with."""
     if isinstance(nb, dict) and type(nb.get("nbformat")) is int and 1 <= nb["nbformat"] <= 3:
         raise InvalidSubmission(f"not a Jupyter notebook in nbformat 4 (it is nbformat {nb['nbformat']}, an old "
                                 "Jupyter format: open it in a current Jupyter and save it again)")
@@ -273,7 +292,20 @@ def load_notebook(path: Path) -> dict:
         if not isinstance(cell, dict) or cell.get("cell_type") not in ("code", "markdown", "raw"):
             raise InvalidSubmission("a cell is malformed")
         _cell_source(cell)
+        if isinstance(cell.get("outputs"), list):
+            cell["outputs"] = []  # what a past run printed: never graded, and nbgrader clears it as well
     return nb
+
+
+def _parse(data: bytes):
+    """The JSON of a notebook file's bytes, or InvalidSubmission saying where it breaks."""
+    text = _decode(data)
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise InvalidSubmission("not a readable notebook (invalid JSON)") from None
+    except ValueError as exc:
+        raise InvalidSubmission(_json_problem(text, exc)) from None
 
 
 def solution_source(nb: dict) -> str:

@@ -290,7 +290,8 @@ def _verdict(source, scenarios, obs, runs, session, limits, hide, shrink_failure
     if modules:
         notes.append(MODULES_NOTE + "; ".join(f"`import {m}` failed" for m in modules[:3])
                      + " / 评分时解答单元格只能使用标准库和 NumPy")
-    undefined = sorted({n for text in errors for n in _UNDEFINED.findall(text)})
+    undefined = sorted({n for text in errors for n in _UNDEFINED.findall(text)}
+                       | {n for text in errors for found in _NOT_LOADED.findall(text) for n in found if n})
     total = round(sum(v.score for v in cells.values()), 2)
     return Verdict(cells=cells, status=status, total=total, max_total=max_total, notes=notes, undefined=undefined)
 
@@ -298,6 +299,7 @@ def _verdict(source, scenarios, obs, runs, session, limits, hide, shrink_failure
 MODULES_NOTE = "the grader runs your solution cell with the standard library and NumPy only; "
 _NO_MODULE = re.compile(r"No module named '([A-Za-z0-9_.]{1,60})'")
 _UNDEFINED = re.compile(r"name '([A-Za-z_][A-Za-z0-9_]{0,60})' is not defined")
+_NOT_LOADED = re.compile(r"the solution cell did not define (\w+)(?:, (\w+))?")  # the harness's words for a class
 
 
 def _raised_messages(obs: dict) -> list[str]:
