@@ -165,15 +165,17 @@ def to_parquet(obj, path: str | os.PathLike, table: str | None = None) -> None:
     """Write `to_frame(obj, table)` as Parquet; the file appears whole or not at all.
 
     A `Trace` written this way (``to_parquet(trace, "t.parquet")``) is read back by
-    `decodesched.load_trace`, time scale included.
+    `decodesched.load_trace`, time scale included.  A result's or a batch's table never replaces a file
+    one of its traces was read from, nor such a file's sidecar (`UserError`, before any work).
     """
     if not is_parquet(path):  # (a name that the readers would take for CSV)
         got = f"'{Path(path).suffix}'" if Path(path).suffix else "no extension"
         raise UserError(f"{path}: a Parquet file is named .parquet or .pq; got {got}")
     _, pq = _pyarrow()
+    batch = getattr(obj, "traces", None)  # (a BatchResult's list; a frame's attribute may be a column)
+    traces = [getattr(obj, "trace", None), *(batch if isinstance(batch, list) else ())]
+    check_outputs([path], inputs=[getattr(t, "source", None) for t in traces])
     arrow = to_arrow(obj, table)
-    # a result's table never replaces the file its trace was read from (nor that file's sidecar)
-    check_outputs([path], inputs=[getattr(getattr(obj, "trace", None), "source", None)])
     with atomic_writer(path, "wb") as fh:
         pq.write_table(arrow, fh)
 

@@ -24,7 +24,7 @@ import numpy as np
 from ._io import atomic_writer, input_file, not_text, read_parquet_table
 from .errors import UserError
 from .kernels import enums as E
-from .trace import INT64_MAX, INT64_MIN, parse_decimal, show
+from .trace import _FALSE, _TRUE, INT64_MAX, INT64_MIN, parse_decimal, show
 
 CHUNK_ROWS = 1 << 15  # CSV rows per chunk: its byte matrix (about 3 MB) stays in the CPU caches
 PARQUET_CHUNK_ROWS = 1 << 17  # rows per Parquet row group: 1 MB columns, reused by malloc (1 << 20: 0.3 s of page faults)
@@ -63,6 +63,25 @@ def table_format(path) -> str:
         return "csv"
     got = f"'{Path(path).suffix}'" if suffix else "no extension"
     raise UserError(f"{path}: a table is written as .csv or .parquet (.pq), or - for standard output; got {got}")
+
+
+def check_table_output(path) -> str:
+    """`table_format(path)`, and for Parquet that pyarrow is there to write it: for a command to call before
+    its work, so that a missing extra is said at once, not after a long replay."""
+    fmt = table_format(path)
+    if fmt == "parquet":
+        _parquet_modules(path)
+    return fmt
+
+
+def _parquet_modules(path):
+    """``(pyarrow, pyarrow.parquet)``, or a `UserError` naming `path` and the extra that installs them."""
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise UserError(f"{path}: writing Parquet needs pyarrow: pip install 'decodesched[data]'") from None
+    return pa, pq
 
 
 # -- columns of one chunk ------------------------------------------------------------------------
@@ -299,11 +318,7 @@ def _write_parquet(path, schema, n_rows: int, chunk) -> None:
     dictionary pages directly, no hashing) and integers DELTA_BINARY_PACKED (fast, and 5x smaller
     than dictionary-encoded for event logs).  No Arrow schema is stored, so every reader sees the
     plain Parquet schema: int64, boolean and UTF-8 string columns, nullable where documented."""
-    try:
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-    except ImportError:
-        raise UserError(f"{path}: writing Parquet needs pyarrow: pip install 'decodesched[data]'") from None
+    pa, pq = _parquet_modules(path)
     typ = {"int": pa.int64(), "int?": pa.int64(), "bool": pa.bool_(), "bool?": pa.bool_(),
            "float?": pa.float64(), "str": _dict_type(pa)}
     arrow_schema = pa.schema([pa.field(n, typ[k], nullable=k.endswith("?")) for n, k in schema])
@@ -350,14 +365,16 @@ def read_table(path) -> dict[str, np.ndarray]:
     try:
         with open(path, newline="", encoding="utf-8-sig") as fh:  # (with or without a byte-order mark)
             reader = csv.reader(fh)
-            header = next(reader, None)
+            header = next((rec for rec in reader if not _blank(rec)), None)  # (blank lines skipped, as in a trace)
             if header is None:
                 raise UserError(f"{path}: empty file")
-            schema = _schema_of(header, path)
+            schema = _schema_of([h.strip() for h in header], path)
             raw = [[] for _ in header]
             lines = []
             for rec in reader:
                 if len(rec) != len(header):
+                    if _blank(rec):
+                        continue
                     raise UserError(f"{path}: line {reader.line_num}: {len(rec)} fields, expected {len(header)}")
                 lines.append(reader.line_num)
                 for store, x in zip(raw, rec):
@@ -377,6 +394,11 @@ def read_table(path) -> dict[str, np.ndarray]:
     return out
 
 
+def _blank(rec: list[str]) -> bool:
+    """Whether a CSV record is a blank line (no field, or spaces only)."""
+    return not any(x.strip() for x in rec)
+
+
 _KIND_WORDS = {"int": "whole number", "bool": "true/false", "float": "number", "str": "text"}
 _PARQUET_TYPES = {  # what a Parquet column of each kind may be (uint64 could overflow int64)
     "int": ("integers", lambda t: str(t) in ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32")),
@@ -387,7 +409,9 @@ _PARQUET_TYPES = {  # what a Parquet column of each kind may be (uint64 could ov
 
 
 def _cell_ok(x: str, kind: str) -> bool:
-    """Whether one CSV cell fits a column of `kind` (as `format_csv_rows` writes them)."""
+    """Whether one CSV cell fits a column of `kind`, by the spellings of docs/files.md (what `_parse_column`
+    takes, cell by cell)."""
+    x = x.strip()
     if x == "":
         return kind.endswith("?") or kind == "str"
     kind = kind.rstrip("?")
@@ -397,13 +421,13 @@ def _cell_ok(x: str, kind: str) -> bool:
         except ValueError:
             return False
     if kind == "bool":
-        return x in ("true", "false")
+        return x.lower() in _TRUE | _FALSE
     if kind == "float":
         try:
             float(x)
         except ValueError:
             return False
-        return x.strip() == x
+        return x.isascii() and "_" not in x
     return True
 
 
@@ -416,20 +440,28 @@ def _schema_of(header: list[str], path) -> tuple:
 
 def _parse_column(values: list[str], kind: str):
     """One CSV column as an array, converted whole (NumPy); ValueError when a cell does not fit
-    (then `_cell_ok`, cell by cell, finds which)."""
-    a = np.array(values, dtype=str)
+    (then `_cell_ok`, cell by cell, finds which).  NumPy alone would read Python's spellings of a
+    number (``1_0`` as 10, ``+1``, digits of other scripts), so the cells are checked first."""
+    a = np.char.strip(np.array(values, dtype=str))
     missing = a == ""
     if kind == "str":
         return a.astype(object).astype(str)
     if missing.any() and not kind.endswith("?"):
         raise ValueError(kind)
     if kind.startswith("bool"):
-        out = a == "true"
-        if not (out | missing | (a == "false")).all():
+        low = np.char.lower(a)  # (the trace readers' words, in any letter case)
+        out = np.isin(low, sorted(_TRUE))
+        if not (out | missing | np.isin(low, sorted(_FALSE))).all():
             raise ValueError(kind)
         return np.ma.MaskedArray(out, mask=missing) if kind.endswith("?") else out
+    if a.view(np.uint32).max(initial=0) > 127 or (np.char.find(a, "_") >= 0).any():  # (not ASCII; 1_000)
+        raise ValueError(kind)
     try:
         if kind.startswith("int"):
+            digits = np.char.lstrip(a, "-")
+            signs = np.char.str_len(a) - np.char.str_len(digits)
+            if not (missing | (np.char.isdigit(digits) & (signs <= 1))).all():  # (no '+', no '--1')
+                raise ValueError(kind)
             out = np.where(missing, "0", a).astype(np.int64) if a.size else np.zeros(0, np.int64)
             return np.ma.MaskedArray(out, mask=missing) if kind.endswith("?") else out
         out = np.full(a.shape, np.nan)
@@ -484,4 +516,4 @@ def tables_equal(a: dict, b: dict) -> bool:
 
 
 __all__ = ["write_events", "write_requests", "read_table", "tables_equal", "format_csv_rows", "is_parquet",
-           "table_format", "EVENT_SCHEMA", "REQUEST_SCHEMA", "CHUNK_ROWS", "PARQUET_CHUNK_ROWS"]
+           "table_format", "check_table_output", "EVENT_SCHEMA", "REQUEST_SCHEMA", "CHUNK_ROWS", "PARQUET_CHUNK_ROWS"]

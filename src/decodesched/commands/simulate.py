@@ -40,12 +40,12 @@ def add_parser(sub) -> None:
 def run(args) -> int:
     from .._io import STDOUT, check_outputs, check_writable, immediate_interrupt, input_label, output_group
     from .._numba_cache import compile_notice, early_compile_notice
-    from ..tables_io import table_format
+    from ..tables_io import check_table_output
 
     check_outputs([args.events, args.requests], [args.trace])
     for path in (args.events, args.requests):
         if path is not None:
-            table_format(path)  # a name with another extension is refused before the replay
+            check_table_output(path)  # another extension, or Parquet without pyarrow, is refused before the replay
             check_writable(path)  # and a folder that takes no file (read-only), not after it
     trace = load_trace(args.trace, name=input_label(args.trace))  # (`<(cmd)`: a "pipe", not "63")
     policy = resolve_policy(args.policy)
