@@ -13,23 +13,55 @@ of ``--repeats``, divided by the steps that ran); the ratio is to the cell's con
 * ``tokens1``: a backlog of n at step 0 with one token each (every step admits or finishes), all-distinct
   priorities, 64 blocks; n against n / 10.
 
-Usage: ``python benchmarks/bench_hunt.py [--n 20000] [--repeats 2]`` (about 2 minutes on 2 cores).
+Further sections (``--sections``; each cell set-up ns per request / marginal ns per event, the replay's
+time less that of the same call with ``max_steps=0``, so that a run of few events is not read as slow steps;
+the ratio is the marginal cost's):
+
+* ``real``: the Mooncake conversation and Azure 2023 code traces (``--traces``, default ``../shared/traces``)
+  converted at loads 0.5, 2.0, 3.0 and 5.0, at 1, 8 and 50 blocks, exactly the largest request and 10**9;
+  control: the bundled Azure conversation trace at load 1.0, 8,000 blocks.
+* ``synthetic``: n requests at load about 1 (1-400 tokens, 3 classes, 1-8 blocks, 64 blocks) against the
+  same reshaped: all arrivals in 10 steps, idle gaps of 10**9 steps, bimodal lengths (1 token, 0.1% 100k),
+  prompts of 50k-100k tokens and outputs of 1-7 (and a control of small prompts and the same outputs: the
+  cost is the short outputs', not the prompts'), outputs of 500-1,500, deadlines all missed / all equal /
+  all distinct, capacities 1, 8, 50, 10**9 and max_steps cutting mid-run.
+* ``classes``: everyone at step 0 (1-40 tokens, 64 blocks) with 3, 8, 9, 64 and n distinct priorities,
+  at n and 10 n; ratio to 3 classes, and preemptions per 1,000 events (the schedule's own work).  From 9
+  classes on a waiting structure holds several (`fast_nb._buckets`), and under deadline the schedule
+  preempts more with more classes.
+* ``setup``: seconds of ``simulate(trace, policy, 64, max_steps=1)`` for 10 n requests in several shapes
+  (the checks, the kernel's structures, one step; target "well under a second" for 1 M), then the CLI
+  (``decodesched simulate FILE --max-steps 1``) on the same trace as Parquet and CSV, and on 20 rows.
+* ``batch``: `simulate_batch` of many scenarios at 1 and 2 threads against the kernel called in a loop
+  (CPU seconds, wall seconds and the 2-thread speed-up; every sampled result checked equal).
+
+Usage: ``python benchmarks/bench_hunt.py [--n 20000] [--repeats 2] [--sections victims real ...]`` (the
+victims section about 2 minutes on 2 busy cores, every section about 10; ``--n 100000 --sections setup``
+gives the set-up of 1 M requests, about 5 minutes, most of it the CLI reading the CSV).
 """
 
 from __future__ import annotations
 
 import argparse
+import subprocess
+import sys
+import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 
-from decodesched import load_trace
+from decodesched import Scenario, load_trace, simulate, simulate_batch
+from decodesched.convert import bundled_trace_path, read_raw, to_trace
 from decodesched.engine import policy_code, trace_arrays
 from decodesched.kernels import enums as E
 from decodesched.kernels.fast_nb import replay_fast_nb
 
 POLICIES = ("fixed_priority", "aging", "deadline", "fcfs")
 UNLIMITED = 2**61 // 4
+FEW = 10_000  # events under which a marginal cost is not printed
+SECTIONS = ("victims", "real", "synthetic", "classes", "setup", "batch")
+SHARED_TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
 
 
 def _trace(cols, has_deadline):
@@ -62,7 +94,8 @@ def tight(m, rising, rng, n_stream=20000):
     return trace, int(vb.sum()) + 8, int(arrival[-1]) + 10  # stop at the stream's end
 
 
-def ns_per_event(trace, policy, capacity, repeats, max_steps=-1, interval=4):
+def replay_time(trace, policy, capacity, repeats, max_steps=-1, interval=4):
+    """Best process time of `repeats` warm replays without the event log: (seconds, events, preemptions)."""
     args = trace_arrays(trace)
     best = float("inf")
     for _ in range(repeats):
@@ -72,7 +105,195 @@ def ns_per_event(trace, policy, capacity, repeats, max_steps=-1, interval=4):
         replay_fast_nb(*args, policy_code(policy), capacity, interval, max_steps,
                        np.zeros((0, E.EV_NCOLS), np.int64), req_out, summary)
         best = min(best, time.process_time() - t)
-    return best * 1e9 / max(int(summary[E.SM_EVENTS]), 1)
+    return best, int(summary[E.SM_EVENTS]), int(req_out[:, E.RQ_PREEMPTIONS].sum())
+
+
+def ns_per_event(trace, policy, capacity, repeats, max_steps=-1, interval=4):
+    best, events, _ = replay_time(trace, policy, capacity, repeats, max_steps, interval)
+    return best * 1e9 / max(events, 1)
+
+
+def marginal(trace, policy, capacity, repeats, max_steps=-1):
+    """(set-up ns per request, marginal ns per event, preemptions per 1,000 events): the replay's time less
+    that of the same call stopped before its first step."""
+    setup = replay_time(trace, policy, capacity, repeats, 0)[0]
+    t, events, pre = replay_time(trace, policy, capacity, repeats, max_steps)
+    return setup * 1e9 / len(trace), (t - setup) * 1e9 / max(events, 1), 1000 * pre / max(events, 1), events
+
+
+def spread(n, rng, **over):
+    """n requests at offered load about 1 (1-400 tokens), 3 classes, 1-8 blocks, half with a deadline;
+    `over` replaces columns (``has_deadline`` too)."""
+    new = over.pop("max_new_tokens", rng.integers(1, 401, n))
+    arrival = over.pop("arrival_step", np.sort(rng.integers(0, int(new.sum() + n), n)))
+    cols = {"request_id": rng.permutation(n).astype(np.int64), "arrival_step": arrival,
+            "prompt_len": rng.integers(1, 500, n), "max_new_tokens": new, "priority": rng.integers(0, 3, n),
+            "cache_hit": rng.random(n) < 0.3, "required_blocks": rng.integers(1, 9, n),
+            "deadline_step": arrival + (1 + new) * rng.integers(2, 50, n), "preemptible": rng.random(n) < 0.9}
+    has_deadline = over.pop("has_deadline", rng.random(n) < 0.5)
+    cols.update(over)
+    return _trace(cols, has_deadline)
+
+
+def marginal_row(label, cells, control):
+    """One line of `marginal` cells: set-up ns / marginal ns (ratio to the control's marginal ns); under
+    FEW events (requests that cannot fit the capacity) the events instead: their time is noise."""
+    out = "".join(f"{su:6.0f}/{me:6.0f}{me / c[1]:6.2f}x  " if ev >= FEW else f"{su:6.0f}/{ev:>6,} events  "
+                  for (su, me, _, ev), c in zip(cells, control))
+    print(f"{label:34s}{out}", flush=True)
+
+
+def header(width=22) -> None:
+    print(f"{'':34s}" + "".join(f"{p:<{width}s}" for p in POLICIES))
+
+
+def section_real(a) -> None:
+    print("\nreal traces: set-up ns per request / marginal ns per event (ratio to the bundled Azure "
+          "conversation trace at load 1.0, 8,000 blocks)")
+    control = [marginal(to_trace(read_raw(bundled_trace_path()), load=1.0, seed=0), p, 8000, a.repeats)
+               for p in POLICIES]
+    header()
+    marginal_row("control", control, control)
+    for name in ("mooncake_conversation.jsonl", "azure_llm_2023_code.csv"):
+        path = a.traces / name
+        if not path.is_file():
+            print(f"{path}: not found (--traces DIR), skipped")
+            continue
+        raw = read_raw(path)
+        for load in (0.5, 2.0, 3.0, 5.0):
+            trace = to_trace(raw, load=load, seed=0)
+            largest = int(trace.required_blocks.max())
+            for cap in (1, 8, 50, largest, 10**9):
+                marginal_row(f"{name[:8]} load {load}, {cap if cap < 10**9 else '10**9'} blocks",
+                             [marginal(trace, p, cap, a.repeats) for p in POLICIES], control)
+
+
+def section_synthetic(a) -> None:
+    n = a.n
+    rng = np.random.default_rng(1)
+    arr = np.sort(rng.integers(0, 200 * n, n))
+    every = {"has_deadline": np.ones(n, bool), "arrival_step": arr}
+    short = rng.integers(1, 8, n)
+    shapes = {
+        "arrivals within 10 steps": (spread(n, rng, arrival_step=np.sort(rng.integers(0, 10, n))), 64),
+        "idle gaps of 10**9 steps": (spread(n, rng, arrival_step=np.cumsum(rng.integers(0, 2, n) * 10**9)
+                                            + np.arange(n)), 64),
+        "bimodal: 1 token, 0.1% 100k": (spread(n, rng, max_new_tokens=np.where(rng.random(n) < 0.001, 100_000, 1)),
+                                         64),
+        "prompts 50k-100k, outputs 1-7": (spread(n, rng, prompt_len=rng.integers(50_000, 100_000, n),
+                                                 max_new_tokens=short), 64),
+        "prompts 1-499, outputs 1-7": (spread(n, rng, max_new_tokens=short), 64),
+        "prompt 1, outputs 500-1,500": (spread(n, rng, prompt_len=np.ones(n, np.int64),
+                                               max_new_tokens=rng.integers(500, 1500, n)), 64),
+        "deadlines all missed": (spread(n, rng, deadline_step=arr + 1, **every), 64),
+        "deadlines all equal": (spread(n, rng, deadline_step=np.full(n, int(arr[-1]) + 1), **every), 64),
+        "deadlines all distinct": (spread(n, rng, deadline_step=arr[-1] + 1 + rng.permutation(n), **every), 64),
+        "1 block": (spread(n, rng), 1),
+        "8 blocks (the largest request)": (spread(n, rng), 8),
+        "50 blocks": (spread(n, rng), 50),
+        "10**9 blocks": (spread(n, rng), 10**9),
+        "max_steps cutting at a third": (spread(n, rng), 64, 200 * n // 3),
+    }
+    print(f"\nsynthetic shapes of {n:,} requests: set-up ns per request / marginal ns per event (ratio to "
+          "the same size at load about 1, 64 blocks)")
+    control = [marginal(spread(n, rng), p, 64, a.repeats) for p in POLICIES]
+    header()
+    marginal_row("control", control, control)
+    for label, (trace, cap, *limit) in shapes.items():
+        marginal_row(label, [marginal(trace, p, cap, a.repeats, *limit) for p in POLICIES], control)
+
+
+def section_classes(a) -> None:
+    print("\neveryone at step 0, 1-40 tokens, 64 blocks, by priority classes: marginal ns per event (ratio "
+          "to 3 classes), preemptions per 1,000 events")
+    header(23)
+    for n in (a.n, 10 * a.n):
+        rng = np.random.default_rng(n)
+        new = rng.integers(1, 41, n)
+        base = None
+        for label, prio in (("3", rng.integers(0, 3, n)), ("8", rng.integers(0, 8, n)), ("9", rng.integers(0, 9, n)),
+                            ("64", rng.integers(0, 64, n)), ("distinct", rng.permutation(n).astype(np.int64))):
+            trace = spread(n, rng, max_new_tokens=new, arrival_step=np.zeros(n, np.int64), priority=prio)
+            cells = [marginal(trace, p, 64, a.repeats) for p in POLICIES]
+            base = base or cells
+            out = "".join(f"{me:7.0f}{me / b[1]:6.2f}x{pre:6.0f}p  " for (_, me, pre, _), b in zip(cells, base))
+            print(f"{f'n={n:,}, {label} classes':34s}{out}", flush=True)
+
+
+def section_setup(a) -> None:
+    n = 10 * a.n
+    rng = np.random.default_rng(2)
+    arr = np.sort(rng.integers(0, 200 * n, n))
+    new = rng.integers(1, 401, n)
+    shapes = {
+        "load about 1, 3 classes": spread(n, rng),
+        "all at step 0": spread(n, rng, arrival_step=np.zeros(n, np.int64)),
+        "distinct priorities": spread(n, rng, priority=rng.permutation(n).astype(np.int64)),
+        "priorities within +-2**53": spread(n, rng, priority=rng.integers(-2**53, 2**53, n)),
+        "SJF priorities": spread(n, rng, max_new_tokens=new, priority=-new),
+        "deadlines all distinct": spread(n, rng, arrival_step=arr, deadline_step=arr[-1] + 1 + rng.permutation(n),
+                                         has_deadline=np.ones(n, bool)),
+    }
+    print(f"\nset-up of {n:,} requests: seconds of simulate(trace, policy, 64, max_steps=1, record_events=False), "
+          "warm, best of 2 (wall clock: CPU seconds in brackets)")
+    for label, trace in shapes.items():
+        cells = []
+        for p in POLICIES:
+            best = (float("inf"), 0.0)
+            for _ in range(2):
+                t, c = time.perf_counter(), time.process_time()
+                simulate(trace, p, 64, max_steps=1, record_events=False)
+                best = min(best, (time.perf_counter() - t, time.process_time() - c))
+            cells.append(f"{best[0]:7.2f} s ({best[1]:4.2f})")
+        print(f"{label:34s}" + "".join(f"{c:>22s}" for c in cells), flush=True)
+    print("the command line, decodesched simulate FILE --policy P --kv-blocks 64 --max-steps 1: wall seconds")
+    with tempfile.TemporaryDirectory() as tmp:
+        files = {"20 rows, CSV": Path(tmp) / "small.csv", f"{n:,} rows, CSV": Path(tmp) / "t.csv"}
+        spread(20, rng).to_csv(files["20 rows, CSV"])
+        big = shapes["load about 1, 3 classes"]
+        big.to_csv(files[f"{n:,} rows, CSV"])
+        try:
+            import pyarrow as pa
+            import pyarrow.parquet as pq
+
+            cols = {c: pa.array(v) for c, v in big.columns().items() if c != "deadline_step"}
+            cols["deadline_step"] = pa.array(big.deadline_step, mask=~big.has_deadline)
+            files[f"{n:,} rows, Parquet"] = Path(tmp) / "t.parquet"
+            pq.write_table(pa.table(cols), files[f"{n:,} rows, Parquet"])
+        except ImportError:
+            print("  (no pyarrow: Parquet skipped; pip install 'decodesched[data]')")
+        cli = [sys.executable, "-m", "decodesched", "simulate"]
+        for label, path in files.items():
+            cells = []
+            for p in POLICIES:
+                t = time.perf_counter()
+                subprocess.run(cli + [str(path), "--policy", p, "--kv-blocks", "64", "--max-steps", "1"],
+                               check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                cells.append(f"{time.perf_counter() - t:7.2f} s")
+            print(f"{label:34s}" + "".join(f"{c:>22s}" for c in cells), flush=True)
+
+
+def section_batch(a) -> None:
+    print("\nsimulate_batch against the kernel in a loop: CPU seconds (ratio), wall seconds; 2 threads' speed-up")
+    for n, n_sc in ((20, 4000), (2000, 400), (a.n, 16)):
+        rng = np.random.default_rng(n)
+        traces = [spread(n, rng) for _ in range(4)]
+        scenarios = [Scenario(i % 4, POLICIES[i // 4 % 4], 8 + i % 57) for i in range(n_sc)]
+        simulate_batch(traces, scenarios[:8], threads=1)
+        t, c = time.perf_counter(), time.process_time()
+        loop = [replay_time(traces[s.trace], s.policy, s.free_kv_blocks, 1) for s in scenarios]
+        loop_t, loop_c = time.perf_counter() - t, time.process_time() - c
+        cells, walls = [], []
+        for threads in (1, 2):
+            t, c = time.perf_counter(), time.process_time()
+            batch = simulate_batch(traces, scenarios, threads=threads)
+            wall, cpu = time.perf_counter() - t, time.process_time() - c
+            walls.append(wall)
+            for i in range(0, n_sc, max(1, n_sc // 20)):
+                assert batch.result(i).n_events == loop[i][1], f"scenario {i}: the batch differs from the kernel"
+            cells.append(f"{threads} thread{'s' * (threads > 1)} {cpu:6.2f} s ({cpu / loop_c:4.2f}x) {wall:6.2f} s")
+        print(f"  {n_sc:,} scenarios of {n:,} requests: loop {loop_c:6.2f} s {loop_t:6.2f} s | " + " | ".join(cells)
+              + f" | speed-up {walls[0] / walls[1]:4.2f}x", flush=True)
 
 
 def main() -> None:
@@ -80,10 +301,20 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=20000, help="requests of the stairs and crowd shapes")
     ap.add_argument("--m", type=int, default=4000, help="victims of the tight shape")
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--sections", nargs="+", default=list(SECTIONS), choices=SECTIONS)
+    ap.add_argument("--traces", type=Path, default=SHARED_TRACES, help="folder of the Mooncake and Azure code traces")
     a = ap.parse_args()
     warm = backlog(200, np.random.default_rng(9))
     for p in POLICIES:
         ns_per_event(warm, p, 64, 1)
+    if "victims" in a.sections:
+        section_victims(a)
+    for name in SECTIONS[1:]:
+        if name in a.sections:
+            globals()[f"section_{name}"](a)
+
+
+def section_victims(a) -> None:
     print(f"{'shape':34s}" + "".join(f"{p:>22s}" for p in POLICIES))
 
     def row(label, shape, control, policies=POLICIES):
