@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import io
+import itertools
 import math
+import operator
 import os
 import re
 import sys
@@ -395,28 +398,103 @@ def _frame_columns(frame) -> dict[str, Any]:
 def _from_csv(path: Path, steps_per_second: float | None, label: str) -> Trace:
     try:
         with open(path, newline="", encoding="utf-8-sig") as fh:  # -sig: a spreadsheet's BOM is accepted
-            reader = csv.reader(fh)
-            header = _next_record(reader, path)
-            if header is None:
-                raise TraceError(f"{path}: empty file (expected the header {','.join(TRACE_COLUMNS)})")
-            header = [h.strip() for h in header]
-            _check_header(header, str(path))
-            cols: dict[str, list] = {h: [] for h in header}
-            lines: list[int] = []  # each row's line, for the messages
-            while (rec := _next_record(reader, path)) is not None:
-                lineno = reader.line_num
-                lines.append(lineno)
-                row = len(lines)
-                if len(rec) != len(header):
-                    raise TraceError(f"{path}: row {row} (line {lineno}): {len(rec)} fields, expected {len(header)}")
-                for h, x in zip(header, rec):
-                    if len(x) > MAX_FIELD:
-                        raise TraceError(f"{path}: line {lineno}, column {h}: a field of {len(x)} characters "
-                                         f"(at most {MAX_FIELD})")
-                    cols[h].append(x.strip())
+            text = fh.read()  # (once: a pipe cannot be read again)
     except UnicodeDecodeError as exc:
         raise TraceError(not_text(path, exc)) from None
+    cols = _plain_csv(text, path)
+    if cols is None:  # (quotes, blank lines, another width, a cell not spelled as the readers take it)
+        header, cells, lines = _csv_records(text, path)
+        cols = {h: c if (whole := _text_column(h, c)) is None else whole for h, c in zip(header, cells)}
+    else:
+        lines = range(2, len(cols[TRACE_COLUMNS[0]]) + 2)  # (one row per line after the header)
     return _from_columns(cols, str(path), steps_per_second, label, lines=lines)
+
+
+def _plain_csv(text: str, path: Path) -> dict[str, np.ndarray] | None:
+    """The columns of the usual CSV trace (no quotes, no blank line or row of blank cells, every row of the
+    header's width, every cell spelled as the readers take it), split by `str` methods and converted by
+    `_text_column` in a few calls each; None for any other text (`_csv_records` then reads it)."""
+    if '"' in text:
+        return None
+    if "\r" in text:
+        text = text.replace("\r\n", "\n")
+        if "\r" in text:
+            return None
+    lines = text.split("\n")
+    if lines[-1] == "":
+        lines.pop()
+    if not lines or not lines[0].replace(",", "").strip():
+        return None  # (no header, or blank lines before it)
+    header = [h.strip() for h in lines[0].split(",")]
+    _check_header(header, str(path))
+    width = len(header)
+    if set(map(operator.methodcaller("count", ","), lines)) != {width - 1} or max(map(len, lines)) > MAX_FIELD:
+        return None  # (a blank line, a record of another width, a field that may be too long)
+    fields = ",".join(lines[1:]).split(",") if len(lines) > 1 else []
+    cols = {}
+    for i, h in enumerate(header):  # (a row of blank cells fails too: the csv module's reader skips it)
+        cols[h] = _text_column(h, fields[i::width])
+        if cols[h] is None:
+            return None
+    return cols
+
+
+def _csv_records(text: str, path: Path):
+    """`_plain_csv`'s answer for any CSV trace, by the `csv` module record by record: blank lines skipped
+    (before the header too); a record of another width, a field over MAX_FIELD characters or unreadable CSV
+    a TraceError naming its line."""
+    reader = csv.reader(io.StringIO(text))
+    header = _next_record(reader, path)
+    if header is None:
+        raise TraceError(f"{path}: empty file (expected the header {','.join(TRACE_COLUMNS)})")
+    header = [h.strip() for h in header]
+    _check_header(header, str(path))
+    records: list[list[str]] = []
+    lines: list[int] = []  # each row's line, for the messages
+    while (rec := _next_record(reader, path)) is not None:
+        lines.append(reader.line_num)
+        if len(rec) != len(header):
+            raise TraceError(f"{path}: row {len(lines)} (line {reader.line_num}): {len(rec)} fields, "
+                             f"expected {len(header)}")
+        for h, x in zip(header, rec):
+            if len(x) > MAX_FIELD:
+                raise TraceError(f"{path}: line {reader.line_num}, column {h}: a field of {len(x)} characters "
+                                 f"(at most {MAX_FIELD})")
+        records.append(rec)
+    return header, [list(column) for column in zip(*records)] or [[] for _ in header], lines
+
+
+def _text_column(name: str, cells: list[str]):
+    """A file's column of text cells converted whole by C-level maps, when every cell is spelled as the
+    cell-by-cell readers take it (`parse_decimal`, `_parse_bool`; deadlines may be blank); None otherwise,
+    and `_from_columns` checks the cells one by one, naming the first bad one."""
+    if name in BOOL_COLUMNS:
+        words = {x: x.strip().lower() for x in set(cells)}
+        if not set(words.values()) <= _TRUE | _FALSE:
+            return None
+        return np.fromiter(map({x: w in _TRUE for x, w in words.items()}.__getitem__, cells), bool, len(cells))
+    if name != "deadline_step":
+        return _text_ints(cells)
+    given = np.fromiter(map(bool, map(str.strip, cells)), bool, len(cells))
+    values = _text_ints(list(itertools.compress(cells, given)))
+    if values is None:
+        return None
+    out = np.zeros(len(cells), dtype=np.int64)
+    out[given] = values
+    return np.ma.MaskedArray(out, mask=~given)
+
+
+def _text_ints(cells: list[str]) -> np.ndarray | None:
+    """Text cells as int64 when each is ASCII digits with an optional '-' and spaces around (`parse_decimal`'s
+    spelling) and fits; None otherwise.  `int` takes more spellings ('+1', '1_0', other scripts' digits), so
+    the characters are checked first, all at once."""
+    joined = "".join(cells)
+    if not joined.isascii() or joined.encode().translate(None, b"0123456789- "):
+        return None
+    try:
+        return np.fromiter(map(int, cells), np.int64, len(cells))
+    except (ValueError, OverflowError):  # ('1 2', '1-', '', past int64)
+        return None
 
 
 def _next_record(reader, path: Path) -> list[str] | None:
