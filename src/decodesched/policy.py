@@ -283,8 +283,11 @@ class Policy:
         self._lock = threading.Lock()
         self.spec = None  # "module:attr" or "path.py:attr" when `resolve_policy` imported it
         if builtin_code is None:
-            _check_results(self)
-            _check_not_stale(self)
+            _check_user_code(name, key, effective_priority)
+            values = _check_results(self)
+            _check_not_stale(self)  # (before comparing with Python: a stale global differs there too)
+            for what, fn in (("key", key), ("effective_priority", effective_priority)):
+                _check_like_python(name, what, fn, values[what])
 
     def __reduce__(self):
         """A Policy travels (to Dask workers, say) as what names it: a built-in as its name and interval,
@@ -417,6 +420,9 @@ def _numba_line(exc: BaseException) -> str:
     lines = [re.sub(r"\x1b\[[0-9;]*m", "", ln).strip() for ln in str(exc).splitlines()]
     lines = [ln for ln in lines if ln]
     useful = [ln for ln in lines if not ln.startswith("Failed in ")]
+    for before, line in zip(useful, useful[1:]):  # ("No implementation of ... found for signature:" says less)
+        if before.endswith("raised a specific error:"):
+            return line
     return useful[0] if useful else lines[0] if lines else type(exc).__name__
 
 
@@ -429,16 +435,117 @@ def _sample_view():
     return view(**values)
 
 
-def _check_results(policy: Policy) -> None:
-    """Compile both functions for a `RequestView` and check what they return on a sample request."""
+def _loaded_names(code) -> tuple[dict, dict]:
+    """The global names `code` (nested code too) loads, and the attribute names it reads, each in order
+    (unlike `_code_names`, ``r.priority`` does not count as the global ``priority``)."""
+    import dis
+
+    names, attrs = {}, {}
+    for ins in dis.get_instructions(code):
+        if ins.opname in ("LOAD_GLOBAL", "LOAD_NAME") and isinstance(ins.argval, str):
+            names[ins.argval] = None
+        elif ins.opname in ("LOAD_ATTR", "LOAD_METHOD") and isinstance(ins.argval, str):
+            attrs[ins.argval] = None
+    for const in code.co_consts:
+        if hasattr(const, "co_code"):
+            inner = _loaded_names(const)
+            names.update(inner[0])
+            attrs.update(inner[1])
+    return names, attrs
+
+
+def _user_dispatchers(functions) -> tuple[list, str | None]:
+    """The ``@njit`` functions of the user's code that `functions` are or call (through their globals,
+    attributes of module globals, and closures), helpers before their callers, and the name of one that
+    calls itself (directly or through others), else None; not Python's own, installed packages'
+    (`_library_module`) nor decodesched's."""
+    from numba.core.dispatcher import Dispatcher
+
+    found, seen, path, recursive = [], set(), set(), []
+
+    def visit(value, depth):
+        py = getattr(value, "py_func", None) if isinstance(value, Dispatcher) else None
+        module = getattr(py, "__module__", None)
+        if py is None or depth > _FINGERPRINT_DEPTH or _library_module(module) or \
+                module.partition(".")[0] == __name__.partition(".")[0]:
+            return
+        if id(value) in path:
+            recursive.append(py.__name__)
+        if id(value) in seen:
+            return
+        seen.add(id(value))
+        path.add(id(value))
+        globals_ = getattr(py, "__globals__", None) or {}
+        names, attrs = _loaded_names(py.__code__)
+        for name in names:
+            held = globals_.get(name)
+            visit(held, depth + 1)
+            for attr in attrs if isinstance(held, type(sys)) else ():
+                visit(getattr(held, attr, None), depth + 1)
+        for cell in py.__closure__ or ():
+            with contextlib.suppress(ValueError):  # (an empty cell)
+                visit(cell.cell_contents, depth + 1)
+        path.discard(id(value))
+        found.append(value)
+
+    for fn in functions:
+        visit(fn, 0)
+    return found, (recursive[0] if recursive else None)
+
+
+def _check_user_code(name, key, effective_priority) -> None:
+    """Refuse recursion in a policy's functions (compiled code has no recursion limit: a deep call
+    overflows the stack and the process dies without a word); key their disk caches (`_stamp_disk_caches`)."""
+    functions, recursive = _user_dispatchers((key, effective_priority))
+    if recursive is not None:
+        raise UserError(f"policy {name!r}: {recursive} calls itself (directly or through other functions); "
+                        "compiled code has no recursion limit and a deep call crashes the process: "
+                        "write it as a loop")
+    _stamp_disk_caches(functions)
+
+
+def _stamp_disk_caches(functions) -> None:
+    """Key the disk cache (``cache=True``) of the user's `functions` (`_user_dispatchers`: a policy's
+    functions and the helpers they call) by `Policy.fingerprint`'s description of each as well as by its file.
+
+    Numba checks a cached function against its own file and bytecode only, so after an edit of a helper
+    or a constant in another module it would load the caller compiled with the old one: the replay would
+    run old code while the model runs the new.  With this stamp such an entry is stale and compiled
+    afresh.  A function that already holds code loaded from the disk cache without the stamp (called
+    before its policy was made) is compiled again, helpers first."""
+    stale = False
+    for fn in functions:
+        cache_file = getattr(getattr(fn, "_cache", None), "_cache_file", None)  # (None: NullCache)
+        if cache_file is None or getattr(cache_file, "_decodesched_stamped", False):
+            continue
+        try:
+            described = hashlib.sha256(_describe_value(fn, 0, {})).hexdigest()
+            cache_file._source_stamp = (cache_file._source_stamp, described)
+            cache_file._decodesched_stamped = True
+            stale = stale or bool(sum(fn.stats.cache_hits.values()))
+            if stale and fn.overloads:
+                fn.recompile()
+        except Exception:  # noqa: BLE001 - Numba internals: a version without them keeps its own rule
+            continue
+
+
+def _check_results(policy: Policy) -> dict:
+    """Compile both functions for a `RequestView` and check what they return on a sample request; return
+    those values by function ("key", "effective_priority")."""
     import numpy as np
     from numba.core.errors import NumbaError
 
+    from ._io import immediate_interrupt
+
     r = _sample_view()
+    values = {}
     for what, fn, want in (("key", policy.key, "a tuple of integers"),
                            ("effective_priority", policy.effective_priority, "an integer")):
         try:
-            value = fn(r, np.int64(0))
+            if fn._can_compile:  # (not with explicit signatures: the call below picks one)
+                fn.compile(tuple(fn.typeof_pyval(a) for a in (r, np.int64(0))))
+            with immediate_interrupt():  # (compiled code holds the interpreter: a loop in it ignores Ctrl-C)
+                value = fn(r, np.int64(0))
         except Exception as exc:
             line = _numba_line(exc) if isinstance(exc, NumbaError) else _first_line(exc)
             raise UserError(f"policy {policy.name!r}: {what}(r, clock) failed on a sample request: {line}"
@@ -467,6 +574,34 @@ def _check_results(policy: Policy) -> None:
             raise UserError(f"policy {policy.name!r}: key(r, clock) must return a plain tuple, not a "
                             f"{type(value).__name__} (a named tuple does not compile in the replay kernel: "
                             "return (a, b, ...))")
+        values[what] = value
+    return values
+
+
+def _check_like_python(name: str, what: str, fn, value) -> None:
+    """Refuse a function whose compiled result on the sample request differs from its Python version's
+    (the model's), as a constant past int64 makes it (``2**70``: compiled integers wrap around).  A
+    Python version that fails is left to the model to report."""
+    r = _sample_view()
+    try:
+        expected = fn.py_func(r._replace(**{k: int(v) for k, v in r._asdict().items()}), 0)
+    except Exception:  # noqa: BLE001 - the user's code; the model reports it where it matters
+        return
+    try:
+        same = _plain(value) == _plain(expected)
+    except (TypeError, ValueError):  # (not integers in Python: the model's own checks say so)
+        return
+    if not same:
+        raise UserError(f"policy {name!r}: {what}(r, clock) gives {_plain(value)} compiled but {expected!r} in "
+                        "Python (the model) on a sample request: keep every value inside int64, where "
+                        "compiled integers wrap around")
+
+
+def _plain(value):
+    """A key or priority as Python ints (TypeError or ValueError for anything else)."""
+    if isinstance(value, (float, bool)) or not isinstance(value, tuple) and not hasattr(value, "__index__"):
+        raise TypeError(type(value).__name__)
+    return tuple(_plain(v) for v in value) if isinstance(value, tuple) else int(value)
 
 
 def _compile_hint(what: str, exc: BaseException) -> str:
@@ -479,6 +614,9 @@ def _compile_hint(what: str, exc: BaseException) -> str:
         return "; every return of effective_priority must give an integer of one type"
     if "reflected list" in text:
         return "; Numba cannot read a global list: make it a tuple or a NumPy array"
+    if "Cannot modify readonly array" in text:
+        return ("; a global NumPy array is read-only in compiled code: a policy is a function of (r, clock) "
+                "and keeps no state between calls")
     return ""
 
 
@@ -509,6 +647,8 @@ def _runs_parallel_region(fn) -> bool:
     if getattr(fn, "targetoptions", {}).get("parallel"):
         return True
     for compiled in list(fn.overloads.values()):
+        if getattr(compiled.library, "_disable_inspection", False):
+            continue  # loaded from Numba's disk cache: its IR is gone (Numba would only warn and return none)
         try:
             if "do_scheduling_" in compiled.library.get_llvm_str():
                 return True
@@ -854,8 +994,9 @@ def _import(where: str, spec: str):
         with contextlib.redirect_stdout(sys.stderr):
             if where.endswith(".py"):
                 path = Path(where).resolve()
-                if not path.is_file():
-                    raise UserError(f"policy {spec!r}: no such file {where}")
+                if not path.is_file():  # (a folder, a FIFO or a device is not read: it may never end)
+                    raise UserError(f"policy {spec!r}: {where} is not a regular file; give a Python file"
+                                    if path.exists() else f"policy {spec!r}: no such file {where}")
                 name = f"{_FILE_MODULE_PREFIX}{hashlib.sha1(str(path).encode()).hexdigest()[:12]}"
                 if name in sys.modules:
                     return sys.modules[name]

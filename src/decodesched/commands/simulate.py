@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 
@@ -51,7 +52,8 @@ def run(args) -> int:
     policy = resolve_policy(args.policy)
     interval = replay_interval(policy, args.aging_interval, "--aging-interval")  # (refused before any compile)
     if not isinstance(policy, str):
-        policy.compile()  # a user policy's kernel, with its own notice, before the replay is timed
+        with contextlib.redirect_stdout(sys.stderr):  # (what the policy prints: standard output may be a table)
+            policy.compile()  # a user policy's kernel, with its own notice, before the replay is timed
     else:
         what = f"the {args.engine} replay kernel"
         early_compile_notice(f"{args.engine}_nb", f"replay_{args.engine}_nb", what)  # before Numba is imported
@@ -59,7 +61,7 @@ def run(args) -> int:
 
         compile_notice(replay_kernel(args.engine), what)
     start = time.perf_counter()
-    with immediate_interrupt():
+    with immediate_interrupt(), contextlib.redirect_stdout(sys.stderr):
         result = simulate(trace, policy, args.kv_blocks, interval, args.max_steps,
                           record_events=args.events is not None, engine=args.engine)
     elapsed = time.perf_counter() - start

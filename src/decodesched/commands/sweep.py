@@ -28,6 +28,7 @@ which writes the same checkpoint; Dask is optional (``pip install 'decodesched[d
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import math
 import os
@@ -184,7 +185,8 @@ def run(args) -> int:
             rows = _run_dask(args, traces, scenarios, checkpoint)
             where = f"Dask at {args.dask}"
         else:
-            rows, where = _run_local(args, traces, scenarios, checkpoint)
+            with contextlib.redirect_stdout(sys.stderr):  # (what a user policy prints: --out - is the CSV)
+                rows, where = _run_local(args, traces, scenarios, checkpoint)
     except KeyboardInterrupt as exc:
         from .._io import interrupt_status
 
