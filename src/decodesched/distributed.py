@@ -27,6 +27,7 @@ import logging
 import numbers
 import os
 import pickle
+import sys
 from typing import Callable, Sequence
 
 from ._io import Progress
@@ -58,8 +59,11 @@ def _run_chunk(traces, scenarios, first, threads):
         import numba
 
         threads = max(1, min(int(threads), numba.config.NUMBA_NUM_THREADS))
-    rows = simulate_batch(*_chunk_traces(traces, scenarios), record_events=False, threads=threads).rows()
-    return first, rows  # (their "trace" labels, of the chunk's traces, are replaced with the sweep's)
+    # What a user policy prints goes to stderr: a local cluster's workers share the client's standard output,
+    # which may be the CSV (`sweep --out -`).
+    with contextlib.redirect_stdout(sys.stderr):
+        batch = simulate_batch(*_chunk_traces(traces, scenarios), record_events=False, threads=threads)
+    return first, batch.rows()  # (their "trace" labels, of the chunk's traces, are replaced with the sweep's)
 
 
 # Loggers that print on stderr while a cluster fails (a lost scheduler: tracebacks of
