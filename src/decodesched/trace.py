@@ -404,7 +404,7 @@ def _from_csv(path: Path, steps_per_second: float | None, label: str) -> Trace:
     cols = _plain_csv(text, path)
     if cols is None:  # (quotes, blank lines, another width, a cell not spelled as the readers take it)
         header, cells, lines = _csv_records(text, path)
-        cols = {h: c if (whole := _text_column(h, c)) is None else whole for h, c in zip(header, cells)}
+        cols = dict(zip(header, cells))
     else:
         lines = range(2, len(cols[TRACE_COLUMNS[0]]) + 2)  # (one row per line after the header)
     return _from_columns(cols, str(path), steps_per_second, label, lines=lines)
@@ -464,7 +464,36 @@ def _csv_records(text: str, path: Path):
     return header, [list(column) for column in zip(*records)] or [[] for _ in header], lines
 
 
-def _text_column(name: str, cells: list[str]):
+def _list_column(name: str, src):
+    """A list, tuple or object-array column converted whole when its cells are all of one plain kind: text
+    (`_text_column`), Python ints (bools for the bool columns; ints and None for deadline_step); else None, and
+    `_from_columns` checks the cells one by one (a bool or a float in an integer column is refused there)."""
+    if not (type(src) in (list, tuple) or (type(src) is np.ndarray and src.dtype == object and src.ndim == 1)):
+        return None
+    kinds = set(map(type, src))
+    if kinds == {str}:
+        return _text_column(name, src)
+    if name in BOOL_COLUMNS:
+        return np.fromiter(src, bool, len(src)) if kinds <= {bool} else None
+    given = None
+    if name == "deadline_step" and type(None) in kinds:
+        given = np.fromiter(map(operator.is_not, src, itertools.repeat(None)), bool, len(src))
+        src = list(itertools.compress(src, given))
+        kinds.discard(type(None))
+    if not kinds <= {int}:
+        return None
+    try:
+        values = np.fromiter(src, np.int64, len(src))
+    except OverflowError:  # (past int64: the cell-by-cell check names it)
+        return None
+    if given is None:
+        return values
+    out = np.zeros(len(given), dtype=np.int64)
+    out[given] = values
+    return np.ma.MaskedArray(out, mask=~given)
+
+
+def _text_column(name: str, cells):
     """A file's column of text cells converted whole by C-level maps, when every cell is spelled as the
     cell-by-cell readers take it (`parse_decimal`, `_parse_bool`; deadlines may be blank); None otherwise,
     and `_from_columns` checks the cells one by one, naming the first bad one."""
@@ -649,6 +678,7 @@ def _from_columns(cols: dict, where: str, steps_per_second: float | None, label:
     names = [str(c) for c in cols]
     _check_header(names, where)
     cols = {c: _column(c, cols[c], where) for c in TRACE_COLUMNS}
+    cols = {c: v if (whole := _list_column(c, v)) is None else whole for c, v in cols.items()}
     lengths = {len(cols[c]) for c in TRACE_COLUMNS}
     if len(lengths) != 1:
         raise TraceError(f"{where}: columns have different lengths ({sorted(lengths)})")
