@@ -431,6 +431,7 @@ def _plain_csv(text: str, path: Path) -> dict[str, np.ndarray] | None:
     if set(map(operator.methodcaller("count", ","), lines)) != {width - 1} or max(map(len, lines)) > MAX_FIELD:
         return None  # (a blank line, a record of another width, a field that may be too long)
     fields = ",".join(lines[1:]).split(",") if len(lines) > 1 else []
+    del lines  # (a string per row: the fields hold the text now)
     cols = {}
     for i, h in enumerate(header):  # (a row of blank cells fails too: the csv module's reader skips it)
         cols[h] = _text_column(h, fields[i::width])
