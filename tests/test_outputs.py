@@ -250,11 +250,11 @@ def test_dash_streams_a_table_to_stdout_and_the_summary_to_stderr(trace_csv, cap
 
 
 def test_closed_pipe_is_one_line_and_exit_2(trace_csv):
-    p = subprocess.Popen([sys.executable, "-m", "decodesched.cli", "simulate", str(trace_csv), "--policy", "fcfs",
-                          "--kv-blocks", "4", "--events", "-"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    p.stdout.close()  # the reader goes away before anything is written, as `| head -0` would
-    err = p.stderr.read().decode()
-    assert p.wait(timeout=300) == 2
+    with subprocess.Popen([sys.executable, "-m", "decodesched.cli", "simulate", str(trace_csv), "--policy", "fcfs",
+                           "--kv-blocks", "4", "--events", "-"], stdout=subprocess.PIPE, stderr=subprocess.PIPE) as p:
+        p.stdout.close()  # the reader goes away before anything is written, as `| head -0` would
+        err = p.stderr.read().decode()
+        assert p.wait(timeout=300) == 2
     assert "pipe" in one_line(err)
 
 
@@ -288,13 +288,13 @@ def test_reader_closing_mid_write_is_exit_2_unbuffered_too(long_trace):
     # Under PYTHONUNBUFFERED the write that the reader's close cuts short returned part of the data,
     # which was dropped: exit 0, the table cut without a word.  The rest is written again now, and
     # meets the closed pipe.
-    p = subprocess.Popen([sys.executable, "-m", "decodesched.cli", "simulate", str(long_trace), "--policy", "fcfs",
-                          "--kv-blocks", "64", "--events", "-"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    assert p.stdout.read(1000).startswith(b"step,request_id")  # it is writing: read a little, then go
-    p.stdout.close()
-    err = p.stderr.read().decode()
-    assert p.wait(timeout=300) == 2
+    with subprocess.Popen([sys.executable, "-m", "decodesched.cli", "simulate", str(long_trace), "--policy", "fcfs",
+                           "--kv-blocks", "64", "--events", "-"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          env={**os.environ, "PYTHONUNBUFFERED": "1"}) as p:
+        assert p.stdout.read(1000).startswith(b"step,request_id")  # it is writing: read a little, then go
+        p.stdout.close()
+        err = p.stderr.read().decode()
+        assert p.wait(timeout=300) == 2
     assert "pipe" in one_line(err)
 
 
@@ -305,12 +305,12 @@ def test_a_non_blocking_standard_output_gets_the_whole_table(long_trace, tmp_pat
     argv = [sys.executable, "-m", "decodesched.cli", "simulate", str(long_trace), "--policy", "fcfs", "--kv-blocks",
             "64"]
     assert main(argv[3:] + ["--events", str(tmp_path / "e.csv")]) == 0
-    p = subprocess.Popen(argv + ["--events", "-"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         preexec_fn=lambda: os.set_blocking(1, False),
-                         env={**os.environ, "PYTHONUNBUFFERED": unbuffered})
-    time.sleep(1)  # the pipe fills while nobody reads
-    out = p.stdout.read()
-    assert p.wait(timeout=300) == 0, p.stderr.read().decode()
+    with subprocess.Popen(argv + ["--events", "-"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          preexec_fn=lambda: os.set_blocking(1, False),
+                          env={**os.environ, "PYTHONUNBUFFERED": unbuffered}) as p:
+        time.sleep(1)  # the pipe fills while nobody reads
+        out = p.stdout.read()
+        assert p.wait(timeout=300) == 0, p.stderr.read().decode()
     assert out == (tmp_path / "e.csv").read_bytes()
 
 
@@ -341,10 +341,10 @@ def test_a_summary_that_cannot_be_written_is_one_line_and_exit_2(trace_csv, targ
     argv = [sys.executable, "-m", "decodesched.cli", "simulate", str(trace_csv), "--policy", "fcfs", "--kv-blocks", "4"]
     env = {**os.environ, "PYTHONUNBUFFERED": ""}
     if target == "closed pipe":
-        p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
-        p.stdout.close()
-        err = p.stderr.read().decode()
-        status = p.wait(timeout=300)
+        with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env) as p:
+            p.stdout.close()
+            err = p.stderr.read().decode()
+            status = p.wait(timeout=300)
     else:
         with open(target, "w") as full:
             p = subprocess.run(argv, stdout=full, stderr=subprocess.PIPE, env=env, timeout=300)
