@@ -7,9 +7,7 @@ The unit tests check each cause; one `decodesched grade` run (slow) checks what 
 from __future__ import annotations
 
 import copy
-import csv
 import json
-import subprocess
 import sys
 import warnings
 from pathlib import Path
@@ -21,7 +19,6 @@ from decodesched.grader import autograde, notebook, spec
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from grader_attacks.attacks import minimal_notebook as _nb  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
 SOLUTION = "class RequestState:\n    pass\n\nclass DecodeSchedulerSim:\n    pass\n"
 # nbgrader metadata of a cell of another assignment's notebook (a helper a student copied over)
 FOREIGN = {"grade": False, "grade_id": "cell-5f2c9d0e1a", "locked": False, "schema_version": 3, "solution": True}
@@ -253,7 +250,7 @@ def test_nbgraders_failure_is_named_by_its_exception_not_its_last_words():
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
     from grader_attacks import attacks
-    from grader_attacks.course import build_course, tool_env
+    from grader_attacks.course import build_course, grade_folder
 
     base = tmp_path_factory.mktemp("formats")
     course, release_path = build_course(base)
@@ -301,15 +298,7 @@ def graded(tmp_path_factory):
     for name, nb in nbs.items():
         _write(subs / f"{name}.ipynb", nb)
     (subs / "empty.ipynb").write_bytes(b"")
-    out = base / "out"
-    proc = subprocess.run(
-        [sys.executable, "-m", "decodesched.cli", "grade", str(subs), "--out", str(out), "--course", str(course),
-         "--jobs", "2", "--timeout", "60", "--no-progress"],
-        capture_output=True, text=True, env=tool_env(), cwd=REPO, timeout=1500)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    with open(out / "grades.csv", newline="", encoding="utf-8") as fh:
-        rows = {r["student_id"]: r for r in csv.DictReader(fh)}
-    return {"rows": rows, "out": out, "stderr": proc.stderr}
+    return grade_folder(subs, course, base / "out", "--timeout", "60")
 
 
 @pytest.mark.slow

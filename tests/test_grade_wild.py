@@ -5,9 +5,7 @@ what an instructor sees."""
 from __future__ import annotations
 
 import base64
-import csv
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -18,10 +16,9 @@ from decodesched.grader import autograde, notebook, pipeline, spec, verdict
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from grader_attacks import attacks  # noqa: E402
 from grader_attacks.attacks import minimal_notebook as _nb  # noqa: E402
-from grader_attacks.course import build_course, tool_env  # noqa: E402
+from grader_attacks.course import build_course, grade_folder  # noqa: E402
 from test_grade_formats import _nbgrader_reads, _release  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
 
 SOLUTION = "class RequestState:\n    pass\n\nclass DecodeSchedulerSim:\n    pass\n"
 
@@ -201,14 +198,7 @@ def graded(tmp_path_factory):
     subs.mkdir()
     for name, data in _variants(json.loads(release_path.read_text(encoding="utf-8"))).items():
         (subs / f"{name}.ipynb").write_bytes(data)
-    out = base / "out"
-    proc = subprocess.run([sys.executable, "-m", "decodesched.cli", "grade", str(subs), "--out", str(out), "--course",
-                           str(course), "--jobs", "2", "--no-progress"],
-                          capture_output=True, text=True, env=tool_env(), cwd=REPO, timeout=1500)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    with open(out / "grades.csv", newline="", encoding="utf-8") as fh:
-        rows = {r["student_id"]: r for r in csv.DictReader(fh)}
-    return {"rows": rows, "out": out, "stderr": proc.stderr}
+    return grade_folder(subs, course, base / "out")
 
 
 @pytest.mark.slow

@@ -4,6 +4,7 @@ the real `nbgrader generate_assignment`, as an instructor's `decodesched assignm
 from __future__ import annotations
 
 import os
+import csv
 import shutil
 import subprocess
 import sys
@@ -32,3 +33,15 @@ def build_course(root: Path) -> tuple[Path, Path]:
     if gen.returncode != 0:
         raise RuntimeError(f"nbgrader generate_assignment failed: {gen.stderr[-2000:]}")
     return course, course / "release" / ASSIGNMENT / NOTEBOOK
+
+
+def grade_folder(subs: Path, course: Path, out: Path, *extra: str) -> dict:
+    """A real `decodesched grade` of the folder `subs` (``--jobs 2``, `extra` options), which must exit 0:
+    ``{"rows": grades.csv by student id, "out": out, "stderr": what it printed there}``."""
+    proc = subprocess.run([sys.executable, "-m", "decodesched.cli", "grade", str(subs), "--out", str(out), "--course",
+                           str(course), "--jobs", "2", "--no-progress", *extra],
+                          capture_output=True, text=True, env=tool_env(), cwd=REPO, timeout=1500)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    with open(Path(out) / "grades.csv", newline="", encoding="utf-8") as fh:
+        rows = {r["student_id"]: r for r in csv.DictReader(fh)}
+    return {"rows": rows, "out": out, "stderr": proc.stderr}
