@@ -36,7 +36,11 @@ namespace (`userns_available`):
 * the command runs under a **private unprivileged uid/gid** (one per concurrent run, from a high
   range no real account uses), so it cannot write root-owned files (the instructor's gradebook,
   the output folder, the course, the repository), cannot read other runs' 0700 temp folders, and
-  cannot signal the grader; ``cwd`` is handed to that uid for the run and back afterwards;
+  cannot signal the grader; ``cwd`` is handed to that uid for the run and back afterwards. Each
+  grading process takes its uids from ranges of UID_RANGE that it holds alone (`_claim_uid_range`:
+  an ``flock`` on a file of root's own folder UID_LOCK_DIR, released by the kernel when the process
+  dies, and a range in which any process still lives is never taken), so two grading runs on one
+  machine never run submissions under one uid;
 * the command runs in a **private mount namespace** in which every folder of ``hide`` is covered by
   an empty tmpfs (the source notebook, the grader package, the submissions folder, the output
   folder), so it cannot even read them. The cover is a writable trap: whatever the command writes
@@ -70,6 +74,8 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import errno
+import fcntl
 import functools
 import json
 import os
@@ -84,13 +90,19 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from decodesched.errors import UserError
+
 from .limits import load_factor
 
 LAUNCHER = Path(__file__).with_name("_launcher.py")
 FORKSERVER = Path(__file__).with_name("forkserver.py")
 MARKER_VAR = "DECODESCHED_SANDBOX"
 FILE_SIZE_LIMIT = 64 * 1024 * 1024
-UID_BASE = 1_900_000_000  # private uids for sandboxed runs (root only); no real account lives here
+UID_BASE = 1_900_000_000  # private uids for sandboxed runs (root only); no real account lives here ...
+UID_RANGE = 1000  # ... in UID_RANGES ranges of this many, each held by one grading process at a time ...
+UID_RANGES = 10_000
+# ... through a lock file per range in a folder of root's own (on /run, a tmpfs: empty after a reboot)
+UID_LOCK_DIR = os.path.join("/run" if os.path.isdir("/run") else "/tmp", "decodesched-uids")
 NPROC_LIMIT = 256
 
 # Set while a grading run is being interrupted (Ctrl-C): every watched run stops at once, and no new
@@ -168,15 +180,37 @@ def weak_isolation() -> str | None:
 # ----------------------------------------------------------------------------- private uids
 _uid_lock = threading.Lock()
 _uids_in_use: set[int] = set()
+_uid_ranges: dict[int, int] = {}  # first uid of each range this process holds -> its locked file's descriptor
+
+
+def _forget_uid_ranges() -> None:
+    """In a forked child: the parent's ranges are the parent's (closing our copies keeps its locks)."""
+    global _uid_lock
+    _uid_lock = threading.Lock()  # a thread of the parent may have held it at the fork
+    _close_all(list(_uid_ranges.values()))
+    _uid_ranges.clear()
+    _uids_in_use.clear()
+
+
+os.register_at_fork(after_in_child=_forget_uid_ranges)
+
+
+def hold_uid_range() -> None:
+    """Claim this process's first range of private uids now (as root; a fork server's start does): a machine
+    on which no range can be had stops the grading with one line (`UserError`) before any run."""
+    with _uid_lock:
+        if not _uid_ranges:
+            _claim_uid_range()
 
 
 def _acquire_uid() -> int:
     with _uid_lock:
-        slot = 0
-        base = UID_BASE + (os.getpid() % 10_000) * 1000
-        while base + slot in _uids_in_use:
-            slot += 1
-        uid = base + slot
+        for base in sorted(_uid_ranges):
+            for uid in range(base, base + UID_RANGE):
+                if uid not in _uids_in_use:
+                    _uids_in_use.add(uid)
+                    return uid
+        uid = _claim_uid_range()  # every uid of our ranges runs a command: one more range
         _uids_in_use.add(uid)
         return uid
 
@@ -184,6 +218,94 @@ def _acquire_uid() -> int:
 def _release_uid(uid: int) -> None:
     with _uid_lock:
         _uids_in_use.discard(uid)
+
+
+def _claim_uid_range() -> int:
+    """Hold a range of private uids that no other process holds and in which no process lives (one a grading
+    run that was killed left behind), its lock file open for this process's life; returns its first uid."""
+    dfd = _uid_lock_dir()
+    try:
+        start = os.getpid() % UID_RANGES  # spread: concurrent graders rarely try the same file first
+        for i in range(UID_RANGES):
+            index = (start + i) % UID_RANGES
+            fd = _lock_uid_file(dfd, index)
+            if fd is None:
+                continue
+            if index in _uid_ranges_alive():  # checked while we hold it: no one else starts a process there now
+                os.close(fd)
+                continue
+            base = UID_BASE + index * UID_RANGE
+            _uid_ranges[base] = fd
+            return base
+    finally:
+        os.close(dfd)
+    raise UserError(f"all {UID_RANGES} ranges of sandbox uids are held by other grading runs on this machine "
+                    f"(locks in {UID_LOCK_DIR}); wait for one to end")
+
+
+def _uid_lock_dir() -> int:
+    """UID_LOCK_DIR opened, made if missing; only a folder of our own that no one else can write into (no link,
+    not another user's, not group- or world-writable, in a parent no one else can swap it in) is used."""
+    path = UID_LOCK_DIR
+    fix = f"remove it, or make it a folder of uid {os.geteuid()} with mode 700"
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        raise UserError(f"{path}: cannot make the folder of the sandbox's uid locks ({exc.strerror}); "
+                        f"{fix}") from None
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        raise UserError(f"{path}: the sandbox's uid locks need a folder here, not a link or a file; {fix}") from None
+    st, parent = os.fstat(fd), os.stat(os.path.dirname(path))
+    if st.st_uid != os.geteuid() or st.st_mode & 0o022 or parent.st_uid not in (0, os.geteuid()) \
+            or (parent.st_mode & 0o022 and not parent.st_mode & stat.S_ISVTX):
+        os.close(fd)
+        raise UserError(f"{path}: the folder of the sandbox's uid locks is another user's or writable by others; "
+                        f"{fix}")
+    return fd
+
+
+def _lock_uid_file(dfd: int, index: int) -> int | None:
+    """The lock file of range `index`, opened and locked, or None when another process holds it, or it is no
+    plain file (never followed: a link planted there reaches nothing, and that range is not used)."""
+    try:
+        fd = os.open(str(index), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o600,
+                     dir_fd=dfd)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.EISDIR, errno.ENXIO):
+            return None
+        raise UserError(f"{UID_LOCK_DIR}/{index}: cannot open a lock file of the sandbox's uids ({exc.strerror}); "
+                        f"make {UID_LOCK_DIR} writable") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise BlockingIOError
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def _uid_ranges_alive() -> set[int]:
+    """The uid ranges in which some process lives (any of its real, effective, saved or file-system uids or
+    gids), from ``/proc/PID/status``, which says them for every process."""
+    out = set()
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/status", "rb") as fh:
+                lines = [line.split() for line in fh.read().splitlines() if line.startswith((b"Uid:", b"Gid:"))]
+        except OSError:
+            continue
+        for word in (w for line in lines for w in line[1:]):
+            index = (int(word) - UID_BASE) // UID_RANGE
+            if 0 <= index < UID_RANGES:
+                out.add(index)
+    return out
 
 
 def _chown_tree(root: Path, uid: int, gid: int) -> None:
@@ -627,6 +749,8 @@ class ForkServer:
     def __init__(self, marker: str = "forkserver"):
         import socket
 
+        if is_root():
+            hold_uid_range()  # before anything starts: no range of uids to be had is one line, not a crash per run
         self._socket = socket
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self._proc = subprocess.Popen(
