@@ -35,9 +35,10 @@ Structures (all allocated inside the call; nothing global, safe to run per scena
   pruned descent when the bucket is one class, and otherwise entering in vain only subtrees that
   straddle a step of M.  Each structure's answer is cached and walked again only when it was taken,
   stopped running, or runnability grew for some class of its bucket (free blocks grew, or a victim
-  raised M there) (`_refresh_cands`; with one class per bucket, a loop in the replay against one
-  limit ``free + M(class)`` per structure, as cheap as before the buckets); the best across
-  structures is re-compared when an answer or
+  raised M there) (`_refresh_cands`; a bucket of one class is walked only when its one limit
+  ``free + M(class)`` rose, in one descent without M's records; with one class per bucket that is a
+  loop in the replay, as cheap as before the buckets); the best across structures is re-compared
+  when an answer or
   the waiting membership changes, plus, under deadline while some real slack may still reach the
   sentinel, every step.
 * **Admitted** requests (all in decode phase) sit in one binary heap per group: a decode step of an
@@ -106,6 +107,7 @@ from .ordered_nb import (
     treap_first_runnable_nb,
     treap_insert_nb,
     treap_nodes_nb,
+    unlikely_nb,
 )
 from .step_nb import advance_nb, new_requests_nb, record_step_nb, write_state_nb
 from .stamp import source_stamp
@@ -291,7 +293,7 @@ def _buckets(pclass, n_classes):
     """The waiting structures' split of the priority classes: every class its own bucket when there are
     at most MAX_BUCKETS (then a structure's walk is one descent), else MAX_BUCKETS contiguous ranges of
     classes holding about as many rows each.  Returns each row's bucket, the number of buckets and
-    each bucket's highest class (-1: empty)."""
+    each bucket's highest and lowest class (-1: empty)."""
     n = pclass.shape[0]
     counts = np.zeros(n_classes, np.int64)
     for r in range(n):
@@ -303,12 +305,15 @@ def _buckets(pclass, n_classes):
         of_class[c] = c if n_classes <= MAX_BUCKETS else min(n_buckets - 1, cum * n_buckets // max(n, 1))
         cum += counts[c]
     top = np.full(n_buckets, -1, np.int64)
+    lo = np.full(n_buckets, -1, np.int64)
     for c in range(n_classes):
         top[of_class[c]] = c
+        if lo[of_class[c]] < 0:
+            lo[of_class[c]] = c
     bucket = np.empty(n, np.int64)
     for r in range(n):
         bucket[r] = of_class[pclass[r]]
-    return bucket, n_buckets, top
+    return bucket, n_buckets, top, lo
 
 
 @njit(cache=True)
@@ -500,12 +505,16 @@ def _max_servable(required_blocks, capacity):
 
 # Not cached on its own: it calls kernels of another file (see `stamp`); its caller's cache holds it.
 @njit(_nrt=False)
-def _refresh_cands(qs, free, v, n_buckets, n_classes, bucket_top, pclass, cand, cand_stale, w, gk, nd, stack):
+def _refresh_cands(qs, free, v, n_buckets, n_classes, bucket_lo, bucket_top, pclass, cand, cand_stale, cand_limit, w,
+                   gk, nd, stack):
     """Several classes per bucket: bring every structure's cand (its first runnable row) up to date
     after free blocks or victims changed.  Where runnability only shrank, a cand that still runs
     stays first (nothing before it ran before) and no cand stays none; the rest are walked again.
     Runnability grew for the classes from ``grow_from`` up (free blocks grew, or a victim raised M
-    there).  (One class per bucket: the loop in `_replay_static`, with one limit per structure.)"""
+    there).  A bucket of one class (most of them with a few more classes than buckets: 9 classes make
+    one bucket of two) is checked and walked as in the replay's loop for one class per bucket: against
+    one limit ``free + M(class)``, walked again only when it rose past ``cand_limit`` (the limit at the
+    last refresh), in one pruned descent."""
     n_st = _stairs(v.seg, v.size, v.st_c, v.st_b, _wait_top_class(w, nd), qs[QS_MAX_BLOCKS] - free)
     st_c = v.st_c
     if n_st < 0:  # too many records: M from the segment tree (see `stair_at_nb`)
@@ -517,6 +526,13 @@ def _refresh_cands(qs, free, v, n_buckets, n_classes, bucket_top, pclass, cand, 
     for s in range(cand.shape[0]):
         c = cand[s]
         b = s % n_buckets
+        if unlikely_nb(bucket_lo[b] == bucket_top[b]):  # one class: one limit (not in the table's shapes)
+            limit = free + seg_prefix_max_nb(v.seg, v.size, bucket_top[b])
+            if cand_stale[s] or limit > cand_limit[s] or (c != E.NO_ROW and nd[c, ND_BLOCKS] > limit):
+                cand[s] = _wait_first_fit(w, s, limit, gk, nd)
+                cand_stale[s] = False
+            cand_limit[s] = limit
+            continue
         if cand_stale[s] or bucket_top[b] >= grow_from or (
                 c != E.NO_ROW and nd[c, ND_BLOCKS] > free + stair_at_nb(pclass[c], st_c, v.st_b, n_st)):
             cand[s] = _wait_first_runnable(w, s, free, st_c, v.st_b, n_st, gk, nd, stack)
@@ -654,7 +670,7 @@ def _make_replay_static(stamp):
             nd[r, ND_BASE] = pclass[r]
             nd[r, ND_MAXBASE] = pclass[r]
         stack = np.empty(n + 64, np.int64)  # treap path scratch
-        bucket, n_buckets, bucket_top = _buckets(pclass, n_classes)
+        bucket, n_buckets, bucket_top, bucket_lo = _buckets(pclass, n_classes)
         n_struct = n_groups * n_buckets
         by_id = _sort_stable(np.arange(n), request_id)
         id_rank = np.empty(n, np.int64)
@@ -665,7 +681,7 @@ def _make_replay_static(stamp):
         cand = np.full(n_struct, -1, np.int64)  # each structure's first runnable waiting row
         cand_stale = np.ones(n_struct, np.bool_)  # its cand was taken: search again
         single = n_classes <= MAX_BUCKETS  # one class per bucket
-        cand_limit = np.zeros(n_struct, np.int64)  # one class per bucket: the limit its cand was found at
+        cand_limit = np.zeros(n_struct, np.int64)  # the limit its cand was found at (see `_refresh_cands`)
         heap = np.empty((n_groups, max(n, 1)), np.int64)
         hkey = np.empty((n_groups, max(n, 1)), np.int64)  # the rows' packed keys (`heap_push_nb`)
         hsize = np.zeros(n_groups, np.int64)
@@ -727,8 +743,8 @@ def _make_replay_static(stamp):
                         cand_limit[s] = limit
                     changed = False
                 elif changed:
-                    _refresh_cands(qs, free, v, n_buckets, n_classes, bucket_top, pclass, cand, cand_stale, w, gk,
-                                   nd, stack)
+                    _refresh_cands(qs, free, v, n_buckets, n_classes, bucket_lo, bucket_top, pclass, cand, cand_stale,
+                                   cand_limit, w, gk, nd, stack)
                     changed = False
                 best_wait = E.NO_ROW
                 for s in range(n_struct):
