@@ -307,10 +307,10 @@ def exit_code(argv) -> int:
     [
         (["--policy", "aging,lifo", "--kv-blocks", "4"], "unknown policy"),
         (["--policy", "aging", "--kv-blocks", "4,x"], "--kv-blocks: expected a whole number, got 'x'"),
-        (["--policy", "aging", "--kv-blocks", "-1"], "free_kv_blocks"),
-        (["--policy", "aging", "--kv-blocks", "4", "--aging-interval", "0"], "aging_interval"),
+        (["--policy", "aging", "--kv-blocks", "-1"], "--kv-blocks: must be from 0 to 2**61, got -1"),
+        (["--policy", "aging", "--kv-blocks", "4", "--aging-interval", "0"], "--aging-interval: must be from 1"),
         (["--policy", "aging", "--kv-blocks", "4", "--threads", "0"], "threads"),
-        (["--policy", "aging", "--kv-blocks", "4", "--max-steps", "-2"], "max_steps"),
+        (["--policy", "aging", "--kv-blocks", "4", "--max-steps", "-2"], "--max-steps: must be >= 0, got -2"),
     ],
 )
 def test_cli_sweep_bad_input_exits_2_without_csv(trace_csv, tmp_path, capsys, extra, message):
