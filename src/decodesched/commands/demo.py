@@ -58,7 +58,8 @@ def add_parser(subparsers) -> None:
                    help="free KV blocks (16 tokens each) at the start (default %(default)s)")
     p.add_argument("--requests", type=int_arg, default=None, metavar="N",
                    help="use only the first N requests of the trace to arrive (default: all 19,366)")
-    p.add_argument("--aging-interval", type=interval_arg, default=4, metavar="K", help="steps per aging level (default 4)")
+    p.add_argument("--aging-interval", type=interval_arg, default=4, metavar="K",
+                   help="steps per aging level (default 4)")
     p.add_argument("--seed", type=seed_arg, default=0, help="seed of the priority/deadline rules (default %(default)s)")
     p.add_argument("--out", default="decodesched-demo", metavar="DIR",
                    help="folder for ttft_cdf.png and summary.csv (default ./%(default)s)")
