@@ -3,7 +3,8 @@ as Python lists, in one run.
 
 NumPy columns (ints and bools typed, deadlines masked) and Parquet files whose integer and boolean
 columns have no nulls are checked column-wise; Python lists of one plain kind (ints, bools, text)
-and the usual CSV file are converted whole by C-level maps (`trace._list_column`, `trace._plain_csv`);
+and the usual CSV file are converted whole by C-level maps (`trace._list_column`, `trace._plain_csv`); a CSV
+file with quotes or blank lines is split by the csv module's reader in one call first (`trace._csv_whole`);
 anything else is checked value by value, so that an error names its row.  Trace: `bench_scale.waiting_trace`'s
 shape with ``--rows`` requests (half with a deadline).
 
@@ -20,6 +21,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import csv
 import tempfile
 import time
 from pathlib import Path
@@ -76,6 +78,14 @@ def main() -> None:
         dt, got = timed(path)
         assert same(got, want)
         rows.append(("CSV file", dt))
+        quoted = Path(tmp) / "q.csv"  # as a spreadsheet may write it: text quoted, CRLF, a blank line at the end
+        with open(path, newline="") as src, open(quoted, "w", newline="") as out:
+            csv.writer(out, quoting=csv.QUOTE_NONNUMERIC).writerows(
+                [int(x) if x.lstrip("-").isdigit() else x for x in rec] for rec in csv.reader(src))
+            out.write("\r\n")
+        dt, got = timed(quoted)
+        assert same(got, want)
+        rows.append(("CSV file, quoted", dt))
     for label, dt in rows:
         print(f"  {label:<28}{dt:>8.2f} s{base / dt:>8.1f}x")
     section_setup(a.rows)
