@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import os
 import select
 import stat
@@ -496,8 +497,9 @@ def terminate_like_interrupt():
 def immediate_interrupt():
     """Ctrl-C (and SIGTERM or SIGHUP, see `terminate_like_interrupt`) ends the process at once inside this block
     (a Numba kernel holds the interpreter, so Python's own handler would run only when the kernel
-    returns).  Only for blocks that have nothing to clean up (no temporary file open); a no-op outside
-    the main thread or under a custom handler."""
+    returns), with the CLI's one line and exit status 128 + the signal (`kernels.signal_nb`; silently where
+    that handler cannot be had).  Only for blocks that have nothing to clean up (no temporary file open); a
+    no-op outside the main thread or under a custom handler."""
     import signal
     import threading
 
@@ -505,16 +507,44 @@ def immediate_interrupt():
             signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
         yield
         return
-    ours = [sig for sig in _unwinding(signal) if signal.getsignal(sig) is _on_signal]
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-    for sig in ours:
-        signal.signal(sig, signal.SIG_DFL)
+    ours = [signal.SIGINT, *(sig for sig in _unwinding(signal) if signal.getsignal(sig) is _on_signal)]
+    if not _exit_on_signals(ours):
+        for sig in ours:
+            signal.signal(sig, signal.SIG_DFL)
     try:
         yield
     finally:
         signal.signal(signal.SIGINT, signal.default_int_handler)
-        for sig in ours:
+        for sig in ours[1:]:
             signal.signal(sig, _on_signal)
+
+
+@functools.lru_cache(maxsize=None)
+def _c_signal():
+    """libc's ``signal`` and the address of `kernels.signal_nb.exit_on_signal_nb`; None where either cannot be
+    had (no libc, a failed compile)."""
+    try:
+        import ctypes
+
+        from .kernels.signal_nb import exit_on_signal_nb
+
+        setter = ctypes.CDLL(None).signal
+        setter.restype, setter.argtypes = ctypes.c_void_p, [ctypes.c_int, ctypes.c_void_p]
+        return setter, exit_on_signal_nb.address
+    except Exception:  # noqa: BLE001 - then the signals end the process silently, as SIG_DFL does
+        return None
+
+
+def _exit_on_signals(sigs) -> bool:
+    """Point `sigs` at the machine-code handler that writes one line and exits 128 + the signal (Python's record
+    of their handlers is left as it is, so that restoring them reinstalls Python's); False where it is missing."""
+    found = _c_signal()
+    if found is None:
+        return False
+    setter, handler = found
+    for sig in sigs:
+        setter(int(sig), handler)
+    return True
 
 
 def _umask() -> int:

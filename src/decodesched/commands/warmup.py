@@ -64,12 +64,26 @@ def tasks(cuda: bool = False):
                 lambda: batch.simulate_batch([trace], scenarios, engine="fast")))
     out.append(("batch scan kernel (replay_batch_scan_nb)", [batch_nb.replay_batch_scan_nb],
                 lambda: batch.simulate_batch([trace], scenarios, engine="scan")))
+    out.append(("signal handler (exit_on_signal_nb)", [], _signal_handler))
     if cuda:
         def run_cuda():
             batch.simulate_batch([trace], scenarios, backend="cuda")
 
         out.append(("CUDA kernel (replay_batch_cuda_kernel)", [], run_cuda))
     return out
+
+
+def _signal_handler() -> str:
+    """Compile or load `kernels.signal_nb` (a C function, compiled when its module is imported: the CLI's replays
+    use it for Ctrl-C) and say which."""
+    import sys
+
+    fresh = "decodesched.kernels.signal_nb" not in sys.modules
+    from ..kernels.signal_nb import exit_on_signal_nb
+
+    if not fresh:
+        return "already loaded"
+    return "loaded from cache" if exit_on_signal_nb.cache_hits else "compiled (now cached)"
 
 
 def cache_location() -> str:
@@ -106,9 +120,11 @@ def run(args) -> int:
     for label, dispatchers, thunk in tasks(args.cuda):
         before = _counters(dispatchers)
         start = time.perf_counter()
-        thunk()
+        said = thunk()
         seconds = time.perf_counter() - start
-        if dispatchers:
+        if isinstance(said, str):
+            what = said
+        elif dispatchers:
             what = _what(dispatchers, before)
         else:
             what = "ran in the simulator" if os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0") else "compiled"
