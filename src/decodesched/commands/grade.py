@@ -59,9 +59,11 @@ def add_parser(subparsers):
     p.add_argument("--cell-timeout", metavar="S", type=_seconds, default=None,
                    help="nbgrader's per-cell timeout on a quiet machine (default timeout/3, at most 30)")
     p.add_argument("--no-progress", action="store_true",
-                   help="no progress on stderr (a bar on a terminal, else a line each 10%% and 30 s at most)")
+                   help="no progress on stderr (a bar on a terminal, else a line once both 10%% of the "
+                        "submissions and 30 s have passed since the last)")
     p.add_argument("--selfcheck", action="store_true",
-                   help="grade the reference, the untouched release and the buggy-solution library; exit 1 if any is misjudged")
+                   help="grade the reference, the untouched release and the buggy-solution library; exit 1 if any "
+                        "is misjudged")
     p.set_defaults(func=run)
     return p
 

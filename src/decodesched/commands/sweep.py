@@ -95,8 +95,8 @@ def add_parser(sub) -> None:
                    help="scenarios per chunk, each checkpointed as it finishes (default: with --dask 64, "
                         "else 4 per thread, at least 16)")
     p.add_argument("--no-progress", action="store_true",
-                   help="no progress on stderr (by default a bar on a terminal, else a line each 10%% of the "
-                        "scenarios and 30 s at most)")
+                   help="no progress on stderr (by default a bar on a terminal, else a line once both 10%% of the "
+                        "scenarios and 30 s have passed since the last)")
     p.add_argument("--out", required=True, metavar="metrics.csv",
                    help="the metrics CSV to write (a .csv name; its finished scenarios are kept in "
                         "metrics.csv.partial.jsonl until it is written, so that a rerun resumes), or - for "
@@ -157,7 +157,10 @@ def run(args) -> int:
         if args.dask is None:
             from ..batch import _check_threads
 
-            _check_threads(args.threads)
+            try:
+                _check_threads(args.threads)
+            except UserError as exc:  # (its line names the API's keyword, "threads must ...": name the flag)
+                raise UserError(f"--{exc}") from None
         elif args.threads < 1:  # (the workers' Numba may allow more threads than this machine's)
             raise UserError(f"--threads must be at least 1, got {args.threads}")
     policies = [resolve_policy(p) for p in args.policy]
