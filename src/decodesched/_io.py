@@ -65,6 +65,8 @@ def input_file(path, what: str = "file") -> Path:
     path = Path(path)
     try:
         mode = path.stat().st_mode
+    except ValueError:  # (a NUL character: no file can have that name)
+        raise UserError(f"{str(path)!r}: not a file name (it holds a NUL character)") from None
     except FileNotFoundError:
         if str(path) == STDOUT:  # (an output's word for standard output; an input is a file)
             raise UserError(f"-: standard input is not read here; give the {what}'s path, or <(command)") \
@@ -138,11 +140,24 @@ def read_parquet_table(path, error=UserError):
         raise error(f"{path}: not a readable Parquet file ({' '.join(str(exc).split())})") from None
 
 
+def path_argument(path, name: str = "path"):
+    """`path` if it is a path (a str or an os.PathLike), else a TypeError naming the argument `name`."""
+    if not isinstance(path, (str, os.PathLike)):
+        from .trace import show
+
+        raise TypeError(f"{name} must be a path (a str or a pathlib.Path), got {show(path)}")
+    return path
+
+
 def output_target(path) -> Path:
     """The file that writing `path` really changes (a symlink's target); refuse a non-regular one.
 
-    Raises `OutputError` for a directory, device, FIFO or socket, a missing folder, or a symlink loop.
+    Raises `OutputError` for a directory, device, FIFO or socket, a missing folder, a symlink loop, or a
+    name that holds a NUL character.
     """
+    text = os.fspath(path)
+    if isinstance(text, str) and "\0" in text:
+        raise OutputError(f"{text!r}: not a file name (it holds a NUL character)")
     if isinstance(path, str) and not path.strip():
         raise OutputError(f"{path!r}: an empty file name")
     if isinstance(path, str) and path.endswith(("/", os.sep)):  # (Path would drop the slash: a file, not a folder)

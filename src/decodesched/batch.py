@@ -39,8 +39,9 @@ import numpy as np
 
 from . import metrics as _metrics
 from ._io import Progress, atomic_writer
-from .engine import (ENGINES, SimulationResult, check_config, check_flag, event_capacity, event_log_buffer,
-                     integral_hint, plain_value, refuse_beyond_memory, trace_arrays, zeros_within_memory)
+from .engine import (ENGINES, SimulationResult, check_config, check_flag, check_setting, event_capacity,
+                     event_log_buffer, integral_hint, plain_value, policy_code, refuse_beyond_memory, trace_arrays,
+                     zeros_within_memory)
 from .errors import UserError
 from .kernels import enums as E
 from .policy import Policy, policy_name, replay_interval
@@ -100,21 +101,33 @@ def grid(traces, policies: Sequence, kv_blocks: Sequence[int], aging_intervals: 
     >>> len(grid(2, ["aging", "fcfs", "deadline"], [8, 16], [1, 2, 4]))  # 2 x 2 x (3 + 1 + 1)
     20
     """
-    n_traces = traces if isinstance(traces, (int, np.integer)) and not isinstance(traces, bool) else len(_as_list(traces))
-    if isinstance(replicates, bool) or not isinstance(replicates, (int, np.integer)) or replicates < 1:
-        raise UserError(f"replicates must be a positive integer, got {replicates!r}")
+    if isinstance(traces, (bool, np.bool_, float, np.floating)) or traces is None or (
+            isinstance(traces, (int, np.integer)) and traces < 0):
+        raise UserError(f"grid: traces must be the number of traces (an integer >= 0) or the traces, "
+                        f"got {show(traces)}")
+    n_traces = int(traces) if isinstance(traces, (int, np.integer)) else len(_as_list(traces))
+    replicates = _check_replicates(replicates)
     policies, kv_blocks, intervals = (_grid_axis(name, v) for name, v in (
         ("policies", policies), ("kv_blocks", kv_blocks),
         ("aging_intervals", [None] if aging_intervals is None else aging_intervals)))
     if not intervals:
         raise UserError("grid needs at least one aging interval (or None: each policy's own)")
     # Each value as `simulate` takes it, refused now rather than when `simulate_batch` runs the grid.
-    for name, values in (("kv_blocks", kv_blocks), ("aging_intervals", intervals)):
+    for name, setting, values in (("kv_blocks", "free_kv_blocks", kv_blocks),
+                                  ("aging_intervals", "aging_interval", intervals)):
         for v in values:
             if v is None and name == "aging_intervals" and aging_intervals is None:
                 continue
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
                 raise UserError(f"grid: {name} must hold integers, got {show(plain_value(v))}{integral_hint(v)}")
+            check_setting(setting, v, f"grid: {name}")
+    if max_steps is not None:
+        check_setting("max_steps", max_steps, "grid: max_steps")
+    for p in policies:
+        try:
+            policy_code(p)
+        except UserError as exc:
+            raise UserError(f"grid: {exc}") from None
     refuse_beyond_memory("the grid's scenarios",
                           grid_size(n_traces, policies, kv_blocks, intervals, replicates) * _SCENARIO_BYTES)
     for p in policies:
@@ -125,6 +138,14 @@ def grid(traces, policies: Sequence, kv_blocks: Sequence[int], aging_intervals: 
         for k in (intervals if uses_aging_interval(p) else intervals[:1]):
             out.append(Scenario(int(t) * replicates + r, p, c, k, max_steps, r))
     return out
+
+
+def _check_replicates(replicates) -> int:
+    """`replicates` as a Python int (a NumPy int8 would wrap around in the trace indices); a UserError unless
+    it is a positive integer."""
+    if isinstance(replicates, bool) or not isinstance(replicates, (int, np.integer)) or replicates < 1:
+        raise UserError(f"replicates must be a positive integer, got {replicates!r}")
+    return int(replicates)
 
 
 def grid_size(n_traces: int, policies: Sequence, kv_blocks: Sequence, aging_intervals: Sequence,
@@ -175,8 +196,7 @@ def replicate_traces(traces, replicates: int, rules: Sequence[dict | None] | Non
     from .convert import RawTrace, to_trace
 
     traces = [load_trace(t) for t in _as_list(traces)]
-    if isinstance(replicates, bool) or not isinstance(replicates, (int, np.integer)) or replicates < 1:
-        raise UserError(f"replicates must be a positive integer, got {replicates!r}")
+    replicates = _check_replicates(replicates)
     rules = list(rules) if rules is not None else [None] * len(traces)
     if len(rules) != len(traces):
         raise UserError(f"replicate_traces needs one rules entry per trace ({len(traces)}), got {len(rules)}")
@@ -184,6 +204,8 @@ def replicate_traces(traces, replicates: int, rules: Sequence[dict | None] | Non
                           replicates * sum(_TRACE_BYTES + len(t) * _TRACE_ROW_BYTES for t in traces))
     out = []
     for trace, rule in zip(traces, rules):
+        if rule is not None and not isinstance(rule, Mapping):
+            raise UserError(f"replicate_traces: each rules entry is a dict (or None), got {show(rule)}")
         rule = dict(rule or {})
         options = {k: rule[k] for k in SEEDED_OPTIONS if k in rule}
         seed = rule.get("seed") or 0
@@ -225,7 +247,19 @@ def _as_list(traces) -> list:
     if isinstance(traces, (list, tuple)) and traces and isinstance(traces[0], Mapping) and np.isscalar(
             traces[0].get("request_id", [])):
         return [traces]  # one trace given as row dicts
-    return list(traces)
+    try:
+        return list(traces)
+    except TypeError:  # (None, a number)
+        raise UserError(f"traces must be a trace or a list of traces, got {show(traces)}") from None
+
+
+def scenario_list(scenarios) -> list:
+    """`scenarios` as a list; a UserError for one Scenario alone, or anything that is not a sequence of them."""
+    if isinstance(scenarios, Scenario):
+        raise UserError("scenarios must be a list of Scenario, got one Scenario (give [scenario])")
+    if isinstance(scenarios, (str, bytes, Mapping)) or not isinstance(scenarios, Iterable):
+        raise UserError(f"scenarios must be a list of Scenario (decodesched.grid makes one), got {show(scenarios)}")
+    return list(scenarios)
 
 
 @dataclass
@@ -390,7 +424,7 @@ def simulate_batch(traces, scenarios: Sequence[Scenario], *, record_events: bool
     traces = [load_trace(t) for t in _as_list(traces)]
     if not traces:
         raise UserError("simulate_batch needs at least one trace")
-    scenarios = list(scenarios)
+    scenarios = scenario_list(scenarios)
     if not scenarios:
         raise UserError("simulate_batch needs at least one scenario")
     if engine not in ENGINES:

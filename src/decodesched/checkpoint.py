@@ -102,10 +102,12 @@ def check_checkpoint_path(path) -> None:
     """Refuse (UserError), before any work, a checkpoint path where something else lives: the sweep
     replaces or removes the file there, so it must be a checkpoint already, or nothing, in a folder
     that takes a new file."""
-    from ._io import check_writable
+    from ._io import check_writable, output_target, path_argument
     from .errors import UserError
 
-    path = Path(path)
+    path = Path(path_argument(path, "checkpoint_path"))
+    if "\0" in str(path):
+        output_target(path)  # (its one line for a name no file can have)
     if not path.is_symlink() and not path.exists():
         check_writable(path)  # (a missing or read-only folder: now, not after the first chunk's work)
         return
@@ -228,14 +230,14 @@ def prepare(traces, scenarios: Sequence, chunk_size, checkpoint_path):
     """What every sweep runner checks first, before any work: the chunk size, the traces (loaded)
     and the scenarios (validated as a local run validates them); returns ``(traces, scenarios,
     key, done)`` with the sweep's `sweep_key` and the rows already in the checkpoint."""
-    from .batch import _as_list, check_scenarios
+    from .batch import _as_list, check_scenarios, scenario_list
     from .errors import UserError
     from .trace import load_trace
 
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, (int, np.integer)) or chunk_size < 1:
         raise UserError(f"chunk size must be a positive integer, got {chunk_size!r}")
     traces = [load_trace(t) for t in _as_list(traces)]
-    scenarios = list(scenarios)
+    scenarios = scenario_list(scenarios)
     if not traces or not scenarios:
         raise UserError("a sweep needs at least one trace and one scenario")
     check_scenarios(scenarios, len(traces))
@@ -266,7 +268,9 @@ def run_local(traces, scenarios: Sequence, *, chunk_size: int = DEFAULT_LOCAL_CH
     from .engine import check_flag
 
     progress = check_flag("progress", progress, none=True)
+    keep_checkpoint = check_flag("keep_checkpoint", keep_checkpoint)
     traces, scenarios, key, done = prepare(traces, scenarios, chunk_size, checkpoint_path)
+    chunk_size = int(chunk_size)  # (checked; a NumPy int8 would wrap around in the chunk bounds)
     n = len(scenarios)
     cost = estimated_cost(traces, scenarios)
     todo = sorted((i for i in range(n) if i not in done), key=lambda i: (-cost[i], i))

@@ -62,7 +62,8 @@ import numpy as np
 
 from ._io import binary_input, input_file, meta_path, not_text
 from .errors import OutputError, UserError
-from .trace import MAX_STEP, Trace, TraceError, _next_record, load_trace, parse_decimal, show
+from .trace import (MAX_LENGTH, MAX_STEP, Trace, TraceError, _next_record, load_trace, parse_decimal,
+                    plain_value, positive_float, show)
 
 FORMATS = ("azure", "mooncake")
 DEFAULT_PRIORITY_CLASSES = (0, 1, 2)
@@ -337,8 +338,9 @@ def work_steps_of(raw: RawTrace) -> int:
 
 def steps_per_second_for_load(raw: RawTrace, load: float) -> float:
     """The time scale at which `raw` offers `load` work steps per step: work / (load * span_seconds)."""
-    if not (isinstance(load, (int, float)) and math.isfinite(load) and load > 0):
-        raise UserError(f"--load must be a positive number, got {load!r}")
+    if positive_float(load) is None:
+        raise UserError(f"--load must be a positive number, got {show(plain_value(load))}")
+    load = positive_float(load)
     span = float(raw.arrival_seconds.max() - raw.arrival_seconds.min())
     if span <= 0:
         raise UserError("--load needs requests spread over time, but all arrive at the same instant; "
@@ -385,6 +387,37 @@ def _real_numbers(values, what: str) -> list[float]:
     return [float(v) for v in out]
 
 
+def _checked_raw(raw) -> RawTrace:
+    """`raw` with its columns as `to_trace` reads them (float64 seconds, int64 token counts, bool hits); a
+    UserError naming the column for one that is not (a `RawTrace` built by hand): arrival times finite and
+    >= 0, token counts whole numbers from 0 to 2**40, every column 1-D and as long as the first."""
+    if not isinstance(raw, RawTrace):
+        raise UserError(f"to_trace needs a RawTrace (decodesched.convert.read_azure, read_mooncake), got "
+                        f"{type(raw).__name__}")
+    wants = {"arrival_seconds": "finite numbers >= 0 (seconds)", "prompt_tokens": "whole numbers from 0 to 2**40",
+             "output_tokens": "whole numbers from 0 to 2**40", "cache_hit": "true/false values (or be None)"}
+    out = {"cache_hit": None}
+    for name, want in wants.items():
+        v = getattr(raw, name)
+        if v is None and name == "cache_hit":
+            continue
+        a = np.asarray(v)
+        n = len(out["arrival_seconds"]) if "arrival_seconds" in out else None
+        if a.ndim != 1 or len(a) != (n if n is not None else len(a)):
+            size = "a 1-D array" if n is None else f"a 1-D array of {n} values"
+            raise UserError(f"RawTrace.{name}: expected {size}, got one of shape {a.shape}")
+        if name == "cache_hit":
+            ok = a.dtype == np.bool_
+        else:
+            ok = a.dtype.kind in "iuf" and bool(np.all(np.isfinite(a))) and not (a < 0).any()
+            if ok and name != "arrival_seconds":
+                ok = not (a > MAX_LENGTH).any() and bool(np.all(a == np.floor(a)))
+        if not ok:
+            raise UserError(f"RawTrace.{name} must hold {want}")
+        out[name] = a.astype(np.float64 if name == "arrival_seconds" else np.bool_ if name == "cache_hit" else np.int64)
+    return RawTrace(**out, source=raw.source, format=raw.format)
+
+
 def to_trace(
     raw: RawTrace,
     *,
@@ -414,14 +447,17 @@ def to_trace(
         raise UserError("give exactly one of --load and --steps-per-second")
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= seed < 2**128:
         raise UserError(f"--seed must be a whole number from 0 to 2**128 - 1, got {show(seed)}")
+    raw = _checked_raw(raw)
     if len(raw) == 0:
         raise UserError("the trace has no requests")
     if steps_per_second is None:
         steps_per_second = steps_per_second_for_load(raw, load)
-    elif not (isinstance(steps_per_second, (int, float)) and math.isfinite(steps_per_second) and steps_per_second > 0):
-        raise UserError(f"--steps-per-second must be a positive number, got {steps_per_second!r}")
+    elif positive_float(steps_per_second) is None:
+        raise UserError(f"--steps-per-second must be a positive number, got {show(plain_value(steps_per_second))}")
+    steps_per_second = positive_float(steps_per_second)
     if isinstance(block_size, bool) or not isinstance(block_size, (int, np.integer)) or block_size < 1:
         raise UserError(f"--block-size must be a positive whole number, got {show(block_size)}")
+    block_size = min(int(block_size), 2 * MAX_LENGTH)  # (from there on every request needs one block; int64 holds it)
     classes = np.asarray(_whole_numbers(priority_classes, "--priority-classes"), dtype=np.int64)
     if classes.size == 0:
         raise UserError("--priority-classes needs at least one class")
@@ -458,7 +494,7 @@ def to_trace(
     arrival_step = arrival_f.astype(np.int64)
     prompt_len = np.maximum(raw.prompt_tokens.astype(np.int64), 1)
     max_new = np.maximum(raw.output_tokens.astype(np.int64), 1)
-    required_blocks = -(-(prompt_len + max_new) // int(block_size))  # ceil division in integers
+    required_blocks = -(-(prompt_len + max_new) // block_size)  # ceil division in integers
 
     rng = np.random.default_rng(seed)
     priority = classes[rng.choice(classes.size, size=n, p=weights)]

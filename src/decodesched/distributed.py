@@ -190,9 +190,13 @@ def run_sweep(traces, scenarios: Sequence, address, *, chunk_size: int = DEFAULT
     _import_dask()
     # Validate everything here, before any cluster work (the same checks as a local run).
     progress = check_flag("progress", progress, none=True)
+    keep_checkpoint, quiet = check_flag("keep_checkpoint", keep_checkpoint), check_flag("quiet", quiet)
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, numbers.Integral) or threads < 1):
         raise UserError(f"threads must be a positive integer (Numba threads per chunk on a worker), got {threads!r}")
+    if isinstance(retries, bool) or not isinstance(retries, numbers.Integral) or retries < 0:
+        raise UserError(f"retries must be an integer >= 0 (Dask's retries of a failed chunk), got {retries!r}")
     traces, scenarios, key, done = prepare(traces, scenarios, chunk_size, checkpoint_path)
+    chunk_size, retries = int(chunk_size), int(retries)  # (checked; a NumPy int8 would wrap around in the bounds)
     if threads is None and isinstance(address, str) and address == "local":
         threads = local_threads()
     for policy in {id(sc.policy): sc.policy for sc in scenarios if not isinstance(sc.policy, str)}.values():

@@ -18,7 +18,7 @@ from .errors import UserError
 from .policy import Policy, policy_name, replay_interval
 from .kernels import enums as E
 from .kernels.fields import KERNEL_TRACE_ARGS
-from .trace import INT64_MAX, MAX_TOTAL, Trace, load_trace, show, writable_base
+from .trace import INT64_MAX, MAX_TOTAL, Trace, load_trace, plain_value, show, writable_base
 
 POLICIES = E.POLICY_NAMES
 ENGINES = ("fast", "scan")
@@ -54,36 +54,38 @@ def integral_hint(value) -> str:
     return ""
 
 
-def plain_value(value):
-    """A NumPy scalar as the Python value it holds, for messages (``2000.0``, not ``np.float64(2000.0)``)."""
-    return value.item() if isinstance(value, np.generic) else value
+# The scheduler's integer settings: (the least allowed, its words; the most allowed or None, its words).
+SETTING_RANGES = {
+    "free_kv_blocks": (0, ">= 0", MAX_TOTAL, "<= 2**61"),
+    "aging_interval": (1, "> 0", INT64_MAX, "<= 2**63 - 1"),  # (a kernel takes int64; none waits 2**61 steps)
+    "max_steps": (0, ">= 0", None, ""),
+}
+
+
+def check_setting(setting: str, value, name: str | None = None) -> int:
+    """`value` of the integer setting `setting` (`SETTING_RANGES`) as an int; a UserError naming it as `name`
+    (default `setting`) for a value that is no integer (a float, a bool, a string) or outside its range."""
+    name = name or setting
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise UserError(f"{name} must be an integer{' or None' if setting == 'max_steps' else ''}, got "
+                        f"{show(plain_value(value))}{integral_hint(value)}")
+    low, low_text, high, high_text = SETTING_RANGES[setting]
+    if value < low:
+        raise UserError(f"{name} must be {low_text}, got {show(int(value))}")
+    if high is not None and value > high:
+        raise UserError(f"{name} must be {high_text}, got {show(int(value))}")
+    return int(value)
 
 
 def check_config(policy, free_kv_blocks, aging_interval, max_steps) -> tuple[int, int, int, int]:
     """Validate one scheduler configuration (`policy`: a built-in name or a `Policy`); return
     (policy code, capacity, interval, max_steps or -1)."""
     code = policy_code(policy)
-    for name, value in (("free_kv_blocks", free_kv_blocks), ("aging_interval", aging_interval)):
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-            raise UserError(f"{name} must be an integer, got {show(plain_value(value))}{integral_hint(value)}")
-    if free_kv_blocks < 0:
-        raise UserError(f"free_kv_blocks must be >= 0, got {show(int(free_kv_blocks))}")
-    if free_kv_blocks > MAX_TOTAL:
-        raise UserError(f"free_kv_blocks must be <= 2**61, got {show(int(free_kv_blocks))}")
-    if aging_interval <= 0:
-        raise UserError(f"aging_interval must be > 0, got {show(int(aging_interval))}")
-    if aging_interval > INT64_MAX:  # (a kernel takes int64; from 2**61 on no request waits that long)
-        raise UserError(f"aging_interval must be <= 2**63 - 1, got {show(int(aging_interval))}")
-    if max_steps is None:
-        limit = -1
-    else:
-        if isinstance(max_steps, bool) or not isinstance(max_steps, (int, np.integer)):
-            raise UserError(f"max_steps must be an integer or None, got {show(plain_value(max_steps))}"
-                            f"{integral_hint(max_steps)}")
-        if max_steps < 0:
-            raise UserError(f"max_steps must be >= 0, got {show(int(max_steps))}")
-        limit = min(int(max_steps), MAX_TOTAL)  # (no replay runs more steps: beyond, it is no limit)
-    return code, int(free_kv_blocks), int(aging_interval), limit
+    capacity = check_setting("free_kv_blocks", free_kv_blocks)
+    interval = check_setting("aging_interval", aging_interval)
+    # (no replay runs more than 2**61 steps: beyond, it is no limit)
+    limit = -1 if max_steps is None else min(check_setting("max_steps", max_steps), MAX_TOTAL)
+    return code, capacity, interval, limit
 
 
 def check_flag(name: str, value, *, none: bool = False) -> bool | None:
@@ -292,18 +294,18 @@ class SimulationResult:
         """Write the events table (docs/files.md) atomically: CSV for a ``.csv`` path or ``-``, Parquet
         for ``.parquet`` / ``.pq``; another name, or the file the trace was read from (or its
         ``.meta.json``), is a `UserError`."""
-        from ._io import check_outputs
+        from ._io import check_outputs, path_argument
         from .tables_io import write_events
 
-        check_outputs([path], inputs=[self.trace.source])
+        check_outputs([path_argument(path)], inputs=[self.trace.source])
         write_events(path, self._need_events(), self.trace)
 
     def write_requests(self, path: str | os.PathLike) -> None:
         """Write the requests table (docs/files.md) atomically, CSV or Parquet as `write_events`; the
         trace's own file (and its sidecar) is refused as a `write_events` path is."""
-        from ._io import check_outputs
+        from ._io import check_outputs, path_argument
 
-        check_outputs([path], inputs=[self.trace.source])
+        check_outputs([path_argument(path)], inputs=[self.trace.source])
         _metrics.write_request_table(path, self.requests)
 
     def to_pandas(self, table: str = "requests"):

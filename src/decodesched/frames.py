@@ -34,7 +34,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from ._io import atomic_writer, check_outputs
+from ._io import atomic_writer, check_outputs, path_argument
 from .errors import UserError
 from .tables_io import is_parquet
 
@@ -168,7 +168,7 @@ def to_parquet(obj, path: str | os.PathLike, table: str | None = None) -> None:
     `decodesched.load_trace`, time scale included.  A result's or a batch's table never replaces a file
     one of its traces was read from, nor such a file's sidecar (`UserError`, before any work).
     """
-    if not is_parquet(path):  # (a name that the readers would take for CSV)
+    if not is_parquet(path_argument(path)):  # (a name that the readers would take for CSV)
         got = f"'{Path(path).suffix}'" if Path(path).suffix else "no extension"
         raise UserError(f"{path}: a Parquet file is named .parquet or .pq; got {got}")
     _, pq = _pyarrow()

@@ -16,6 +16,7 @@ Nothing here is fast on purpose: it is the text the kernels are checked against.
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 from typing import Dict, List, Literal
 
@@ -63,6 +64,7 @@ class DecodeSchedulerSim:
     def __init__(self, policy: str = "fixed_priority", free_kv_blocks: int = 1_000_000,
                  aging_interval: int | None = None):
         # (the seed's default is 4: None is 4 too, unless the policy carries its own, `policy.replay_interval`)
+        free_kv_blocks, aging_interval = _whole(free_kv_blocks), _whole(aging_interval)
         custom = _custom_policy(policy)
         if custom is None and policy not in POLICIES:
             raise ValueError(
@@ -105,6 +107,8 @@ class DecodeSchedulerSim:
         preemptible: bool = True,
     ) -> None:
         """Validate and register a request; it starts in prefill, waiting."""
+        request_id, prompt_len, max_new_tokens, priority, required_blocks, deadline_step = map(
+            _whole, (request_id, prompt_len, max_new_tokens, priority, required_blocks, deadline_step))
         if request_id in {item.request_id for item in self.queue}:
             raise ValueError(f"重复的 request_id / duplicate request_id: {request_id}")
         if prompt_len <= 0 or max_new_tokens <= 0 or required_blocks <= 0:
@@ -255,6 +259,13 @@ class DecodeSchedulerSim:
                 break
             steps = steps + 1
         return self.timeline
+
+
+def _whole(value):
+    """A NumPy integer as the Python int it holds, anything else as it is: NumPy's fixed-width arithmetic wraps
+    around (an int8 priority of 127 that waited one step under ``aging`` became -128), Python's and the
+    kernels' int64 (within the trace limits) do not."""
+    return int(value) if isinstance(value, numbers.Integral) and not isinstance(value, int) else value
 
 
 def _custom_policy(policy):

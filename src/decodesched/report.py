@@ -37,18 +37,20 @@ import csv
 import hashlib
 import html
 import math
+import os
 import re
 import shutil
 import tempfile
 import warnings
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from ._io import (META_SUFFIX, _describe, _same_file, input_file, input_label, meta_path, not_text, replace_together,
-                  temp_prefix)
+from ._io import (META_SUFFIX, _describe, _same_file, input_file, input_label, meta_path, not_text, path_argument,
+                  replace_together, temp_prefix)
 from .errors import UserError
 from .metrics import MAX_CLASS_COLUMNS, offered_load
 from .palette import POLICY_ORDER, policy_colors, policy_marker, policy_style, sorted_policies
@@ -1079,8 +1081,17 @@ def build_report(out_dir, *, results=None, trace=None, policies=None, kv_blocks=
     """
     if results is None and trace is None:
         raise UserError("give a sweep metrics CSV, a --trace, or both")
-    if not 1 <= gantt_requests <= MAX_GANTT_REQUESTS:
-        raise UserError(f"--gantt-requests must be from 1 to {MAX_GANTT_REQUESTS} (a row each), got {gantt_requests}")
+    if (isinstance(gantt_requests, bool) or not isinstance(gantt_requests, (int, np.integer))
+            or not 1 <= gantt_requests <= MAX_GANTT_REQUESTS):
+        raise UserError(f"--gantt-requests must be from 1 to {MAX_GANTT_REQUESTS} (a row each), "
+                        f"got {show(gantt_requests)}")
+    if isinstance(policies, (str, bytes)) or (policies is not None and not isinstance(policies, Iterable)):
+        raise UserError(f"policies must be a list of policies (e.g. ['aging']), got {show(policies)}")
+    text = os.fspath(path_argument(out_dir, "out_dir"))
+    if results is not None:
+        path_argument(results, "results")
+    if not text.strip() or "\0" in text:  # ('' would be the current folder, whose files the report replaces)
+        raise UserError(f"{text!r}: not a folder name" + (" (it holds a NUL character)" if "\0" in text else ""))
     out_dir = Path(out_dir)
     if out_dir.is_symlink() and not out_dir.exists():
         raise UserError(f"{out_dir}: is a broken symbolic link; --out names a folder")
@@ -1089,7 +1100,8 @@ def build_report(out_dir, *, results=None, trace=None, policies=None, kv_blocks=
     parent = out_dir.parent if str(out_dir.parent) else Path(".")
     if not parent.is_dir():
         raise UserError(f"{out_dir}: no such directory {parent}")
-    _refuse_inputs_among_outputs(out_dir, [results, trace, meta_path(trace) if trace is not None else None])
+    path = trace if isinstance(trace, (str, os.PathLike)) else None  # (a Trace, or columns, has no file)
+    _refuse_inputs_among_outputs(out_dir, [results, path, meta_path(path) if path is not None else None])
     rows = read_sweep(results, REPORT_COLUMNS) if results is not None else None
     info = None
     if rows is not None:

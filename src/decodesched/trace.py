@@ -69,6 +69,11 @@ def show(value, limit: int = 40) -> str:
     return text if len(text) <= limit else text[: limit - 12] + "\u2026" + text[-10:] + f" ({len(text)} chars)"
 
 
+def plain_value(value):
+    """A NumPy scalar as the Python value it holds, for messages (``2000.0``, not ``np.float64(2000.0)``)."""
+    return value.item() if isinstance(value, np.generic) else value
+
+
 class TraceError(UserError):
     """A trace that cannot be replayed; the message names the row and column."""
 
@@ -100,8 +105,16 @@ class Trace:
     _order: np.ndarray | None = field(default=None, init=False, repr=False, compare=False)
     _checked: bool = field(default=False, init=False, repr=False, compare=False)
 
+    def __eq__(self, other) -> bool:
+        """The same columns, time scale and name (the file a trace was read from is not compared); the
+        generated comparison asked NumPy for the truth of a whole column and raised ValueError."""
+        if not isinstance(other, Trace):
+            return NotImplemented
+        return (self.steps_per_second == other.steps_per_second and self.name == other.name
+                and all(np.array_equal(getattr(self, n), getattr(other, n)) for n in ARRAY_FIELDS))
+
     def __len__(self) -> int:
-        return int(self.request_id.shape[0])
+        return len(self.request_id)  # (a Trace built by hand may hold lists until `load_trace` checks it)
 
     def __setstate__(self, state: dict) -> None:
         """Unpickled (a Dask worker's copy), a checked trace is read-only again (`_checked`), as views of writable
@@ -133,6 +146,8 @@ class Trace:
 
     def rows(self):
         """The trace as a list of dicts (the model's input); `deadline_step` is None where absent."""
+        if not self._checked:  # (a Trace built by hand is checked first, as a replay checks it)
+            return load_trace(self).rows()
         out = []
         for i in range(len(self)):
             out.append(
@@ -152,6 +167,8 @@ class Trace:
 
     def columns(self) -> dict[str, np.ndarray]:
         """The canonical columns; `deadline_step` as an object array with None where absent."""
+        if not self._checked:
+            return load_trace(self).columns()
         deadline = np.where(self.has_deadline, self.deadline_step, 0).astype(object)
         deadline[~self.has_deadline] = None
         return {
@@ -169,6 +186,8 @@ class Trace:
     def subset(self, rows) -> "Trace":
         """A new trace with the given rows, in the given order: integer row indices (negative ones count
         from the end), a slice, or a boolean mask as long as the trace (the rows where it is True), as in NumPy."""
+        if not self._checked:  # (built by hand: columns of one length, or the subset would hide the others' rows)
+            _check_lengths({name: getattr(self, name) for name in ARRAY_FIELDS}, "<Trace>")
         rows = np.arange(len(self))[rows] if isinstance(rows, slice) else np.asarray(rows)
         if rows.ndim != 1:
             raise IndexError(f"rows must be a 1-D sequence of row indices or a boolean mask; got {show(rows.tolist())}")
@@ -179,7 +198,7 @@ class Trace:
         elif rows.size and (rows.dtype.kind not in "iu" or (rows.dtype.kind == "u" and rows.max() > INT64_MAX)):
             raise IndexError(f"rows must be integer row indices or a boolean mask; got {show(rows.tolist())}")
         rows = rows.astype(np.int64)
-        kw = {name: getattr(self, name)[rows] for name in ARRAY_FIELDS}
+        kw = {name: np.asarray(getattr(self, name))[rows] for name in ARRAY_FIELDS}
         out = Trace(**kw, steps_per_second=self.steps_per_second, name=self.name, source=self.source)
         rows = np.arange(len(self))[rows]  # (negative indices counted from the end, as NumPy does)
         if self._checked and len(rows) and len(np.unique(rows)) == len(rows):  # rows of a valid trace, once each
@@ -187,10 +206,13 @@ class Trace:
         return out
 
     def to_csv(self, path: str | os.PathLike) -> None:
-        """Write the canonical trace CSV atomically (a temporary file renamed into place)."""
-        from ._io import atomic_writer
+        """Write the canonical trace CSV atomically (a temporary file renamed into place); a trace built by
+        hand is checked first, so that no file is written that `load_trace` would refuse."""
+        from ._io import atomic_writer, path_argument
 
-        with atomic_writer(path) as fh:
+        if not self._checked:
+            return load_trace(self).to_csv(path)
+        with atomic_writer(path_argument(path)) as fh:
             w = csv.writer(fh, lineterminator="\n")
             w.writerow(TRACE_COLUMNS)
             for i in range(len(self)):
@@ -219,7 +241,8 @@ def load_trace(source: Any, *, steps_per_second: float | None = None, name: str 
     sequence (``deadline_step`` may hold None, NaN or pandas NA for none, or be a masked array), a pandas
     DataFrame, a list of row dicts, or a `Trace` (returned unchanged when `load_trace` made it; one made
     otherwise, by its constructor or `dataclasses.replace`, is checked as a mapping of its columns would
-    be, and a checked copy returned).  Raises `TraceError` naming
+    be, and a checked copy returned; a `name` or `steps_per_second` given replaces the trace's own, in a
+    copy).  Raises `TraceError` naming
     the row and column.  NumPy integer and boolean columns, and Parquet ones without nulls, are
     checked column-wise (a million rows in well under a second); other values one by one.
 
@@ -229,8 +252,16 @@ def load_trace(source: Any, *, steps_per_second: float | None = None, name: str 
     >>> len(t), t.has_deadline.tolist()
     (2, [False, True])
     """
+    if name is not None:
+        _trace_name(name, "load_trace")
     if isinstance(source, Trace):
-        return source if source._checked else _recheck(source)
+        trace = source if source._checked else _recheck(source)
+        given = {k: v for k, v in (("name", name), ("steps_per_second", steps_per_second)) if v is not None}
+        if not given:
+            return trace
+        if "steps_per_second" in given:
+            given["steps_per_second"] = _time_scale(steps_per_second, "load_trace")
+        return _checked(dataclasses.replace(trace, **given))  # (the columns, checked, are shared)
     if isinstance(source, (str, os.PathLike)):
         try:
             path = input_file(source, "trace file")
@@ -308,20 +339,46 @@ def _read_only(a: np.ndarray) -> np.ndarray:
 
 def _recheck(trace: Trace) -> Trace:
     """A `Trace` that `load_trace` did not make, checked as its columns would be in a mapping."""
-    cols = {name: getattr(trace, name) for name in TRACE_COLUMNS}
-    has = np.asarray(trace.has_deadline)
-    deadline = np.asarray(trace.deadline_step)
-    if has.dtype != np.bool_ or has.shape != deadline.shape:
-        raise TraceError("<Trace>: has_deadline must be a boolean array as long as deadline_step")
-    stray = np.flatnonzero(~has & (deadline != 0))  # (`dataclasses.replace(trace, deadline_step=...)` alone)
+    cols = {name: _column(name, getattr(trace, name), "<Trace>") for name in TRACE_COLUMNS}
+    _check_lengths({**cols, "has_deadline": trace.has_deadline}, "<Trace>")
+    has, deadline = _cells(trace.has_deadline), _cells(cols["deadline_step"])
+    if has.dtype != np.bool_:
+        raise TraceError("<Trace>: has_deadline must be a boolean array as long as deadline_step, got "
+                         f"{has.dtype.name} values")
+    # None or NaN is no deadline (as in a mapping of columns), 0 is none where has_deadline is False
+    if deadline.dtype.kind in "iufb":
+        missing = np.isnan(deadline) if deadline.dtype.kind == "f" else np.zeros(len(deadline), bool)
+        given = ~missing & (deadline != 0)
+    else:  # (cells of any kind, one by one)
+        missing = np.fromiter(map(_is_missing, deadline), bool, len(deadline))
+        given = ~missing & np.fromiter((not (isinstance(x, (int, float, np.integer, np.floating))
+                                             and not isinstance(x, (bool, np.bool_)) and x == 0)
+                                        for x in deadline), bool, len(deadline))
+    stray = np.flatnonzero(~has & given)  # (`dataclasses.replace(trace, deadline_step=...)` alone)
     if stray.size:
         i = int(stray[0])
-        raise TraceError(f"<Trace>: row {i + 1}, column deadline_step: {show(deadline[i].item())} on a row whose "
-                         "has_deadline is False, so it would be ignored; replace has_deadline as well "
+        raise TraceError(f"<Trace>: row {i + 1}, column deadline_step: {show(plain_value(deadline[i]))} on a row "
+                         "whose has_deadline is False, so it would be ignored; replace has_deadline as well "
                          "(np.ones(len(trace), bool): a deadline on every row)")
+    gone = np.flatnonzero(has & missing)
+    if gone.size:  # (else the mask below would hide it: no deadline, silently)
+        raise TraceError(f"<Trace>: row {int(gone[0]) + 1}, column deadline_step: missing value on a row whose "
+                         "has_deadline is True")
     cols["deadline_step"] = np.ma.MaskedArray(deadline, mask=~has)
     out = _from_columns(cols, "<Trace>", trace.steps_per_second, trace.name)
     return _checked(dataclasses.replace(out, source=trace.source))
+
+
+def _cells(column) -> np.ndarray:
+    """A 1-D column as a NumPy array; one whose cells NumPy cannot stack (a list among numbers) as an object
+    array of them, for the checks to name."""
+    try:
+        return np.asarray(column)
+    except ValueError:
+        out = np.empty(len(column), dtype=object)
+        for i, x in enumerate(column):
+            out[i] = x
+        return out
 
 
 def _sidecar_time_scale(path: Path) -> float | None:
@@ -340,14 +397,35 @@ def _sidecar_time_scale(path: Path) -> float | None:
     if not isinstance(data, dict) or "steps_per_second" not in data:
         raise TraceError(f"{meta}: trace metadata without steps_per_second (a JSON object, as trace convert "
                          f"writes it); fix or remove the file")
-    value = data["steps_per_second"]
+    return _time_scale(data["steps_per_second"], str(meta))
+
+
+def positive_float(value) -> float | None:
+    """`value` as a float when it is a positive finite number (a Python or NumPy int or float; a bool is
+    none), else None."""
+    number = not isinstance(value, (bool, np.bool_)) and isinstance(value, (int, float, np.integer, np.floating))
     try:
-        scale = math.nan if isinstance(value, bool) or not isinstance(value, (int, float)) else float(value)
+        scale = float(value) if number else math.nan
     except OverflowError:  # (an integer of hundreds of digits)
-        scale = math.inf
-    if not (scale > 0 and math.isfinite(scale)):
-        raise TraceError(f"{meta}: steps_per_second must be a positive number, got {show(value)}")
+        return None
+    return scale if scale > 0 and math.isfinite(scale) else None
+
+
+def _time_scale(value, where: str) -> float:
+    """A time scale (``steps_per_second``) as a float; a TraceError unless it is a positive finite number."""
+    scale = positive_float(value)
+    if scale is None:
+        raise TraceError(f"{where}: steps_per_second must be a positive number, got {show(plain_value(value))}")
     return scale
+
+
+def _trace_name(name, where: str) -> str:
+    """A trace's name (its label in tables and plots): a string, None for the default ``"trace"``."""
+    if name is None:
+        return "trace"
+    if not isinstance(name, str):
+        raise TraceError(f"{where}: the trace name must be a string, got {show(name)}")
+    return str(name)  # (a NumPy string as the plain one it holds)
 
 
 def _read_parquet(path: Path) -> tuple[dict[str, Any], float | None]:
@@ -653,14 +731,32 @@ def _column(name: str, v, where: str):
     is not a 1-D sequence of plain values."""
     if _is_pandas(v):
         v = _pandas_column(name, v)
-    if isinstance(v, (str, bytes)) or not hasattr(v, "__len__") or getattr(v, "ndim", 1) != 1:
-        what = f"an array of shape {v.shape}" if hasattr(v, "shape") else show(v)
-        raise TraceError(f"{where}, column {name}: expected a 1-D column of values, got {what}")
+    _one_dim(name, v, where)
     if isinstance(v, (Set, Mapping)) or not hasattr(v, "__getitem__"):
         raise TraceError(f"{where}, column {name}: expected a sequence of {_WANT[name]}, got {type(v).__name__}")
     if isinstance(v, np.ndarray) and v.dtype.kind in "mM":
         raise TraceError(f"{where}, column {name}: expected {_WANT[name]}, got {v.dtype.name}")
     return v
+
+
+def _one_dim(name: str, v, where: str) -> None:
+    """A TraceError unless column `v` is a 1-D sequence (a string or a scalar is not)."""
+    if isinstance(v, (str, bytes)) or not hasattr(v, "__len__") or getattr(v, "ndim", 1) != 1:
+        what = f"an array of shape {v.shape}" if hasattr(v, "shape") else show(v)
+        raise TraceError(f"{where}, column {name}: expected a 1-D column of values, got {what}")
+
+
+def _check_lengths(cols: dict, where: str) -> int:
+    """The number of rows, when every column is 1-D and all are as long; else a TraceError naming the first
+    column that is not (of another length than most columns, request_id's on a tie)."""
+    for name, v in cols.items():
+        _one_dim(name, v, where)
+    lengths = {name: len(v) for name, v in cols.items()}
+    n = Counter(lengths.values()).most_common(1)[0][0]
+    odd = next((name for name, k in lengths.items() if k != n), None)
+    if odd is not None:
+        raise TraceError(f"{where}: columns have different lengths: {odd} has {lengths[odd]} values, the others {n}")
+    return n
 
 
 def _is_missing(x) -> bool:
@@ -715,10 +811,7 @@ def _from_columns(cols: dict, where: str, steps_per_second: float | None, label:
     _check_header(names, where)
     cols = {c: _column(c, cols[c], where) for c in TRACE_COLUMNS}
     cols = {c: v if (whole := _list_column(c, v)) is None else whole for c, v in cols.items()}
-    lengths = {len(cols[c]) for c in TRACE_COLUMNS}
-    if len(lengths) != 1:
-        raise TraceError(f"{where}: columns have different lengths ({sorted(lengths)})")
-    n = lengths.pop()
+    n = _check_lengths(cols, where)
     if n == 0:
         raise TraceError(f"{where}: the trace is empty (no requests)")
 
@@ -786,10 +879,9 @@ def _from_columns(cols: dict, where: str, steps_per_second: float | None, label:
         raise TraceError(f"{where}: the trace's total work steps exceed 2**61 and would overflow the step clock")
     if float(blocks.astype(np.float64).sum()) > MAX_TOTAL:
         raise TraceError(f"{where}: the sum of required_blocks exceeds 2**61")
-    if steps_per_second is not None and (isinstance(steps_per_second, (bool, np.bool_))
-                                         or not isinstance(steps_per_second, (int, float, np.integer, np.floating))
-                                         or not (steps_per_second > 0 and math.isfinite(steps_per_second))):
-        raise TraceError(f"{where}: steps_per_second must be a positive number, got {show(steps_per_second)}")
+    if steps_per_second is not None:
+        steps_per_second = _time_scale(steps_per_second, where)
+    label = _trace_name(label, where)
     trace = Trace(
         request_id=ids,
         arrival_step=arrival,
