@@ -7,7 +7,9 @@ ever written into the installed package.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import hashlib
+import json
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from decodesched.errors import UserError
@@ -21,9 +23,13 @@ class Course:
     release_nb_path: Path
     release: dict
     gradebook: Path
+    earlier: list = field(default_factory=list)  # the releases built before this one (`earlier_releases`)
 
 
 CONFIG = "nbgrader_config.py"
+# Every release `assignment build` made, kept by content (`remember_release`): students who downloaded one before the
+# instructor rebuilt it (a typo fixed in a test or the task) hand in its test and locked cells.
+RELEASES = Path(".decodesched") / "releases"
 INIT_HINT = "run `decodesched assignment init DIR` to make a course folder, then pass --course DIR or cd into it"
 
 README = """\
@@ -38,13 +44,16 @@ ever written back into that package. Run every command from this folder (it hold
 
 1. `decodesched assignment build` runs `nbgrader generate_assignment {assignment}` and checks the
    release (solutions stripped, no hidden test left, every test cell failing without a solution).
-   It writes `release/{assignment}/{notebook}` (hand this to students) and `gradebook.db`.
+   It writes `release/{assignment}/{notebook}` (hand this to students) and `gradebook.db`. After a fix
+   to the source (a typo in a visible test or the task), `decodesched assignment build --force`: the
+   releases built before are kept in `.decodesched/releases/`, so notebooks made from them still grade.
 2. Collect submissions as `SUBMISSIONS/<student_id>.ipynb`, or in nbgrader's
    `submitted/<student_id>/{assignment}/{notebook}` tree.
 3. `decodesched grade SUBMISSIONS --out OUT` writes `OUT/grades.csv`, `OUT/feedback/<student_id>.html`
    (in Chinese and English, with a picture of the first failing schedule) and updates `gradebook.db`,
-   so `nbgrader export` agrees with grades.csv. `decodesched grade --selfcheck` shows that the
-   grader tells the reference from a library of one-bug solutions.
+   so `nbgrader export` agrees with grades.csv. A folder of some students (one regraded, a late one)
+   graded into the same OUT replaces their rows and keeps everyone else's. `decodesched grade
+   --selfcheck` shows that the grader tells the reference from a library of one-bug solutions.
 4. `nbgrader export` writes the gradebook's scores to `grades.csv` in this folder.
 
 Do not run `nbgrader autograde` here yourself: it would run the hidden tests in the student's kernel,
@@ -116,6 +125,36 @@ def init_course(target) -> list[Path]:
     return written
 
 
+def remember_release(root: Path, notebook: Path) -> None:
+    """Keep a copy of the release `notebook` (one the students may have) under ``COURSE/.decodesched/releases/``,
+    named by its content, so that its test and locked cells are known after a rebuild (`earlier_releases`)."""
+    from decodesched._io import atomic_writer
+
+    data = Path(notebook).read_bytes()
+    target = Path(root) / RELEASES / f"{hashlib.sha256(data).hexdigest()[:16]}.ipynb"
+    if not target.is_file():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_writer(target, mode="wb") as fh:
+            fh.write(data)
+
+
+def earlier_releases(root: Path, current: Path) -> list[dict]:
+    """The releases `remember_release` kept, but for `current` (unreadable copies are skipped: they only ever
+    spare a student a note of tamper evidence)."""
+    folder = Path(root) / RELEASES
+    now = Path(current).read_bytes()
+    found = []
+    for path in sorted(folder.glob("*.ipynb")) if folder.is_dir() else []:
+        try:
+            data = path.read_bytes()
+            nb = json.loads(data) if data != now else None
+        except (OSError, ValueError):
+            continue
+        if isinstance(nb, dict) and isinstance(nb.get("cells"), list):
+            found.append(nb)
+    return found
+
+
 def open_course(course_root=None) -> Course:
     """The built course (release and gradebook present) at `resolve_root(course_root)`."""
     root = resolve_root(course_root)
@@ -129,4 +168,4 @@ def open_course(course_root=None) -> Course:
         rel = load_notebook(release)
     except InvalidSubmission as exc:
         raise UserError(f"{release}: {exc}") from None
-    return Course(root, release, rel, gradebook)
+    return Course(root, release, rel, gradebook, earlier_releases(root, release))

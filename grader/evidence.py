@@ -86,6 +86,30 @@ def restore_protected(nb: dict, release: dict) -> tuple[dict, list[str]]:
     return {**nb, "cells": cells}, notes
 
 
+def restore_earlier_release(nb: dict, release: dict, earlier: list) -> tuple[dict, list[str]]:
+    """The notebook with each locked or test cell that is, but for whitespace, the cell of an earlier release
+    (`course.earlier_releases`: the instructor fixed a test or the task and rebuilt) given the current release's
+    cell, as nbgrader's autograde overwrites test cells with the current version, and a note. A student who
+    downloaded the release before the rebuild altered nothing; a cell that no release ever had stays evidence."""
+    protected = _protected(release)
+    before = [_protected(old) for old in earlier]
+    cells, replaced = [], []
+    for cell in nb["cells"]:
+        gid = _nbgrader_meta(cell).get("grade_id")
+        ref = protected.get(gid) if isinstance(gid, str) else None
+        if ref is not None and not _same_but_whitespace(cell, ref) and any(
+                old.get(gid) is not None and _same_but_whitespace(cell, old[gid]) for old in before):
+            cell = {**cell, "cell_type": ref["cell_type"], "source": _cell_source(ref),
+                    "metadata": {**(cell.get("metadata") or {}), "nbgrader": dict(_nbgrader_meta(ref))}}
+            replaced.append(gid)
+        cells.append(cell)
+    if not replaced:
+        return nb, []
+    return {**nb, "cells": cells}, [
+        "these locked/test cells are as an earlier release had them (the instructor has since updated them); they "
+        "were graded as the current release's: " + ", ".join(sorted(set(replaced)))]
+
+
 def altered_cells(nb: dict, release: dict) -> list[str]:
     """Locked and test cells of the release that the submission changed (tamper evidence).
 

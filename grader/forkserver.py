@@ -156,7 +156,7 @@ def serve(sock):
                 from decodesched.grader.outputs import write_gradebook
 
                 req = json.loads(msg)
-                write_gradebook(req["gradebook"], req["rows"])
+                write_gradebook(req["gradebook"], req["rows"], req.get("stamps"))
                 sock.send(b'{"gradebook": true}')
             except Exception as exc:  # noqa: BLE001 - the grader then writes it itself
                 sock.send(json.dumps({"gradebook": False, "error": repr(exc)[:200]}).encode())

@@ -396,6 +396,26 @@ def _safe_text(t) -> str:
     return t if isinstance(t, str) else ""
 
 
+def submitted_at(sub: Submission) -> str | None:
+    """The text of nbgrader's ``timestamp.txt`` beside a submission of the ``submitted/<student>/{assignment}/``
+    tree (`nbgrader collect` and the exchange write it: when the student submitted), for the gradebook, where
+    ``nbgrader export`` shows it with the due date; none for a flat folder, or a file that is no short text."""
+    import stat as _stat
+
+    path = sub.path
+    if path is None or path.parent.name != spec.ASSIGNMENT or path.parent.parent.name != sub.student_id:
+        return None
+    stamp = path.parent / "timestamp.txt"
+    try:
+        st = os.lstat(stamp)
+        if not _stat.S_ISREG(st.st_mode) or st.st_size > 200:
+            return None
+        text = stamp.read_bytes().decode("utf-8").strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return text if text.isprintable() and text else None
+
+
 def _plain_file(path: Path, max_bytes: int) -> bool:
     """A regular file (not a link, FIFO or device the student planted), not too big, under a real folder."""
     import stat as _stat

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import warnings
@@ -54,21 +55,24 @@ def update_gradebook(course: Course, results: list, server=None) -> None:
     """Write the verdicts into the instructor's gradebook, so `nbgrader export` agrees: in the fork
     server when there is one (it has nbgrader imported already; every sandboxed run has ended), else here."""
     rows = gradebook_rows(results)
-    if server is not None and server.write_gradebook(course.gradebook, rows):
+    stamps = {r.student_id: r.timestamp for r in results if getattr(r, "timestamp", None)}
+    if server is not None and server.write_gradebook(course.gradebook, rows, stamps):
         return
     from sqlalchemy.exc import SQLAlchemyError  # (only here: the grading process needs no SQLAlchemy otherwise)
 
     try:
-        write_gradebook(str(course.gradebook), rows)
+        write_gradebook(str(course.gradebook), rows, stamps)
     except (SQLAlchemyError, OSError) as exc:  # locked by another program, a full disk, a read-only file
         why = str(getattr(exc, "orig", None) or exc).strip().split("\n")[0][:200]
         raise UserError(f"{course.gradebook}: cannot write the gradebook ({why}); grades.csv and the feedback "
                         "were not written") from None
 
 
-def write_gradebook(path: str, rows: list) -> None:
-    """`update_gradebook`'s work: each row's auto scores into the gradebook at `path`."""
+def write_gradebook(path: str, rows: list, stamps: dict | None = None) -> None:
+    """`update_gradebook`'s work: each row's auto scores into the gradebook at `path`, and the time a student
+    submitted where `stamps` has it (nbgrader's timestamp.txt text, `notebook.submitted_at`)."""
     from nbgrader.api import Gradebook, MissingEntry
+    from nbgrader.utils import parse_utc
 
     with warnings.catch_warnings(), Gradebook(f"sqlite:///{path}") as gb:
         warnings.simplefilter("ignore")  # nbgrader's add_submission trips SQLAlchemy autoflush warnings
@@ -84,6 +88,9 @@ def write_gradebook(path: str, rows: list) -> None:
                 submission = gb.find_submission(spec.ASSIGNMENT, student_id)
             except MissingEntry:
                 submission = gb.add_submission(spec.ASSIGNMENT, student_id)
+            if (stamps or {}).get(student_id):  # as nbgrader's autograde records it; `nbgrader export` shows it
+                with contextlib.suppress(ValueError, OverflowError, TypeError):
+                    submission.timestamp = parse_utc(stamps[student_id])
             for submitted in submission.notebooks:
                 if submitted.notebook_id != notebook_id:
                     continue

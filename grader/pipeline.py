@@ -23,7 +23,8 @@ For every submission, in parallel (``jobs`` worker threads, each driving sandbox
    ``DIR/feedback/<student_id>.html`` (from verdict lines only: no
    hidden test source, no hidden tracebacks), and the instructor's gradebook (``COURSE/gradebook.db``),
    so ``nbgrader export`` agrees with grades.csv (written by the fork server, which has nbgrader
-   imported already). Regrading the same folder gives the same grades.csv.
+   imported already), all together (`_commit`). Regrading the same folder gives the same grades.csv; a folder
+   of some students graded into an earlier --out keeps the others' rows (`earlier_rows`).
 """
 
 from __future__ import annotations
@@ -39,17 +40,17 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from decodesched._io import Progress, atomic_writer, output_group
+from decodesched._io import Progress, atomic_writer, output_group, signals_held
 from decodesched.errors import UserError
 
 from . import spec
 from .autograde import build_template, for_nbgrader, kernel_run, warm_server
 from .course import Course, open_course
-from .evidence import altered_cells, restore_protected, static_evidence
+from .evidence import altered_cells, restore_earlier_release, restore_protected, static_evidence
 from .limits import Limits, load_factor
 from .observe import package_paths
 from .notebook import (InvalidSubmission, Submission, collect_submissions, find_solution, is_plain_id, load_notebook,
-                       printable, student_code_cells)
+                       printable, student_code_cells, submitted_at)
 from .feedback import feedback_html
 from .outputs import grades_csv_text, preload_gradebook, update_gradebook
 from . import sandbox
@@ -69,6 +70,7 @@ class Result:
     notes: list = field(default_factory=list)  # status reasons, shown in the feedback
     seconds: float = 0.0
     pictures: dict = field(default_factory=dict)  # grade_id -> verdict.schedule_picture of its first failure
+    timestamp: str | None = None  # nbgrader's timestamp.txt of the submission (`notebook.submitted_at`)
 
 
 @dataclass
@@ -107,9 +109,10 @@ def grade_one(sub: Submission, course: Course, template: cf.Future, workroot: Pa
     tampered = []
     # Whitespace-only changes and identical copies of locked/test cells are put back as released, for
     # nbgrader too (its checksums and its one-cell-per-grade_id rule); a real alteration stays evidence.
+    nb, earlier = restore_earlier_release(nb, course.release, course.earlier)
     nb, formatted = restore_formatting(nb, course.release)
     nb, notes = restore_protected(nb, course.release)
-    notes = found_notes + formatted + notes
+    notes = found_notes + earlier + formatted + notes
     altered = altered_cells(nb, course.release)
     if altered:
         tampered.append("locked or test cells were altered: " + ", ".join(altered))
@@ -274,8 +277,10 @@ def grade(submissions, out_dir, *, course=None, options: Options | None = None) 
     subs = collect_submissions(submissions, skipped)
     out_dir = Path(out_dir)
     made_out_dir = not out_dir.exists()
+    kept: list[Result] = []
     if not made_out_dir:
         check_outputs(out_dir, [s.student_id for s in subs])
+        kept = earlier_rows(out_dir / "grades.csv", {s.student_id for s in subs})
     out_dir.mkdir(parents=True, exist_ok=True)
     jobs = options.jobs or os.cpu_count() or 1
     limits = Limits(cpu_s=options.timeout_s, memory_mb=options.memory_mb,
@@ -288,18 +293,11 @@ def grade(submissions, out_dir, *, course=None, options: Options | None = None) 
     made_fb = not fb.exists()
     try:
         try:
-            _grade_all(subs, course_obj, workroot, options, limits, jobs, results, rendered)
+            _grade_all(subs, course_obj, workroot, options, limits, jobs, results, rendered, kept,
+                       commit=lambda write_gradebook: _commit(out_dir, rendered, write_gradebook))
         finally:
             sandbox.STOPPING.clear()  # every run of this grading has ended (the pools were shut down)
         results.sort(key=lambda r: r.student_id)
-        # Rendered before the gradebook was written (`_grade_all`): feedback pages, then grades.csv last.
-        fb.mkdir(exist_ok=True)
-        with output_group():  # every page and grades.csv appear together, or none
-            for name, text in rendered["feedback"]:
-                with atomic_writer(fb / name) as fh:
-                    fh.write(text)
-            with atomic_writer(out_dir / "grades.csv") as fh:
-                fh.write(rendered["grades.csv"])
     except BaseException:
         # an interrupted or failed grading leaves no empty folder of its own behind
         for folder, made in ((fb, made_fb), (out_dir, made_out_dir)):
@@ -307,6 +305,12 @@ def grade(submissions, out_dir, *, course=None, options: Options | None = None) 
                 with contextlib.suppress(OSError):
                     folder.rmdir()
         raise
+    if kept:
+        names = ", ".join(r.student_id for r in sorted(kept, key=lambda r: r.student_id)[:10])
+        more = f" and {len(kept) - 10} more" if len(kept) > 10 else ""
+        print(printable(f"decodesched grade: note: {out_dir / 'grades.csv'} keeps the rows of {len(kept)} student(s) "
+                        f"graded before and not in {submissions}: {names}{more} (grade into a new --out for these "
+                        "submissions alone)"), file=sys.stderr)
     for line in report_lines(skipped, results):
         print(f"decodesched grade: {line}", file=sys.stderr)
     return results
@@ -349,20 +353,69 @@ def check_outputs(out_dir: Path, student_ids) -> None:
             output_target(fb / name)
 
 
-def render_outputs(results: list) -> dict:
+def render_outputs(results: list, kept: list = ()) -> dict:
     """Every output file's text, made before anything is written (so a failure here writes nothing):
     ``{"feedback": [(file name, html), ...], "grades.csv": text}``, a page for each plain student id
-    (`page_name`)."""
+    (`page_name`); grades.csv also has the `kept` rows of students graded before (`earlier_rows`)."""
     pages = [(page_name(r.student_id), feedback_html(r)) for r in sorted(results, key=lambda r: r.student_id)
              if page_name(r.student_id)]
-    text = grades_csv_text(results)
+    text = grades_csv_text([*results, *kept])
     for _name, page in pages:
         page.encode("utf-8")  # surrogates would fail only half-way through the writes
     text.encode("utf-8")
     return {"feedback": pages, "grades.csv": text}
 
 
-def _grade_all(subs, course_obj, workroot, options, limits, jobs, results: list, rendered: dict) -> None:
+def earlier_rows(path: Path, graded_ids) -> list[Result]:
+    """The rows of an earlier grades.csv at `path` for students with a plain id who are not in `graded_ids`: a
+    folder of one student regraded, or of a late submission graded alone, into the class's --out keeps everyone
+    else's row (and page), as the gradebook keeps their grades. A grades.csv that is not one this command wrote
+    (other columns, a score that is no number) is a `UserError`: it is never overwritten unread."""
+    import csv
+
+    if not path.is_file():
+        return []
+    header = ["student_id", "score", "max_score", "status", *spec.CELL_IDS]
+    problem = f"{path}: not a grades.csv that `decodesched grade` wrote ({{}}); move it away or choose another --out"
+    try:
+        with open(path, newline="", encoding="utf-8-sig") as fh:
+            rows = list(csv.reader(fh))
+    except (OSError, UnicodeDecodeError, csv.Error) as exc:
+        raise UserError(problem.format(exc.__class__.__name__)) from None
+    if not rows or rows[0] != header:
+        raise UserError(problem.format("other columns"))
+    kept = []
+    for n, row in enumerate(rows[1:], start=2):
+        if not row or (len(row) == len(header) and (row[0] in graded_ids or not is_plain_id(row[0]))):
+            continue
+        try:
+            if len(row) != len(header):
+                raise ValueError
+            score, max_score, *cells = (float(x) for x in row[1:2] + row[2:3] + row[4:])
+        except ValueError:
+            raise UserError(problem.format(f"line {n}")) from None
+        kept.append(Result(row[0], row[3], score, max_score, dict(zip(spec.CELL_IDS, cells)), {}))
+    return kept
+
+
+def _commit(out_dir: Path, rendered: dict, write_gradebook) -> None:
+    """The outputs and the gradebook, together: the pages and grades.csv are written under temporary names, then
+    `write_gradebook()` runs, then they are renamed into place. A Ctrl-C or SIGTERM in these seconds takes effect
+    once all is written (`signals_held`): one between the gradebook and grades.csv left them disagreeing."""
+    fb = out_dir / "feedback"
+    with signals_held():
+        fb.mkdir(exist_ok=True)
+        with output_group():  # every page and grades.csv appear together, or none
+            for name, text in rendered["feedback"]:
+                with atomic_writer(fb / name) as fh:
+                    fh.write(text)
+            with atomic_writer(out_dir / "grades.csv") as fh:
+                fh.write(rendered["grades.csv"])
+            write_gradebook()  # a failure here (a locked gradebook) removes the files not yet in place
+
+
+def _grade_all(subs, course_obj, workroot, options, limits, jobs, results: list, rendered: dict,
+               kept: list = (), commit=None) -> None:
     """Grade every submission into `results`, `jobs` at a time; on an interrupt (Ctrl-C) the queued ones
     are cancelled and the runs under way stopped (`sandbox.STOPPING`) before it propagates. The outputs are
     rendered into `rendered` (`render_outputs`) before the gradebook is written: a failure leaves all as it was."""
@@ -391,8 +444,15 @@ def _grade_all(subs, course_obj, workroot, options, limits, jobs, results: list,
             raise
         if template is not None and isinstance(template.exception(), UserError):
             raise template.exception()  # e.g. the gradebook lacks the assignment: no outputs at all
-        rendered.update(render_outputs(results))
-        update_gradebook(course_obj, results, server)  # every sandboxed run has ended
+        rendered.update(render_outputs(results, kept))
+
+        def write_gradebook():  # every sandboxed run has ended
+            update_gradebook(course_obj, results, server)
+
+        if commit is None:
+            write_gradebook()
+        else:
+            commit(write_gradebook)
 
 
 def _template(course, workroot, cell_timeout, server) -> Path:
@@ -405,7 +465,9 @@ def _template(course, workroot, cell_timeout, server) -> Path:
 def _grade_safely(sub, course, template, workroot, options, limits, server) -> Result:
     """One student's failure never stops the run: an unexpected grader error is reported as crashed."""
     try:
-        return grade_one(sub, course, template, workroot, options, limits, server)
+        result = grade_one(sub, course, template, workroot, options, limits, server)
+        result.timestamp = submitted_at(sub)
+        return result
     except Exception as exc:  # noqa: BLE001
         if sandbox.STOPPING.is_set():  # the grading is being stopped (its fork server too): nothing of it is kept
             return Result(sub.student_id, "crashed", 0.0, float(spec.MAX_SCORE), _zero_cells(), {}, [str(exc)])

@@ -39,6 +39,7 @@ class BuildReport:
     release: Path
     checks: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    notes: list[str] = field(default_factory=list)  # for the instructor, on stderr (`tests_not_graded_as_written`)
 
 
 def _nbgrader_env() -> dict:
@@ -195,6 +196,23 @@ def check_release(source_nb: dict, release_nb: dict) -> list[str]:
     return done
 
 
+def tests_not_graded_as_written(source_nb: dict) -> list[str]:
+    """The graded test cells whose program (comments aside) differs from the package's template notebook: their
+    points come from the grader's own checks (`grader.scenarios`, the visible cells' mirrors included), never from
+    the notebook's code, so an edit there changes what students see and run, not their grade."""
+    template = _cells(json.loads(spec.SOURCE_NOTEBOOK.read_text(encoding="utf-8")))
+    mine = _cells(source_nb)
+    changed = []
+    for c in spec.CELLS:
+        try:
+            same = ast.dump(ast.parse(_src(mine[c.grade_id]))) == ast.dump(ast.parse(_src(template[c.grade_id])))
+        except (KeyError, SyntaxError, ValueError):
+            same = False
+        if not same:
+            changed.append(c.grade_id)
+    return changed
+
+
 def build_release(course=None, *, force: bool = False, judge_release: bool = True) -> BuildReport:
     start = time.monotonic()
     from .course import require_nbgrader, resolve_root
@@ -244,6 +262,17 @@ def build_release(course=None, *, force: bool = False, judge_release: bool = Tru
             if nonzero:
                 raise UserError(f"the release's own solution cell scores points on {', '.join(nonzero)}")
             report.checks.append("the release's solution cell scores 0 on every graded cell (grader checks)")
+        from .course import remember_release
+
+        for made in (previous / spec.NOTEBOOK, release):  # the one students may hold, and the one they will get
+            if made.is_file():
+                remember_release(course, made)
+        changed = tests_not_graded_as_written(source_nb)
+        if changed:
+            report.notes.append(
+                f"these test cells differ from the template's: {', '.join(changed)}; `decodesched grade` scores every "
+                "test cell with its own checks (grader/scenarios.py), never with the notebook's test code, so this "
+                "edit changes what students see and run, not how they are graded")
         ok = True
         report.seconds = time.monotonic() - start
         return report

@@ -806,13 +806,13 @@ class ForkServer:
             self._sock.send(json.dumps({"warm": str(course), "assignment": assignment, "student": student}).encode())
             return json.loads(self._sock.recv(4096)).get("warm") is True
 
-    def write_gradebook(self, path, rows: list) -> bool:
-        """`grader.outputs.write_gradebook(path, rows)` in the server, which has nbgrader imported (call it
+    def write_gradebook(self, path, rows: list, stamps: dict | None = None) -> bool:
+        """`grader.outputs.write_gradebook(path, rows, stamps)` in the server, which has nbgrader imported (call it
         when every sandboxed run has ended). False when it did not work (the caller writes it itself)."""
         with self._lock:
             self._wait_ready()
             try:
-                self._sock.send(json.dumps({"gradebook": str(path), "rows": rows}).encode())
+                self._sock.send(json.dumps({"gradebook": str(path), "rows": rows, "stamps": stamps or {}}).encode())
             except OSError:  # e.g. too many students for one message
                 return False
             return json.loads(self._sock.recv(4096)).get("gradebook") is True

@@ -12,6 +12,7 @@ release (`decodesched.grader.release`). Nothing is ever written into the install
 from __future__ import annotations
 
 import shlex
+import sys
 
 from ..errors import UserError
 
@@ -51,5 +52,7 @@ def run(args) -> int:
         for line in report.checks:
             print(f"ok  {line}")
         print(f"release: {report.release} ({report.seconds:.1f} s)")
+        for line in report.notes:
+            print(f"decodesched assignment build: note: {line}", file=sys.stderr)
         return 0
     raise UserError("say what to do: decodesched assignment init DIR | build [--course DIR] [--force]")
