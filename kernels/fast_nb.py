@@ -588,7 +588,7 @@ def _seg_first_ge(seg, size, need):
 def _make_replay_fast(stamp):
     """`replay_fast_nb`, closing over `stamp` so that an edit of a kernel it calls compiles it afresh."""
 
-    @njit(cache=True)
+    @njit(cache=True, nogil=True)  # (run from a helper thread: `decodesched._io.interruptible`)
     def replay_fast_nb(request_id, arrival_step, prompt_len, max_new_tokens, priority, cache_hit,
                        required_blocks, deadline_step, has_deadline, preemptible, order,
                        policy, free_kv_blocks, aging_interval, max_steps,

@@ -93,7 +93,7 @@ def request_view_nb(r, request_id, enqueue_clock, prompt_len, max_new_tokens, pr
 def _make_replay_scan(stamp):
     """`replay_scan_nb`, closing over `stamp` so that an edit of a kernel it calls compiles it afresh."""
 
-    @njit(cache=True)
+    @njit(cache=True, nogil=True)  # (run from a helper thread: `decodesched._io.interruptible`)
     def replay_scan_nb(request_id, arrival_step, prompt_len, max_new_tokens, priority, cache_hit,
                        required_blocks, deadline_step, has_deadline, preemptible, order,
                        policy, free_kv_blocks, aging_interval, max_steps,

@@ -147,3 +147,42 @@ def test_an_interrupt_during_grading_stops_the_runs_under_way_at_once(tmp_path, 
     assert ((course / "gradebook.db").read_bytes() if (course / "gradebook.db").exists() else None) == gradebook
     time.sleep(0.5)
     assert not sandbox.find_sandboxed(pipeline.marker_prefix(out))
+
+
+API_SESSION = """
+import sys, time
+import decodesched
+t = decodesched.load_trace(sys.argv[1])
+decodesched.simulate(t, "aging", 2000, engine="scan", max_steps=10)  # (compiled before the signal)
+print("ready", flush=True)
+start = time.monotonic()
+try:
+    decodesched.simulate(t, "aging", 2000, engine="scan")  # (minutes)
+    print("finished", flush=True)
+except KeyboardInterrupt:
+    print(f"interrupted after {time.monotonic() - start:.0f} s", flush=True)
+print("then", decodesched.simulate(t, "fcfs", 2000, max_steps=100).clock, flush=True)  # (the session goes on)
+"""
+
+
+def test_ctrl_c_in_the_apis_simulate_returns_to_the_session(tmp_path):
+    """In Jupyter or a script, Ctrl-C (SIGINT: a kernel interrupt) during `simulate` waited for the whole replay:
+    Python's handler runs between bytecodes, and the kernel held the interpreter for minutes.  The replay now runs
+    in a helper thread (`_io.interruptible`, kernels with ``nogil=True``), so KeyboardInterrupt comes at once and
+    the session goes on."""
+    trace = tmp_path / "azure.csv"
+    assert main(["trace", "convert", "bundled", "--load", "1.5", "--out", str(trace)]) == 0
+    p = subprocess.Popen([sys.executable, "-c", API_SESSION, str(trace)], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline() == "ready\n"
+        time.sleep(2)  # (into the replay)
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=120)  # (the replay alone takes minutes)
+    finally:
+        p.kill()
+        p.communicate()
+    assert p.returncode == 0, err
+    lines = out.splitlines()
+    assert lines[0].startswith("interrupted after ") and lines[1].startswith("then ") and int(lines[1][5:]) > 0, out
+    assert int(lines[0].split()[2]) < 60, out

@@ -508,6 +508,37 @@ def terminate_like_interrupt():
             signal.signal(sig, signal.SIG_DFL)
 
 
+def interruptible(work, *, tick=None, on_interrupt=None, name: str = "decodesched-kernel"):
+    """`work()`, run in a helper thread while this one waits in short slices (calling `tick()` after each), so
+    that Ctrl-C (or a Jupyter kernel's interrupt) reaches the caller at once: `on_interrupt()` runs and the
+    KeyboardInterrupt propagates, while the work under way finishes in the background (compiled code cannot be
+    stopped; the kernels release the GIL, ``nogil=True``).  Returns what `work` returns, or raises its exception."""
+    import threading
+
+    done, failure = [], []
+
+    def run():
+        try:
+            done.append(work())
+        except BaseException as exc:  # re-raised in the calling thread
+            failure.append(exc)
+
+    worker = threading.Thread(target=run, name=name, daemon=True)
+    worker.start()
+    try:
+        while worker.is_alive():
+            worker.join(0.1)
+            if tick is not None:
+                tick()
+    except BaseException:
+        if on_interrupt is not None:
+            on_interrupt()
+        raise
+    if failure:
+        raise failure[0]
+    return done[0]
+
+
 @contextlib.contextmanager
 def immediate_interrupt():
     """Ctrl-C (and SIGTERM or SIGHUP, see `terminate_like_interrupt`) ends the process at once inside this block

@@ -508,37 +508,24 @@ def _cpu_kernel(engine: str):
 
 
 def _run_cpu(kernel, call, threads: int, counters: np.ndarray, bar: Progress) -> None:
-    """Run the batch kernel in a helper thread while this one waits in short slices (redrawing the bar
-    from the kernel's count of finished scenarios; the kernel releases the GIL), so Ctrl-C acts at
-    once: the kernel's workers then take no new scenario, those already running finish in the
-    background, and KeyboardInterrupt reaches the caller."""
-    import threading
-
+    """Run the batch kernel in a helper thread (`_io.interruptible`), redrawing the bar from the kernel's count
+    of finished scenarios, so Ctrl-C acts at once: the kernel's workers then take no new scenario, those already
+    running finish in the background, and KeyboardInterrupt reaches the caller."""
     import numba
 
+    from ._io import interruptible
     from .kernels.batch_nb import DONE, NEXT
 
-    failure = []
-
     def work():
-        try:
-            numba.set_num_threads(threads)  # Numba's thread count is per calling thread
-            kernel(*call)
-        except BaseException as exc:  # re-raised in the calling thread
-            failure.append(exc)
+        numba.set_num_threads(threads)  # Numba's thread count is per calling thread
+        kernel(*call)
 
-    worker = threading.Thread(target=work, name="decodesched-batch", daemon=True)
-    worker.start()
-    try:
-        while worker.is_alive():
-            worker.join(0.1)
-            bar.advance(int(counters[DONE]) - bar.done)
-    except BaseException:
+    def stop():
         counters[NEXT] = 1 << 62  # past every queue position: no worker starts another scenario
-        raise
+
+    interruptible(work, tick=lambda: bar.advance(int(counters[DONE]) - bar.done), on_interrupt=stop,
+                  name="decodesched-batch")
     bar.advance(int(counters[DONE]) - bar.done)
-    if failure:
-        raise failure[0]
 
 
 def estimated_cost(traces: Sequence[Trace], scenarios: Sequence[Scenario]) -> np.ndarray:

@@ -14,6 +14,7 @@ from functools import cached_property
 import numpy as np
 
 from . import metrics as _metrics
+from ._io import interruptible
 from .errors import UserError
 from .policy import Policy, policy_name, replay_interval
 from .kernels import enums as E
@@ -174,7 +175,8 @@ def simulate(trace, policy="fixed_priority", free_kv_blocks: int = 1_000_000, ag
     (only per-request results and metrics), for traces whose log would not fit in memory.
     `engine` is ``"fast"`` (default) or ``"scan"`` (the readable baseline); both are exact.
     `policy` is a built-in name or a `decodesched.Policy`; a user policy always runs on its own
-    build of the scan kernel (`Policy.kernel`), a built-in one exactly as its name.
+    build of the scan kernel (`Policy.kernel`), a built-in one exactly as its name.  Ctrl-C (a Jupyter
+    interrupt) raises KeyboardInterrupt at once; the replay under way then finishes in the background.
 
     >>> r = simulate({"request_id": [7], "arrival_step": [2], "prompt_len": [3], "max_new_tokens": [2],
     ...               "priority": [0], "cache_hit": [False], "required_blocks": [1],
@@ -191,7 +193,8 @@ def simulate(trace, policy="fixed_priority", free_kv_blocks: int = 1_000_000, ag
     events = event_log_buffer(n_events)
     req_out = np.zeros((len(trace), E.RQ_NCOLS), dtype=np.int64)
     summary = np.zeros(E.SM_NCOLS, dtype=np.int64)
-    kernel(*trace_arrays(trace), code, capacity, interval, limit, events, req_out, summary)
+    # (in a helper thread, so that Ctrl-C or a Jupyter interrupt reaches the caller at once, not after the replay)
+    interruptible(lambda: kernel(*trace_arrays(trace), code, capacity, interval, limit, events, req_out, summary))
     if record_events:
         events = events[: summary[E.SM_EVENTS]]
     return SimulationResult(trace, policy_name(policy), capacity, interval, max_steps,
