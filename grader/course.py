@@ -8,7 +8,6 @@ ever written into the installed package.
 from __future__ import annotations
 
 import hashlib
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -139,18 +138,17 @@ def remember_release(root: Path, notebook: Path) -> None:
 
 
 def earlier_releases(root: Path, current: Path) -> list[dict]:
-    """The releases `remember_release` kept, but for `current` (unreadable copies are skipped: they only ever
-    spare a student a note of tamper evidence)."""
+    """The releases `remember_release` kept, but for `current` (copies that are no notebook, `load_notebook`'s
+    strict reading: a FIFO, a device, junk, are skipped: they only ever spare a student a note of tamper evidence)."""
     folder = Path(root) / RELEASES
-    now = Path(current).read_bytes()
+    now = load_notebook(current)
     found = []
     for path in sorted(folder.glob("*.ipynb")) if folder.is_dir() else []:
         try:
-            data = path.read_bytes()
-            nb = json.loads(data) if data != now else None
-        except (OSError, ValueError):
+            nb = load_notebook(path)
+        except InvalidSubmission:
             continue
-        if isinstance(nb, dict) and isinstance(nb.get("cells"), list):
+        if nb != now:
             found.append(nb)
     return found
 

@@ -35,7 +35,7 @@ def _protected(release: dict) -> dict:
     for cell in release["cells"]:
         meta = _nbgrader_meta(cell)
         gid = meta.get("grade_id")
-        if gid and gid != spec.SOLUTION_CELL and (meta.get("locked") or meta.get("grade")):
+        if isinstance(gid, str) and gid and gid != spec.SOLUTION_CELL and (meta.get("locked") or meta.get("grade")):
             protected[gid] = cell
     return protected
 
@@ -90,16 +90,19 @@ def restore_earlier_release(nb: dict, release: dict, earlier: list) -> tuple[dic
     """The notebook with each locked or test cell that is, but for whitespace, the cell of an earlier release
     (`course.earlier_releases`: the instructor fixed a test or the task and rebuilt) given the current release's
     cell, as nbgrader's autograde overwrites test cells with the current version, and a note. A student who
-    downloaded the release before the rebuild altered nothing; a cell that no release ever had stays evidence."""
+    downloaded the release before the rebuild altered nothing (nor did one whose editor reformatted it or turned it
+    into markdown: `_as_released`); a cell that no release ever had stays evidence."""
     protected = _protected(release)
     before = [_protected(old) for old in earlier]
     cells, replaced = [], []
     for cell in nb["cells"]:
         gid = _nbgrader_meta(cell).get("grade_id")
         ref = protected.get(gid) if isinstance(gid, str) else None
-        if ref is not None and not _same_but_whitespace(cell, ref) and any(
-                old.get(gid) is not None and _same_but_whitespace(cell, old[gid]) for old in before):
-            cell = {**cell, "cell_type": ref["cell_type"], "source": _cell_source(ref),
+        if ref is not None and not _as_released(cell, ref) and any(
+                old.get(gid) is not None and _as_released(cell, old[gid]) for old in before):
+            typed = {k: ref[k] for k in ("cell_type", "outputs", "execution_count", "attachments") if k in ref}
+            cell = {**{k: v for k, v in cell.items() if k not in ("outputs", "execution_count", "attachments")},
+                    **typed, "source": _cell_source(ref),
                     "metadata": {**(cell.get("metadata") or {}), "nbgrader": dict(_nbgrader_meta(ref))}}
             replaced.append(gid)
         cells.append(cell)
@@ -108,6 +111,14 @@ def restore_earlier_release(nb: dict, release: dict, earlier: list) -> tuple[dic
     return {**nb, "cells": cells}, [
         "these locked/test cells are as an earlier release had them (the instructor has since updated them); they "
         "were graded as the current release's: " + ", ".join(sorted(set(replaced)))]
+
+
+def _as_released(cell: dict, ref: dict) -> bool:
+    """Whether `cell` is the release's `ref` but for what `pipeline.restore_formatting` and `restore_protected`
+    forgive (whitespace, a code formatter's rewrite, a code cell turned into markdown or raw)."""
+    from .pipeline import restore_formatting
+
+    return _same_but_whitespace(restore_formatting({"cells": [cell]}, {"cells": [ref]})[0]["cells"][0], ref)
 
 
 def altered_cells(nb: dict, release: dict) -> list[str]:

@@ -294,7 +294,7 @@ def grade(submissions, out_dir, *, course=None, options: Options | None = None) 
     try:
         try:
             _grade_all(subs, course_obj, workroot, options, limits, jobs, results, rendered, kept,
-                       commit=lambda write_gradebook: _commit(out_dir, rendered, write_gradebook))
+                       commit=lambda write_gradebook: _commit(out_dir, rendered, write_gradebook, results, kept))
         finally:
             sandbox.STOPPING.clear()  # every run of this grading has ended (the pools were shut down)
         results.sort(key=lambda r: r.student_id)
@@ -370,40 +370,61 @@ def earlier_rows(path: Path, graded_ids) -> list[Result]:
     """The rows of an earlier grades.csv at `path` for students with a plain id who are not in `graded_ids`: a
     folder of one student regraded, or of a late submission graded alone, into the class's --out keeps everyone
     else's row (and page), as the gradebook keeps their grades. A grades.csv that is not one this command wrote
-    (other columns, a score that is no number) is a `UserError`: it is never overwritten unread."""
+    (other columns, a score that is no finite number, a status it never writes, a student twice, a FIFO or one
+    over 256 MiB) is a `UserError`: it is never overwritten unread."""
     import csv
+    import io
+    import math
+    import stat as _stat
+
+    from .status import STATUSES
 
     if not path.is_file():
         return []
     header = ["student_id", "score", "max_score", "status", *spec.CELL_IDS]
     problem = f"{path}: not a grades.csv that `decodesched grade` wrote ({{}}); move it away or choose another --out"
+    limit = 256 * 2**20
     try:
-        with open(path, newline="", encoding="utf-8-sig") as fh:
-            rows = list(csv.reader(fh))
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # (a FIFO put there since is refused, never waited on)
+        with os.fdopen(fd, "rb") as fh:
+            if not _stat.S_ISREG(os.fstat(fd).st_mode):
+                raise UserError(problem.format("not a regular file"))
+            data = fh.read(limit + 1)
+        if len(data) > limit:
+            raise UserError(problem.format("over 256 MiB"))
+        rows = list(csv.reader(io.StringIO(data.decode("utf-8-sig"), newline="")))
     except (OSError, UnicodeDecodeError, csv.Error) as exc:
         raise UserError(problem.format(exc.__class__.__name__)) from None
     if not rows or rows[0] != header:
         raise UserError(problem.format("other columns"))
-    kept = []
+    kept, seen = [], set()
     for n, row in enumerate(rows[1:], start=2):
         if not row or (len(row) == len(header) and (row[0] in graded_ids or not is_plain_id(row[0]))):
             continue
         try:
-            if len(row) != len(header):
+            if len(row) != len(header) or row[3] not in STATUSES or row[0] in seen:
                 raise ValueError
             score, max_score, *cells = (float(x) for x in row[1:2] + row[2:3] + row[4:])
+            if not all(map(math.isfinite, (score, max_score, *cells))):
+                raise ValueError
         except ValueError:
             raise UserError(problem.format(f"line {n}")) from None
+        seen.add(row[0])
         kept.append(Result(row[0], row[3], score, max_score, dict(zip(spec.CELL_IDS, cells)), {}))
     return kept
 
 
-def _commit(out_dir: Path, rendered: dict, write_gradebook) -> None:
+def _commit(out_dir: Path, rendered: dict, write_gradebook, results: list = (), kept: list | None = None) -> None:
     """The outputs and the gradebook, together: the pages and grades.csv are written under temporary names, then
     `write_gradebook()` runs, then they are renamed into place. A Ctrl-C or SIGTERM in these seconds takes effect
-    once all is written (`signals_held`): one between the gradebook and grades.csv left them disagreeing."""
+    once all is written (`signals_held`): one between the gradebook and grades.csv left them disagreeing. With
+    `kept` (`earlier_rows`, read before grading), grades.csv's other rows are read again here, with --out locked:
+    another grading into the same --out since then (one student each, at once) keeps its rows too."""
     fb = out_dir / "feedback"
-    with signals_held():
+    with signals_held(), _locked(out_dir):
+        if kept is not None:
+            kept[:] = earlier_rows(out_dir / "grades.csv", {r.student_id for r in results})
+            rendered["grades.csv"] = grades_csv_text([*results, *kept])
         fb.mkdir(exist_ok=True)
         with output_group():  # every page and grades.csv appear together, or none
             for name, text in rendered["feedback"]:
@@ -412,6 +433,24 @@ def _commit(out_dir: Path, rendered: dict, write_gradebook) -> None:
             with atomic_writer(out_dir / "grades.csv") as fh:
                 fh.write(rendered["grades.csv"])
             write_gradebook()  # a failure here (a locked gradebook) removes the files not yet in place
+
+
+@contextlib.contextmanager
+def _locked(folder: Path):
+    """`folder` locked (flock) against another grading's `_commit`; unlocked where the file system has no locks."""
+    import fcntl
+
+    try:
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        yield
+        return
+    try:
+        with contextlib.suppress(OSError):
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 def _grade_all(subs, course_obj, workroot, options, limits, jobs, results: list, rendered: dict,
