@@ -186,3 +186,29 @@ def test_ctrl_c_in_the_apis_simulate_returns_to_the_session(tmp_path):
     lines = out.splitlines()
     assert lines[0].startswith("interrupted after ") and lines[1].startswith("then ") and int(lines[1][5:]) > 0, out
     assert int(lines[0].split()[2]) < 60, out
+
+
+def test_ctrl_c_while_the_signal_handler_compiles_is_ctrl_c(monkeypatch):
+    """On a cold cache `immediate_interrupt` compiles `kernels.signal_nb` first (seconds on a busy machine). A
+    Ctrl-C then, wrapped by Numba's compiler, was taken for a missing handler: the signal was swallowed and the
+    replay ran on (CI saw a test time out). It is a KeyboardInterrupt, and nothing is cached."""
+    import builtins
+
+    from decodesched import _io
+
+    real_import = builtins.__import__
+
+    def interrupted_import(name, *args, **kwargs):
+        if name.endswith("signal_nb") or (args[2:] and args[2] and "signal_nb" in args[2]):
+            try:
+                raise KeyboardInterrupt
+            except KeyboardInterrupt as exc:
+                raise RuntimeError("Failed in nopython mode pipeline (step: native lowering)") from exc
+        return real_import(name, *args, **kwargs)
+
+    _io._c_signal.cache_clear()
+    monkeypatch.setattr(builtins, "__import__", interrupted_import)
+    with pytest.raises(KeyboardInterrupt):
+        _io._c_signal()
+    monkeypatch.setattr(builtins, "__import__", real_import)
+    assert _io._c_signal() is not None  # (the interrupt was not cached as "no handler")

@@ -545,24 +545,32 @@ def immediate_interrupt():
     (a Numba kernel holds the interpreter, so Python's own handler would run only when the kernel
     returns), with the CLI's one line and exit status 128 + the signal (`kernels.signal_nb`; silently where
     that handler cannot be had).  Only for blocks that have nothing to clean up (no temporary file open); a
-    no-op outside the main thread or under a custom handler."""
+    no-op outside the main thread and inside another such block; a signal under a custom handler or ignored
+    (SIGINT under ``nohup cmd &``) is left as it is, the others are still taken; Python's handlers are back after."""
     import signal
     import threading
 
-    if threading.current_thread() is not threading.main_thread() or \
-            signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+    main = threading.current_thread() is threading.main_thread()
+    ours = [sig for sig in _unwinding(signal) if main and signal.getsignal(sig) is _on_signal]
+    if main and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        ours.insert(0, signal.SIGINT)
+    if not ours or _immediate:
         yield
         return
-    ours = [signal.SIGINT, *(sig for sig in _unwinding(signal) if signal.getsignal(sig) is _on_signal)]
-    if not _exit_on_signals(ours):
-        for sig in ours:
-            signal.signal(sig, signal.SIG_DFL)
+    before = {sig: signal.getsignal(sig) for sig in ours}
+    _immediate.append(True)
     try:
+        if not _exit_on_signals(ours):
+            for sig in ours:
+                signal.signal(sig, signal.SIG_DFL)
         yield
     finally:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        for sig in ours[1:]:
-            signal.signal(sig, _on_signal)
+        _immediate.pop()
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+
+
+_immediate: list = []  # not empty inside `immediate_interrupt` (an inner block leaves the outer one's handlers)
 
 
 @functools.lru_cache(maxsize=None)
@@ -577,8 +585,22 @@ def _c_signal():
         setter = ctypes.CDLL(None).signal
         setter.restype, setter.argtypes = ctypes.c_void_p, [ctypes.c_int, ctypes.c_void_p]
         return setter, exit_on_signal_nb.address
-    except Exception:  # noqa: BLE001 - then the signals end the process silently, as SIG_DFL does
+    except Exception as exc:  # noqa: BLE001 - then the signals end the process silently, as SIG_DFL does
+        if from_interrupt(exc):  # (Ctrl-C while the handler compiled, wrapped by Numba: not a missing handler)
+            raise KeyboardInterrupt from None
         return None
+
+
+def from_interrupt(exc: BaseException) -> bool:
+    """Whether `exc` was raised because of a KeyboardInterrupt: Python turns one that lands in a class body's
+    ``__set_name__`` into ``RuntimeError: Error calling __set_name__`` (seen with Ctrl-C while Numba imports), and
+    Numba's compiler wraps what its passes raise."""
+    seen = 0
+    while exc is not None and seen < 100:
+        if isinstance(exc, KeyboardInterrupt):
+            return True
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return False
 
 
 def _exit_on_signals(sigs) -> bool:

@@ -271,20 +271,11 @@ def main(argv=None) -> int:
     except KeyboardInterrupt as exc:  # (before or after `_main`'s own handler: importing, unwinding)
         return _interrupted("decodesched", exc)
     except Exception as exc:
-        if _from_interrupt(exc):  # Ctrl-C that Python wrapped on its way out (below)
+        from ._io import from_interrupt
+
+        if from_interrupt(exc):  # Ctrl-C that Python wrapped on its way out
             return _interrupted("decodesched", KeyboardInterrupt())
         raise
-
-
-def _from_interrupt(exc: BaseException) -> bool:
-    """Whether `exc` was raised because of a KeyboardInterrupt: Python turns one that lands in a class body's
-    ``__set_name__`` into ``RuntimeError: Error calling __set_name__`` (seen with Ctrl-C while Numba imports)."""
-    seen = 0
-    while exc is not None and seen < 100:
-        if isinstance(exc, KeyboardInterrupt):
-            return True
-        exc, seen = exc.__cause__ or exc.__context__, seen + 1
-    return False
 
 
 def _interrupted(prog: str, exc: KeyboardInterrupt) -> int:
