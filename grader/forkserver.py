@@ -195,8 +195,11 @@ def serve(sock):
 def main(argv):
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the grader decides when we stop
     serve(socket.socket(fileno=int(argv[1])))
-    return 0
+    # Every reply was sent (the gradebook is committed and closed before its answer) and stdout and stderr are
+    # /dev/null: nothing is left to flush, so the interpreter's teardown of nbgrader's imports (about a second of
+    # CPU that `ForkServer.close`, the end of every grade run, waited for) is skipped.
+    os._exit(0)
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv))
+    main(sys.argv)

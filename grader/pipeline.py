@@ -1,6 +1,7 @@
 """The grade run: `decodesched grade SUBMISSIONS --out DIR`, one job per module.
 
-For every submission, in parallel (``jobs`` worker threads, each driving sandboxed processes):
+For every submission, in parallel (``2 jobs`` worker threads, each driving sandboxed processes; ``jobs`` verdict
+children and ``jobs`` kernel runs at a time, `Slots`):
 
 1. **Intake** (`grader.notebook`): the submissions of the folder, each notebook parsed strictly.
 2. **Evidence** (`grader.evidence`): locked or test cells altered, plain signs of cheating in the
@@ -36,6 +37,7 @@ import os
 import shutil
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -94,8 +96,22 @@ def _zero_cells():
     return {c.grade_id: 0.0 for c in spec.CELLS}
 
 
+@dataclass
+class Slots:
+    """What `--jobs N` bounds: N verdict children and N kernel runs at a time. `_grade_all` runs 2 N submissions at
+    once, so that while one waits for a kernel slot (or for the fork server's warm-up, at the start) the verdict of
+    another goes on: before, a thread whose verdict had ended held its slot idle until its kernel run was done."""
+    verdict: threading.Semaphore
+    kernel: threading.Semaphore
+
+    @classmethod
+    def of(cls, jobs: int) -> Slots:
+        return cls(threading.Semaphore(jobs), threading.Semaphore(jobs))
+
+
 def grade_one(sub: Submission, course: Course, template: cf.Future, workroot: Path, options: Options, limits: Limits,
-              server=None) -> Result:
+              server=None, slots: Slots | None = None) -> Result:
+    slots = slots or Slots.of(1)
     start = time.monotonic()
     base = dict(student_id=sub.student_id, max_score=float(spec.MAX_SCORE))
     if sub.problem:
@@ -125,10 +141,16 @@ def grade_one(sub: Submission, course: Course, template: cf.Future, workroot: Pa
         nb_kernel, kernel_notes = for_nbgrader(nb, course.release)
         notes += kernel_notes
         kernel = cf.ThreadPoolExecutor(1, thread_name_prefix=f"kernel-{sub.student_id}")
-        kernel_future = kernel.submit(lambda: kernel_run(sub, nb_kernel, template.result(), workroot,
-                                                         options.marker_prefix, limits, server))
+
+        def run_kernel():
+            tpl = template.result()
+            with slots.kernel:
+                return kernel_run(sub, nb_kernel, tpl, workroot, options.marker_prefix, limits, server)
+
+        kernel_future = kernel.submit(run_kernel)
     try:
-        verdict = verdict_for_source(source, limits=limits, hide=limits.hide)
+        with slots.verdict:
+            verdict = verdict_for_source(source, limits=limits, hide=limits.hide)
     finally:
         rep = kernel_future.result() if kernel is not None else None
         if kernel is not None:
@@ -466,8 +488,10 @@ def _grade_all(subs, course_obj, workroot, options, limits, jobs, results: list,
         prep = stack.enter_context(cf.ThreadPoolExecutor(1, thread_name_prefix="template"))
         template = prep.submit(_template, course_obj, workroot, options.cell_timeout(), server) if options.run_nbgrader else None
         bar = stack.enter_context(Progress(len(subs), "grading", enabled=options.progress))
-        pool = stack.enter_context(cf.ThreadPoolExecutor(jobs))
-        futs = {pool.submit(_grade_safely, s, course_obj, template, workroot, options, limits, server): s for s in subs}
+        pool = stack.enter_context(cf.ThreadPoolExecutor(2 * jobs))
+        slots = Slots.of(jobs)
+        futs = {pool.submit(_grade_safely, s, course_obj, template, workroot, options, limits, server, slots): s
+                for s in subs}
         try:
             if server is None:
                 preload_gradebook()  # this thread only waits until the first result
@@ -501,10 +525,10 @@ def _template(course, workroot, cell_timeout, server) -> Path:
     return tpl
 
 
-def _grade_safely(sub, course, template, workroot, options, limits, server) -> Result:
+def _grade_safely(sub, course, template, workroot, options, limits, server, slots=None) -> Result:
     """One student's failure never stops the run: an unexpected grader error is reported as crashed."""
     try:
-        result = grade_one(sub, course, template, workroot, options, limits, server)
+        result = grade_one(sub, course, template, workroot, options, limits, server, slots)
         result.timestamp = submitted_at(sub)
         return result
     except Exception as exc:  # noqa: BLE001

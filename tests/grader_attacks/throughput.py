@@ -1,9 +1,12 @@
 """Grading throughput: `decodesched grade` against plain `nbgrader autograde` on the same folder.
 
-    python tests/grader_attacks/throughput.py [--folder honest|attacks] [--jobs 2] [--plain-timeout 900]
+    python tests/grader_attacks/throughput.py [--folder honest|attacks|wild] [--jobs 2] [--plain-timeout 900]
+    python tests/grader_attacks/throughput.py --folder wild --variants colab,big50 --copies 3
 
 Builds a course from `assignments/` in a temporary folder, makes the submissions (honest: the
-reference plus every one-bug mutant of `grader/mutants.py`; attacks: `attacks.build`), then times
+reference plus every one-bug mutant of `grader/mutants.py`; attacks: `attacks.build`; wild: `--copies` copies of
+each of `--variants`, correct notebooks as editors save them, `tests/test_grade_wild.py`, and ``big50``, one with
+50 MB of saved prints), then times
 1. `decodesched grade SUBS --out OUT --jobs N`, and
 2. plain `nbgrader autograde decode_scheduling` (one call, all students, nbgrader's own defaults
    from assignments/nbgrader_config.py), which runs hidden tests inside each student's kernel.
@@ -44,6 +47,21 @@ def honest_folder(release: Path, out: Path) -> None:
         (out / f"{name}.ipynb").write_text(json.dumps(attacks._with_solution(rel, src)))
 
 
+def wild_folder(release: Path, out: Path, variants: list[str], copies: int) -> None:
+    import test_grade_wild as wild
+
+    out.mkdir()
+    rel = json.loads(release.read_text())
+    files = wild._variants(rel)
+    big = attacks._with_solution(rel, attacks.reference_source())
+    at = next(i for i, c in enumerate(big["cells"]) if wild._gid(c) == "scheduler_solution")
+    big["cells"].insert(at + 1, wild._printed(50))
+    files["big50"] = json.dumps(big, indent=1).encode()
+    for name in variants:
+        for k in range(copies):
+            (out / f"{name}_{k}.ipynb").write_bytes(files[name])
+
+
 def _children_cpu() -> float:
     import resource
 
@@ -72,7 +90,9 @@ def _kill_matching(token: str) -> int:
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--folder", choices=("honest", "attacks"), default="honest")
+    ap.add_argument("--folder", choices=("honest", "attacks", "wild"), default="honest")
+    ap.add_argument("--variants", default="lab4,colab,big50", help="--folder wild: which notebooks (test_grade_wild)")
+    ap.add_argument("--copies", type=int, default=3, help="--folder wild: copies of each variant")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--timeout", type=float, default=60)
     ap.add_argument("--plain-timeout", type=float, default=900)
@@ -85,9 +105,12 @@ def main() -> int:
         subs = root / "subs"
         if args.folder == "honest":
             honest_folder(release, subs)
+        elif args.folder == "wild":
+            wild_folder(release, subs, args.variants.split(","), args.copies)
         else:
             attacks.build(release, subs)
         n = len(list(subs.glob("*.ipynb")))
+        print(f"load average at the start: {os.getloadavg()}", flush=True)
 
         t, c = time.monotonic(), _children_cpu()
         ours = subprocess.run([sys.executable, "-m", "decodesched.cli", "grade", str(subs), "--out", str(root / "out"),
