@@ -52,6 +52,7 @@ BACKENDS = ("cpu", "cuda")
 # (with seconds twins and per-class columns after them, see `metrics.flat_metrics` and `row_columns`).
 SCENARIO_KEYS = ("trace", "replicate", "policy", "kv_blocks", "aging_interval")
 TRACE_KEYS = ("offered_load", "steps_per_second")
+HTML_ROWS = 20  # the scenarios a notebook shows of a longer batch: its first and last ten
 ROW_KEYS = SCENARIO_KEYS + TRACE_KEYS + _metrics.FLAT_COLUMNS
 # The seeded rules of `decodesched.convert.to_trace` that a replicate redraws.
 SEEDED_OPTIONS = ("priority_classes", "priority_weights", "deadline_fraction", "slo_factor", "protected_classes")
@@ -285,6 +286,33 @@ class BatchResult:
 
     def __len__(self) -> int:
         return len(self.scenarios)
+
+    def __repr__(self) -> str:
+        """One line; the generated repr printed every trace, every scenario and the raw arrays."""
+        policies = ", ".join(dict.fromkeys(policy_name(sc.policy) for sc in self.scenarios))
+        n, t, labels = len(self.scenarios), len(self.traces), self.trace_labels()
+        names = ", ".join(labels if t <= 3 else [*labels[:2], "...", labels[-1]])
+        return (f"<BatchResult: {n} scenario{'s' if n != 1 else ''} on {t} trace{'s' if t != 1 else ''} "
+                f"({names}), policies {policies}; {self.backend}, {self.threads} "
+                f"thread{'s' if self.threads != 1 else ''}, {self.seconds:.1f} s>")
+
+    def _repr_html_(self) -> str:
+        """Jupyter's display: a row per scenario (the first and last `HTML_ROWS` // 2 of a longer batch) with
+        what the replay returned; no metrics are computed here (`to_pandas()` has them)."""
+        labels = self.trace_labels()
+        shown = range(len(self)) if len(self) <= HTML_ROWS else [*range(HTML_ROWS // 2),
+                                                                  *range(len(self) - HTML_ROWS // 2, len(self))]
+        header = ["", *SCENARIO_KEYS, "steps", "clock", "stop_reason"]
+        rows = []
+        for i in shown:
+            sc, sm = self.scenarios[i], self.summary[i]
+            interval = int(sc.aging_interval) if uses_aging_interval(sc.policy) else ""
+            rows.append([i, labels[sc.trace], int(sc.replicate), policy_name(sc.policy), int(sc.free_kv_blocks),
+                         interval, int(sm[E.SM_EVENTS]), int(sm[E.SM_CLOCK]), E.STOP_NAMES[int(sm[E.SM_STOP])]])
+            if len(shown) < len(self) and i == HTML_ROWS // 2 - 1:
+                rows.append(["..."] * len(header))
+        return _metrics.html_table(header, rows,
+                                   repr(self)[1:-1] + "; batch.to_pandas() for the metrics")
 
     def result(self, i: int) -> SimulationResult:
         """Scenario `i` as a `SimulationResult` (equal to `simulate` run on it alone); a negative `i`

@@ -201,6 +201,11 @@ def simulate(trace, policy="fixed_priority", free_kv_blocks: int = 1_000_000, ag
                             events if record_events else None, req_out, summary)
 
 
+# A notebook shows a result's metrics table at once up to this many requests (computing it takes ~1.5 s
+# per million requests); beyond it only after `result.metrics` was asked for.
+HTML_METRICS_MAX_REQUESTS = 200_000
+
+
 @dataclass
 class SimulationResult:
     """The outcome of one replay.
@@ -235,6 +240,25 @@ class SimulationResult:
     @property
     def stop_reason(self) -> str:
         return E.STOP_NAMES[int(self.summary[E.SM_STOP])]
+
+    def _describe(self) -> str:
+        """What was replayed, from the trace and settings alone (nothing computed)."""
+        return (f"{self.policy} on {self.trace.name!r} ({len(self.trace):,} requests), free_kv_blocks="
+                f"{self.free_kv_blocks:,}, aging_interval={self.aging_interval}, {self.n_events:,} steps, "
+                f"clock {self.clock:,}, {self.stop_reason}")
+
+    def __repr__(self) -> str:
+        """One line; the generated repr printed every trace column and raw array (pages in a notebook)."""
+        return f"<SimulationResult: {self._describe()}>"
+
+    def _repr_html_(self) -> str:
+        """Jupyter's display: the summary table (`metrics.summary_rows`), computed here only for a trace of at
+        most `HTML_METRICS_MAX_REQUESTS` requests (else once `result.metrics` has been asked for)."""
+        caption = f"SimulationResult: {self._describe()}"
+        if "metrics" not in self.__dict__ and len(self.trace) > HTML_METRICS_MAX_REQUESTS:
+            return _metrics.html_table(["metrics"], [["not computed yet: result.metrics computes them"]], caption)
+        return _metrics.html_table(["metric", "value"], [list(r) for r in _metrics.summary_rows(self.metrics)],
+                                   caption)
 
     def _need_events(self) -> np.ndarray:
         if self.event_log is None:

@@ -279,6 +279,18 @@ def format_table(columns: dict[str, dict]) -> str:
     return "\n".join(lines)
 
 
+def html_table(header: list[str], rows: list[list], caption: str = "") -> str:
+    """A plain HTML table (Jupyter's ``_repr_html_`` of the result classes), every cell escaped."""
+    from html import escape
+
+    def line(cells, tag):
+        return "<tr>" + "".join(f"<{tag}>{escape(str(c))}</{tag}>" for c in cells) + "</tr>"
+
+    head = f"<caption>{escape(caption)}</caption>" if caption else ""
+    body = "".join(line(r, "td") for r in rows)
+    return f"<table>{head}<thead>{line(header, 'th')}</thead><tbody>{body}</tbody></table>"
+
+
 FLAT_COLUMNS = (
     ("requests", "finished", "unservable", "unfinished", "events", "clock", "tokens",
      "throughput_tokens_per_step", "preemptions", "starvation", "with_deadline", "deadline_misses",
