@@ -98,6 +98,9 @@ def test_every_class_at_once_is_every_class_alone(req):
         same(got[g], ref_group(req, order[seg == g]), f"class {p}")
     same(M._groups(req, np.arange(len(order)), np.zeros(len(order), np.int64))[0],
          ref_group(req, np.arange(len(order))), "everyone")
+    # two computations of the same metrics compare equal, NaNs and all (a dict compares by identity first, and
+    # every NaN is `math.nan`, as a class at a time gave): `batch.result(-1).metrics == batch.result(1).metrics`
+    assert M._groups(req, order, seg.astype(np.int64)) == got
 
 
 def test_censored_percentiles_are_numpys_bit_for_bit():

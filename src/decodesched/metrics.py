@@ -68,7 +68,7 @@ def percentiles_censored(values: np.ndarray, censored: int, qs=PERCENTILES) -> l
     it is at least the largest finished value.  With nothing censored this is `numpy.percentile`.
     """
     v = np.sort(np.asarray(values, dtype=np.float64))
-    return _percentiles(v, np.zeros(1, np.int64), np.array([v.size]), np.array([int(censored)]), qs)[:, 0].tolist()
+    return _floats(_percentiles(v, np.zeros(1, np.int64), np.array([v.size]), np.array([int(censored)]), qs)[:, 0])
 
 
 def _percentiles(v: np.ndarray, first: np.ndarray, count: np.ndarray, censored: np.ndarray, qs=PERCENTILES):
@@ -116,8 +116,13 @@ def _latency_stats(values: np.ndarray, pending: np.ndarray, seg: np.ndarray, gro
         top[some] = v[first[some] + count[some] - 1]
     mean[censored > 0] = top[censored > 0] = math.inf
     return [{"count": k, "censored": c, "mean": a, "p50": p50, "p95": p95, "p99": p99, "max": b}
-            for k, c, a, p50, p95, p99, b in zip(count.tolist(), censored.tolist(), mean.tolist(), *pct.tolist(),
-                                                 top.tolist())]
+            for k, c, a, p50, p95, p99, b in zip(count.tolist(), censored.tolist(), *map(_floats, (mean, *pct, top)))]
+
+
+def _floats(values: np.ndarray) -> list[float]:
+    """`values` as Python floats, every NaN the one `math.nan` (so that two equal metrics dicts compare equal: a dict
+    compares values by identity first, and NaN equals nothing)."""
+    return [math.nan if x != x else x for x in values.tolist()]
 
 
 def offered_load(trace: Trace) -> float:
