@@ -39,7 +39,8 @@ def test_sigterm_during_a_replay_says_so(tmp_path, sig):
     trace = tmp_path / "azure.csv"
     assert main(["trace", "convert", "bundled", "--load", "1.5", "--out", str(trace)]) == 0
     p = subprocess.Popen([sys.executable, "-m", "decodesched.cli", "simulate", str(trace), "--policy", "aging",
-                          "--kv-blocks", "2000", "--engine", "scan"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                          "--kv-blocks", "2000", "--engine", "scan"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         preexec_fn=lambda: signal.signal(sig, signal.SIG_DFL))  # (as from a terminal, not nohup)
     time.sleep(5)  # loading and the start of the (minutes-long) scan replay
     assert p.poll() is None, p.stderr.read()
     os.kill(p.pid, sig)
