@@ -23,7 +23,7 @@ from pathlib import Path
 from decodesched.errors import UserError
 
 from . import sandbox, spec
-from .course import Course
+from .course import Course, assignment_notebook
 from .evidence import CANARY_TAG, _canary_expected, _error_outputs, _inspect_gradebook_copy, canary_cell, cell_outputs
 from .limits import Limits
 from .notebook import Submission, _cell_source, _nbgrader_meta, _plain_file, _safe_source, _safe_text, printable
@@ -63,19 +63,17 @@ def build_template(course: Course, workroot: Path, cell_timeout: int) -> Path:
         gid = _nbgrader_meta(cell).get("grade_id")
         if isinstance(gid, str):
             release_cells[gid] = cell
-    notebook = spec.NOTEBOOK[: -len(".ipynb")]
     # Plain SQL on nbgrader's schema (importing nbgrader here cost seconds at the start of every run).
     con = sqlite3.connect(db)
     try:
-        row = con.execute("SELECT notebook.id FROM notebook JOIN assignment ON notebook.assignment_id = assignment.id "
-                          "WHERE notebook.name = ? AND assignment.name = ?", (notebook, spec.ASSIGNMENT)).fetchone()
-        if row is None:
+        notebook_id = assignment_notebook(con)  # (checked before grading too: `course.unsubmitted`)
+        if notebook_id is None:
             raise UserError(f"{course.gradebook}: the assignment {spec.ASSIGNMENT} is not in the gradebook; "
                             "run `decodesched assignment build` first")
         for table in ("comment", "grade", "submitted_notebook", "submitted_assignment", "student"):
             con.execute(f"DELETE FROM {table}")  # noqa: S608 - fixed table names
-        for cell_id, name, notebook_id in con.execute("SELECT id, name, notebook_id FROM source_cell").fetchall():
-            rel = release_cells.get(name) if notebook_id == row[0] else None  # other assignments: blanked
+        for cell_id, name, of_notebook in con.execute("SELECT id, name, notebook_id FROM source_cell").fetchall():
+            rel = release_cells.get(name) if of_notebook == notebook_id else None  # other assignments: blanked
             checksum = _nbgrader_meta(rel).get("checksum") if rel is not None else None
             con.execute("UPDATE source_cell SET source = ?, checksum = COALESCE(?, checksum) WHERE id = ?",
                         (_cell_source(rel) if rel is not None else "", checksum, cell_id))

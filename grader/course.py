@@ -23,6 +23,7 @@ class Course:
     release: dict
     gradebook: Path
     earlier: list = field(default_factory=list)  # the releases built before this one (`earlier_releases`)
+    roster: list = field(default_factory=list)  # the gradebook's students without a submission (`unsubmitted`)
 
 
 CONFIG = "nbgrader_config.py"
@@ -153,6 +154,43 @@ def earlier_releases(root: Path, current: Path) -> list[dict]:
     return found
 
 
+def assignment_notebook(con):
+    """The id of the assignment's notebook in nbgrader's gradebook (an open `sqlite3` connection), else None."""
+    row = con.execute("SELECT notebook.id FROM notebook JOIN assignment ON notebook.assignment_id = assignment.id "
+                      "WHERE notebook.name = ? AND assignment.name = ?",
+                      (spec.NOTEBOOK[: -len(".ipynb")], spec.ASSIGNMENT)).fetchone()
+    return row[0] if row else None
+
+
+def unsubmitted(gradebook: Path) -> list[str]:
+    """The course's roster (the students of nbgrader's gradebook: `nbgrader db student add` or `import`) who have no
+    submission of the assignment in it, sorted: grades.csv lists them as ``missing`` (`pipeline.missing_rows`), as
+    `nbgrader export` lists them with 0 points. Read with plain SQL (nbgrader is not imported here), before any
+    grading: a gradebook without the assignment (made again by `nbgrader db student import` after the build) or
+    one that is no gradebook is a `UserError`, not a failure once every submission is graded; a locked one, no
+    roster."""
+    import sqlite3
+    from urllib.request import pathname2url
+
+    rebuild = "run `decodesched assignment build --force` in its course folder"  # (the line names the folder once)
+    try:
+        con = sqlite3.connect(f"file:{pathname2url(str(gradebook))}?mode=ro", uri=True)
+        try:
+            if assignment_notebook(con) is None:
+                raise UserError(f"{gradebook}: the assignment {spec.ASSIGNMENT} is not in the gradebook; {rebuild}")
+            rows = con.execute("SELECT id FROM student WHERE id NOT IN (SELECT s.student_id FROM submitted_assignment "
+                               "AS s JOIN assignment AS a ON s.assignment_id = a.id WHERE a.name = ?)",
+                               (spec.ASSIGNMENT,)).fetchall()
+        finally:
+            con.close()
+    except sqlite3.DatabaseError as exc:
+        if "locked" in str(exc):  # another program writing it for over 5 s: grade all the same, without the roster
+            return []  # (the template's copy checks the assignment, and the gradebook's write at the end says so)
+        why = str(exc)[:100]
+        raise UserError(f"{gradebook}: not a readable nbgrader gradebook ({why}); move it away and {rebuild}") from None
+    return sorted({r[0] for r in rows if isinstance(r[0], str)})
+
+
 def open_course(course_root=None) -> Course:
     """The built course (release and gradebook present) at `resolve_root(course_root)`."""
     root = resolve_root(course_root)
@@ -166,4 +204,4 @@ def open_course(course_root=None) -> Course:
         rel = load_notebook(release)
     except InvalidSubmission as exc:
         raise UserError(f"{release}: {exc}") from None
-    return Course(root, release, rel, gradebook, earlier_releases(root, release))
+    return Course(root, release, rel, gradebook, earlier_releases(root, release), unsubmitted(gradebook))

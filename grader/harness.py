@@ -228,12 +228,16 @@ class ScenarioOutOfMemory(ScenarioTimeout):
 
 
 def _numpy_scalar(x):
-    """Exact NumPy integer/bool scalars (C types the student cannot subclass into lies) -> int/bool."""
+    """Exact NumPy integer/bool scalars (C types the student cannot subclass into lies) -> int/bool. NumPy is read
+    from ``sys.modules``, which the solution can change (``sys.modules["numpy"]``, a module of its own whose
+    ``int64`` is a class that lies): a class made at run time (`_HEAPTYPE`) is never one of NumPy's."""
     np = sys.modules.get("numpy")
     if np is None:
         return False, None
     try:
         t = _type(x)
+        if _type_flags(t) & _HEAPTYPE:
+            return False, None
         if t is _getattr(np, "bool_", None):
             return True, _bool(x)
         for name in ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"):
@@ -370,11 +374,11 @@ def normalise(x, depth=0):
 
 
 def _numpy_float(x):
-    """An exact NumPy float scalar (a C type) -> float; else None."""
+    """An exact NumPy float scalar (a C type, as in `_numpy_scalar`) -> float; else None."""
     np = sys.modules.get("numpy")
-    if np is None:
-        return None
     t = _type(x)
+    if np is None or _type_flags(t) & _HEAPTYPE:
+        return None
     for name in ("float16", "float32", "float64"):
         if t is _getattr(np, name, None):
             return _float(x)

@@ -147,6 +147,7 @@ def collect_submissions(folder, skipped: list | None = None) -> list[Submission]
                                                                       if p.suffix.lower() in _ARCHIVES else ""))
                     for p in entries if not p.name.startswith(".") and p not in flat and p not in dirs]
     entries_of: dict[str, list[str]] = {}  # student id -> the entries that gave it (`exact_name`)
+    elsewhere: dict[str, int] = {}  # folders found in student folders without the assignment -> how many had each
 
     def put(sub: Submission, entry: str) -> None:
         """Record `sub`; a second entry with the same student id (``alice.ipynb`` and ``alice/``; two names that
@@ -176,13 +177,22 @@ def collect_submissions(folder, skipped: list | None = None) -> list[Submission]
         elif not (d / spec.ASSIGNMENT).is_dir():
             if skipped is not None:  # a folder of something else (another assignment)
                 skipped.append((sid + "/", f"a folder without {spec.ASSIGNMENT}/ inside"))
+            with contextlib.suppress(OSError):
+                for inner in sorted(d.iterdir())[:100]:
+                    if inner.is_dir() and not inner.name.startswith("."):
+                        elsewhere[display_name(inner.name)] = elsewhere.get(display_name(inner.name), 0) + 1
         elif not nb.is_file():
             put(Submission(sid, None, f"no {spec.ASSIGNMENT}/{spec.NOTEBOOK} in the submission"
                            + _other_notebooks(d / spec.ASSIGNMENT)), exact_name(d.name) + "/")
         else:
             put(Submission(sid, nb), exact_name(d.name) + "/")
     if not subs:
-        raise UserError(f"{folder}: no submissions (expected <student_id>.ipynb files or submitted/<student>/{spec.ASSIGNMENT}/)")
+        # a submitted/ tree of another assignment (`grade` given the wrong folder): say what its folders hold
+        held = sorted(elsewhere, key=lambda k: (-elsewhere[k], k))[:3]
+        found = ("; the student folders hold " + ", ".join(f"{k}/ ({elsewhere[k]} folder(s))" for k in held)
+                 + f", not {spec.ASSIGNMENT}/, this course's assignment") if held else ""
+        raise UserError(f"{display_name(str(folder))}: no submissions (expected <student_id>.ipynb files or "
+                        f"submitted/<student>/{spec.ASSIGNMENT}/){found}")
     return [subs[k] for k in sorted(subs)]
 
 

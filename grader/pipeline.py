@@ -20,7 +20,8 @@ children and ``jobs`` kernel runs at a time, `Slots`):
    submission keeps only what its honest code earned in the verdict child.
 7. **Outputs** (`grader.outputs`, `grader.feedback`), written only after every sandboxed process has
    ended: ``DIR/grades.csv`` (``student_id, score, max_score, status`` and one column per graded
-   cell, sorted by student id; no cell starts a spreadsheet formula: `outputs.csv_cell`),
+   cell, sorted by student id; no cell starts a spreadsheet formula: `outputs.csv_cell`; a student of the course's
+   roster who handed in nothing is a row ``missing``, 0 points: `missing_rows`),
    ``DIR/feedback/<student_id>.html`` (from verdict lines only: no
    hidden test source, no hidden tracebacks), and the instructor's gradebook (``COURSE/gradebook.db``),
    so ``nbgrader export`` agrees with grades.csv (written by the fork server, which has nbgrader
@@ -316,7 +317,8 @@ def grade(submissions, out_dir, *, course=None, options: Options | None = None) 
     try:
         try:
             _grade_all(subs, course_obj, workroot, options, limits, jobs, results, rendered, kept,
-                       commit=lambda write_gradebook: _commit(out_dir, rendered, write_gradebook, results, kept))
+                       commit=lambda write_gradebook: _commit(out_dir, rendered, write_gradebook, results, kept,
+                                                              course_obj.roster))
         finally:
             sandbox.STOPPING.clear()  # every run of this grading has ended (the pools were shut down)
         results.sort(key=lambda r: r.student_id)
@@ -333,6 +335,13 @@ def grade(submissions, out_dir, *, course=None, options: Options | None = None) 
         print(printable(f"decodesched grade: note: {out_dir / 'grades.csv'} keeps the rows of {len(kept)} student(s) "
                         f"graded before and not in {submissions}: {names}{more} (grade into a new --out for these "
                         "submissions alone)"), file=sys.stderr)
+    missing = missing_rows(course_obj.roster, results, kept)
+    if missing:
+        names = ", ".join(r.student_id for r in missing[:10])
+        more = f" and {len(missing) - 10} more" if len(missing) > 10 else ""
+        print(printable(f"decodesched grade: note: {len(missing)} student(s) of the gradebook's roster handed in "
+                        f"nothing in {submissions}: {names}{more} (rows `missing`, 0 points, in grades.csv)"),
+              file=sys.stderr)
     for line in report_lines(skipped, results):
         print(f"decodesched grade: {line}", file=sys.stderr)
     return results
@@ -375,17 +384,29 @@ def check_outputs(out_dir: Path, student_ids) -> None:
             output_target(fb / name)
 
 
-def render_outputs(results: list, kept: list = ()) -> dict:
+def render_outputs(results: list, kept: list = (), roster=()) -> dict:
     """Every output file's text, made before anything is written (so a failure here writes nothing):
     ``{"feedback": [(file name, html), ...], "grades.csv": text}``, a page for each plain student id
-    (`page_name`); grades.csv also has the `kept` rows of students graded before (`earlier_rows`)."""
+    (`page_name`); grades.csv also has the `kept` rows of students graded before (`earlier_rows`) and a `missing`
+    row for each student of the `roster` with neither (`missing_rows`)."""
     pages = [(page_name(r.student_id), feedback_html(r)) for r in sorted(results, key=lambda r: r.student_id)
              if page_name(r.student_id)]
-    text = grades_csv_text([*results, *kept])
+    text = grades_csv_text([*results, *kept, *missing_rows(roster, results, kept)])
     for _name, page in pages:
         page.encode("utf-8")  # surrogates would fail only half-way through the writes
     text.encode("utf-8")
     return {"feedback": pages, "grades.csv": text}
+
+
+def missing_rows(roster, results, kept) -> list[Result]:
+    """A row of status ``missing`` (0 points, no feedback page, nothing in the gradebook: `nbgrader export` lists
+    them with 0 already) for each student of the course's roster (`course.unsubmitted`: the gradebook's students
+    without a submission of the assignment) who is neither graded now nor kept from an earlier grades.csv."""
+    from .status import MISSING
+
+    have = {r.student_id for r in (*results, *kept)}
+    return [Result(sid, MISSING, 0.0, float(spec.MAX_SCORE), _zero_cells(), {}, ["no submission"])
+            for sid in sorted(roster) if sid not in have and is_plain_id(sid)]
 
 
 def earlier_rows(path: Path, graded_ids) -> list[Result]:
@@ -399,7 +420,7 @@ def earlier_rows(path: Path, graded_ids) -> list[Result]:
     import math
     import stat as _stat
 
-    from .status import STATUSES
+    from .status import MISSING, STATUSES
 
     if not path.is_file():
         return []
@@ -424,7 +445,7 @@ def earlier_rows(path: Path, graded_ids) -> list[Result]:
         if not row or (len(row) == len(header) and (row[0] in graded_ids or not is_plain_id(row[0]))):
             continue
         try:
-            if len(row) != len(header) or row[3] not in STATUSES or row[0] in seen:
+            if len(row) != len(header) or row[3] not in (*STATUSES, MISSING) or row[0] in seen:
                 raise ValueError
             score, max_score, *cells = (float(x) for x in row[1:2] + row[2:3] + row[4:])
             if not all(map(math.isfinite, (score, max_score, *cells))):
@@ -432,11 +453,14 @@ def earlier_rows(path: Path, graded_ids) -> list[Result]:
         except ValueError:
             raise UserError(problem.format(f"line {n}")) from None
         seen.add(row[0])
+        if row[3] == MISSING:  # (from the roster again, as it is now: `missing_rows`)
+            continue
         kept.append(Result(row[0], row[3], score, max_score, dict(zip(spec.CELL_IDS, cells)), {}))
     return kept
 
 
-def _commit(out_dir: Path, rendered: dict, write_gradebook, results: list = (), kept: list | None = None) -> None:
+def _commit(out_dir: Path, rendered: dict, write_gradebook, results: list = (), kept: list | None = None,
+            roster=()) -> None:
     """The outputs and the gradebook, together: the pages and grades.csv are written under temporary names, then
     `write_gradebook()` runs, then they are renamed into place. A Ctrl-C or SIGTERM in these seconds takes effect
     once all is written (`signals_held`): one between the gradebook and grades.csv left them disagreeing. With
@@ -446,7 +470,7 @@ def _commit(out_dir: Path, rendered: dict, write_gradebook, results: list = (), 
     with signals_held(), _locked(out_dir):
         if kept is not None:
             kept[:] = earlier_rows(out_dir / "grades.csv", {r.student_id for r in results})
-            rendered["grades.csv"] = grades_csv_text([*results, *kept])
+            rendered["grades.csv"] = grades_csv_text([*results, *kept, *missing_rows(roster, results, kept)])
         fb.mkdir(exist_ok=True)
         with output_group():  # every page and grades.csv appear together, or none
             for name, text in rendered["feedback"]:
@@ -507,7 +531,7 @@ def _grade_all(subs, course_obj, workroot, options, limits, jobs, results: list,
             raise
         if template is not None and isinstance(template.exception(), UserError):
             raise template.exception()  # e.g. the gradebook lacks the assignment: no outputs at all
-        rendered.update(render_outputs(results, kept))
+        rendered.update(render_outputs(results, kept, course_obj.roster))
 
         def write_gradebook():  # every sandboxed run has ended
             update_gradebook(course_obj, results, server)
@@ -531,6 +555,8 @@ def _grade_safely(sub, course, template, workroot, options, limits, server, slot
         result = grade_one(sub, course, template, workroot, options, limits, server, slots)
         result.timestamp = submitted_at(sub)
         return result
+    except UserError:
+        raise  # the course, not this student (a gradebook without the assignment): one line, the grading stops
     except Exception as exc:  # noqa: BLE001
         if sandbox.STOPPING.is_set():  # the grading is being stopped (its fork server too): nothing of it is kept
             return Result(sub.student_id, "crashed", 0.0, float(spec.MAX_SCORE), _zero_cells(), {}, [str(exc)])

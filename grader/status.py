@@ -11,6 +11,9 @@ memory    the memory limit was hit (resident-memory watchdog, or MemoryError und
 tampered  evidence of cheating (see `grader.evidence`).
 invalid   not a readable notebook, no (or more than one) solution cell, or a bad student id.
 ========  ==========================================================================================
+
+grades.csv has one more word, for a row that is no submission: ``missing``, a student of the course's roster
+(nbgrader's gradebook) who handed in nothing, with 0 points (`pipeline.missing_rows`).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from __future__ import annotations
 STATUSES = ("graded", "timeout", "crashed", "memory", "tampered", "invalid")
 # When several apply, the first of these wins.
 PRECEDENCE = ("invalid", "tampered", "memory", "timeout", "crashed", "graded")
+MISSING = "missing"  # grades.csv only: a student of the roster without a submission
 
 
 def decide(statuses) -> str:
