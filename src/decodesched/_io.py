@@ -405,7 +405,7 @@ def replace_together(moves) -> None:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
         raise
-    with signals_held():
+    with signals_held(), _folders_locked(targets if len(targets) > 1 else ()):
         for i, ((tmp, path), target) in enumerate(zip(moves, targets)):
             try:
                 os.replace(tmp, target)
@@ -414,6 +414,32 @@ def replace_together(moves) -> None:
                     with contextlib.suppress(OSError):
                         os.unlink(later)
                 raise OutputError(f"{path}: cannot write ({_describe(exc)})") from None
+
+
+@contextlib.contextmanager
+def _folders_locked(targets):
+    """An exclusive `flock` on the folder of each of `targets` (in one order, so that no two processes wait on each
+    other), where the system takes one: two commands writing the same group of files at once (`trace convert`'s CSV
+    and sidecar) rename theirs one group after the other, never one's CSV beside the other's sidecar."""
+    try:
+        import fcntl
+    except ImportError:  # (Windows)
+        yield
+        return
+    fds = []
+    try:
+        for folder in sorted({os.path.dirname(os.path.abspath(t)) for t in targets}):
+            try:
+                fd = os.open(folder, os.O_RDONLY)
+            except OSError:
+                continue
+            fds.append(fd)
+            with contextlib.suppress(OSError):  # (a file system without flock: as before)
+                fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        for fd in fds:
+            os.close(fd)  # (releases its lock)
 
 
 @contextlib.contextmanager

@@ -257,12 +257,14 @@ def main(argv=None) -> int:
 
     Library warnings (numpy, matplotlib, Numba) are not shown unless Python was asked for them
     (``-W`` or ``PYTHONWARNINGS``)."""
+    signals, devnull = _SignalRecord(), None
     try:
         _end_early_interrupt()
         import warnings
 
         from ._io import terminate_like_interrupt
 
+        devnull = _closed_stderr_to_devnull()
         _lenient_text_streams()
         with warnings.catch_warnings(), terminate_like_interrupt():
             if not sys.warnoptions:
@@ -275,7 +277,87 @@ def main(argv=None) -> int:
 
         if from_interrupt(exc):  # Ctrl-C that Python wrapped on its way out
             return _interrupted("decodesched", KeyboardInterrupt())
+        signum = signals.interrupt()
+        if signum is not None:  # a signal that C code replaced (NumPy importing datetime: "PyCapsule_Import ...")
+            from ._io import Terminated
+
+            return _interrupted("decodesched", Terminated(signum) if signum != signals.SIGINT else KeyboardInterrupt())
         raise
+    finally:
+        signals.close()
+        if devnull is not None and sys.stderr is devnull:  # (None again for the caller, as it was)
+            sys.stderr = None
+            devnull.close()
+
+
+class _SignalRecord:
+    """The signals that reached a Python handler while the command ran, as the interpreter's C-level handler records
+    them (`signal.set_wakeup_fd`): a KeyboardInterrupt raised inside C code can come out as another exception with no
+    trace of it (NumPy's extension imports `datetime` through ``PyCapsule_Import``, which replaces the interrupt by an
+    ImportError), and the record tells such an exception from a bug.  Records nothing outside the main thread or where
+    another wakeup fd is set (an event loop's); a child forked without exec records nothing into it."""
+
+    write_fd = -1  # the wakeup fd while one is recording
+
+    def __init__(self):
+        import signal
+
+        self.SIGINT, self.fds = signal.SIGINT, None
+        try:
+            fds = os.pipe()
+        except OSError:
+            return
+        try:
+            for fd in fds:
+                os.set_blocking(fd, False)
+            old = signal.set_wakeup_fd(fds[1], warn_on_full_buffer=False)
+        except (ValueError, OSError):  # not the main thread
+            old = None
+        if old != -1:
+            if old is not None:
+                signal.set_wakeup_fd(old)
+            for fd in fds:
+                os.close(fd)
+            return
+        self.fds, _SignalRecord.write_fd = fds, fds[1]
+
+    def interrupt(self):
+        """The first recorded SIGINT, or signal of `_io.UNWINDING_SIGNALS`, as its number; None if none came."""
+        import signal
+
+        from ._io import _unwinding
+
+        got = b""
+        try:
+            while self.fds is not None and (chunk := os.read(self.fds[0], 4096)):
+                got += chunk
+        except OSError:  # (none left: BlockingIOError)
+            pass
+        wanted = {int(self.SIGINT), *map(int, _unwinding(signal))}
+        return next((signal.Signals(n) for n in got if n in wanted), None)
+
+    def close(self):
+        if self.fds is not None:
+            _SignalRecord.stop()
+            for fd in self.fds:
+                os.close(fd)
+            self.fds = None
+
+    @staticmethod
+    def stop():
+        import signal
+
+        if _SignalRecord.write_fd != -1:
+            try:
+                old = signal.set_wakeup_fd(-1)
+                if old != _SignalRecord.write_fd:  # (someone set theirs meanwhile: theirs stays)
+                    signal.set_wakeup_fd(old)
+            except ValueError:  # (not the main thread)
+                pass
+            _SignalRecord.write_fd = -1
+
+
+os.register_at_fork(after_in_child=_SignalRecord.stop)
 
 
 def _interrupted(prog: str, exc: KeyboardInterrupt) -> int:
@@ -286,6 +368,28 @@ def _interrupted(prog: str, exc: KeyboardInterrupt) -> int:
     except (OSError, ValueError):
         _silence(sys.stderr)
     return 128 + signum if signum else 130
+
+
+def _closed_stderr_to_devnull():
+    """Started with standard error closed (``cmd 2>&-``): its lines go nowhere, as under ``2>/dev/null``.  Python's
+    ``sys.stderr`` is None then, and ``print(..., file=None)`` writes to standard output: the summary table of
+    ``simulate --events -`` or ``sweep --out -`` went into the table on standard output, exit 0.  Returns the stream
+    put in its place (`main` puts None back), or None.  A closed descriptor 2 becomes /dev/null, so that no file the
+    command opens takes its number, where compiled code writes (the interrupt line of a replay)."""
+    if sys.stderr is not None:
+        return None
+    try:
+        try:
+            os.fstat(2)
+        except OSError:
+            fd = os.open(os.devnull, os.O_WRONLY)
+            if fd != 2:
+                os.dup2(fd, 2)
+                os.close(fd)
+        sys.stderr = open(os.devnull, "w", encoding="utf-8")
+    except OSError:
+        return None
+    return sys.stderr
 
 
 def _lenient_text_streams() -> None:

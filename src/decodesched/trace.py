@@ -529,9 +529,16 @@ def _csv_records(text: str, path: Path):
     return _csv_whole(text, path) or _csv_loop(text, path)
 
 
+def _csv_reader(text: str):
+    r"""A `csv.reader` over `text` whose lines end in ``\n``, ``\r\n`` or a lone ``\r`` (an old Mac's), as the other
+    readers' files opened with ``newline=""`` (a StringIO's default splits at ``\n`` only: a lone ``\r`` was
+    "new-line character seen in unquoted field")."""
+    return csv.reader(io.StringIO(text, newline=""))
+
+
 def _csv_loop(text: str, path: Path):
     """`_csv_records` record by record (a file `_csv_whole` does not take), naming the first bad line."""
-    reader = csv.reader(io.StringIO(text))
+    reader = _csv_reader(text)
     header = _next_record(reader, path)
     if header is None:
         raise TraceError(f"{path}: empty file (expected the header {','.join(TRACE_COLUMNS)})")
@@ -556,7 +563,7 @@ def _csv_whole(text: str, path: Path):
     """`_csv_records`'s answer in a few C-level calls, for a file whose records are one line each (quoted or
     not, blank lines anywhere), each of the header's width, with no field over MAX_FIELD characters; None
     otherwise, and the record-by-record loop reads it, naming the first bad line."""
-    reader = csv.reader(io.StringIO(text))
+    reader = _csv_reader(text)
     try:
         records = list(reader)
     except csv.Error:

@@ -24,7 +24,7 @@ conversion rules (seeded: the same source, options and --seed give the same trac
   max_new_tokens  = output tokens (0 tokens counts as 1: the model needs at least one)
   required_blocks = ceil((prompt_len + max_new_tokens) / --block-size)
   cache_hit       = azure: false (no prefix data). mooncake: the request's first
-                    --cache-min-blocks hash_ids were all seen in earlier requests (earlier by
+                    --cache-min-blocks (K >= 1) hash_ids were all seen in earlier requests (earlier by
                     timestamp, then by line, whatever the file's order; default 2:
                     every request of the Mooncake conversation trace shares block 0, so 1, the plain
                     "first block seen before", makes 99.99% hits; 2 gives 38.7%).
@@ -74,7 +74,7 @@ def add_parser(subparsers) -> None:
     c.add_argument("--protected-classes", type=_int_list_or_none, default=None, metavar="A,B,..|none",
                    help="classes that cannot be preempted (default: the largest class; 'none' for no class)")
     c.add_argument("--cache-min-blocks", type=int_arg, default=cv.DEFAULT_CACHE_MIN_BLOCKS, metavar="K",
-                   help="mooncake: a hit needs the first K hash_ids seen before (default %(default)s)")
+                   help="mooncake: a hit needs the first K hash_ids seen before, K >= 1 (default %(default)s)")
     c.add_argument("--requests", type=int_arg, default=None, metavar="N", help="convert only the first N requests to arrive")
     c.add_argument("--out", required=True, metavar="OUT.csv", help="the canonical trace CSV to write (a .csv name)")
     c.set_defaults(func=run_convert)
@@ -152,6 +152,8 @@ def run_convert(args) -> int:
         raise UserError(f"{out}: --out names the canonical trace CSV, which ends in .csv; got {got}")
     if args.requests is not None and args.requests < 1:
         raise UserError(f"--requests must be >= 1, got {args.requests}")
+    if args.cache_min_blocks < 1:  # (for an Azure source too, which has no hash_ids: the option is wrong either way)
+        raise UserError(f"--cache-min-blocks must be >= 1, got {args.cache_min_blocks}")
     check_writable(out)  # a read-only folder names OUT, before the source is read
     fmt = args.format or cv.detect_format(src)
     if fmt == "mooncake":
