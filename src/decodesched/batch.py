@@ -30,9 +30,10 @@ import itertools
 import math
 import os
 import re
+import sys
 import time
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -44,7 +45,7 @@ from .engine import (ENGINES, SimulationResult, check_config, check_flag, check_
                      zeros_within_memory)
 from .errors import UserError
 from .kernels import enums as E
-from .policy import Policy, policy_name, replay_interval
+from .policy import Policy, check_distinct, policy_name, replay_interval
 from .trace import Trace, load_trace, show
 
 BACKENDS = ("cpu", "cuda")
@@ -93,7 +94,8 @@ def grid(traces, policies: Sequence, kv_blocks: Sequence[int], aging_intervals: 
     each policy's own interval (``builtin("aging", 8)``: 8), else 4; a policy that carries an interval
     and an axis that holds another is a `UserError` (give the name ``"aging"`` to vary it).
 
-    `traces` is the number of traces or the traces themselves (only their count is used).  With
+    `traces` is the number of traces or the traces themselves (only their count is used; a generator or
+    other one-pass iterator is refused, as counting it would use it up).  With
     `replicates` N > 1, give `simulate_batch` the traces of ``replicate_traces(traces, N)``: scenario
     trace indices count N per trace.
 
@@ -106,6 +108,10 @@ def grid(traces, policies: Sequence, kv_blocks: Sequence[int], aging_intervals: 
             isinstance(traces, (int, np.integer)) and traces < 0):
         raise UserError(f"grid: traces must be the number of traces (an integer >= 0) or the traces, "
                         f"got {show(traces)}")
+    if isinstance(traces, Iterator):  # (counted here, it would be used up: simulate_batch would get no trace)
+        raise UserError(f"grid: traces is a one-pass iterator ({type(traces).__name__}), which grid would use up "
+                        "counting it; make it a list first (traces = list(...)) and give that list to grid and "
+                        "simulate_batch")
     n_traces = int(traces) if isinstance(traces, (int, np.integer)) else len(_as_list(traces))
     replicates = _check_replicates(replicates)
     policies, kv_blocks, intervals = (_grid_axis(name, v) for name, v in (
@@ -296,6 +302,20 @@ class BatchResult:
                 f"({names}), policies {policies}; {self.backend}, {self.threads} "
                 f"thread{'s' if self.threads != 1 else ''}, {self.seconds:.1f} s>")
 
+    def __eq__(self, other) -> bool:
+        """Every scenario's result equal (`SimulationResult.__eq__`) and labelled alike (replicate, trace name), the
+        batch's traces equal; how it ran (backend, threads, seconds) does not count.  The generated comparison asked
+        NumPy for the truth of a whole array and raised ValueError."""
+        if not isinstance(other, BatchResult):
+            return NotImplemented
+        if len(self) != len(other) or len(self.traces) != len(other.traces) or self.traces != other.traces:
+            return False
+        if [(sc.trace, sc.replicate) for sc in self.scenarios] != [(sc.trace, sc.replicate) for sc in other.scenarios]:
+            return False
+        return all(self.result(i)._same_outcome(other.result(i)) for i in range(len(self)))  # (traces compared above)
+
+    __hash__ = None  # (mutable, as the generated class was)
+
     def _repr_html_(self) -> str:
         """Jupyter's display: a row per scenario (the first and last `HTML_ROWS` // 2 of a longer batch) with
         what the replay returned; no metrics are computed here (`to_pandas()` has them)."""
@@ -416,7 +436,8 @@ def _check_backend(backend: str) -> None:
 
 
 def check_scenarios(scenarios: Sequence[Scenario], n_traces: int) -> list[tuple[int, int, int, int, int]]:
-    """Validate every scenario; return (trace index, policy code, capacity, interval, max_steps or -1) each."""
+    """Validate every scenario, and that no two different policies share a name (`policy.check_distinct`); return
+    (trace index, policy code, capacity, interval, max_steps or -1) each."""
     out = []
     for i, sc in enumerate(scenarios):
         if not isinstance(sc, Scenario):
@@ -431,6 +452,8 @@ def check_scenarios(scenarios: Sequence[Scenario], n_traces: int) -> list[tuple[
             out.append((int(t), *check_config(sc.policy, sc.free_kv_blocks, sc.aging_interval, sc.max_steps)))
         except UserError as exc:
             raise UserError(f"scenario {i}: {exc}") from None
+    # rows know a policy by its name: two different policies of one name could not be told apart
+    check_distinct({id(sc.policy): sc.policy for sc in scenarios}.values(), repeats=True)
     return out
 
 
@@ -445,7 +468,8 @@ def simulate_batch(traces, scenarios: Sequence[Scenario], *, record_events: bool
     `threads`: Numba threads for this call (default: Numba's current setting); restored after.
     `backend`: ``"cpu"`` (``prange`` over scenarios) or ``"cuda"`` (one GPU thread per scenario,
     always the scan algorithm; `engine` is then ignored).  `progress`: a bar on stderr (None: on a
-    terminal, else a plain line now and then, `decodesched._io.Progress`), advanced as scenarios finish.
+    terminal, else a plain line now and then, `decodesched._io.Progress`), advanced as scenarios finish; in
+    Jupyter, True draws it in one output that each redraw replaces (`progress_bar`).
     CPU workers take scenarios from a shared queue (dynamic scheduling), so uneven scenarios still keep
     every thread busy.
     """
@@ -500,7 +524,7 @@ def simulate_batch(traces, scenarios: Sequence[Scenario], *, record_events: bool
         if threads is not None:
             numba.set_num_threads(threads)
         used = numba.get_num_threads()
-        with Progress(n_sc, "sweep", enabled=progress) as bar:
+        with progress_bar(n_sc, "sweep", progress) as bar:
             if backend == "cuda":
                 from .kernels.cuda_nb import replay_batch_cuda
 
@@ -523,6 +547,40 @@ def simulate_batch(traces, scenarios: Sequence[Scenario], *, record_events: bool
                            "please report it with the trace)")
     return BatchResult(traces, scenarios, req_out, req_start, summary, events if record_events else None,
                        event_start if record_events else None, backend, used if backend == "cpu" else 1, seconds)
+
+
+class _DisplayStream:
+    """What `Progress` writes, shown in one Jupyter display that each redraw replaces: a notebook keeps every
+    redraw written to stderr as one more output (thousands of lines for a sweep of a few minutes)."""
+
+    def __init__(self):
+        self.handle = None
+
+    def write(self, text: str) -> None:
+        text = text.strip("\r\n")
+        if not text:
+            return
+        from IPython.display import display
+
+        if self.handle is None:
+            self.handle = display({"text/plain": text}, raw=True, display_id=True)
+        else:
+            self.handle.update({"text/plain": text}, raw=True)
+
+    def flush(self) -> None:
+        pass
+
+    def isatty(self) -> bool:
+        return False
+
+
+def progress_bar(total: int, label: str, enabled: bool | None) -> Progress:
+    """A `Progress` bar; asked for (`enabled` True) under a Jupyter kernel, drawn in one display updated in place
+    rather than on stderr (`_DisplayStream`)."""
+    ipython = sys.modules.get("IPython")  # (never imported here: only a session that runs it has it)
+    shell = ipython.get_ipython() if enabled and hasattr(ipython, "get_ipython") else None
+    stream = _DisplayStream() if shell is not None and getattr(shell, "kernel", None) is not None else None
+    return Progress(total, label, enabled=enabled, stream=stream)
 
 
 def _user_policy(policy) -> bool:

@@ -30,7 +30,7 @@ import pickle
 import sys
 from typing import Callable, Sequence
 
-from ._io import Progress
+from .batch import progress_bar
 from .checkpoint import Checkpoint, finish, prepare, read_checkpoint, sweep_key  # noqa: F401 (re-exported)
 from .checkpoint import shared_names
 from .engine import check_flag
@@ -246,7 +246,7 @@ def _compute(traces, chunks, address, done, checkpoint, progress, threads, retri
                    for first, chunk in chunks]
         completed = 0
         try:
-            with Progress(n, "sweep", enabled=progress) as bar:
+            with progress_bar(n, "sweep", progress) as bar:
                 bar.advance(len(done))
                 for fut in distributed.as_completed(futures):
                     try:

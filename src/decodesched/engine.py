@@ -251,6 +251,30 @@ class SimulationResult:
         """One line; the generated repr printed every trace column and raw array (pages in a notebook)."""
         return f"<SimulationResult: {self._describe()}>"
 
+    def __eq__(self, other) -> bool:
+        """The same replay: equal traces (`Trace.__eq__`), policy name and settings (the aging interval only for
+        "aging", the one policy whose replay it changes, as in `BatchResult.rows`), and equal raw results (the event
+        log compared where both kept one); the generated comparison asked NumPy for the truth of a whole array
+        and raised ValueError.  A result with an event log and one without are not equal."""
+        if not isinstance(other, SimulationResult):
+            return NotImplemented
+        return self._same_outcome(other) and self.trace == other.trace
+
+    __hash__ = None  # (mutable, as the generated class was)
+
+    def _same_outcome(self, other: "SimulationResult") -> bool:
+        """`__eq__` but for the traces (a `BatchResult` compares its traces once, not once per scenario)."""
+        if (self.policy, self.free_kv_blocks, self.max_steps) != (other.policy, other.free_kv_blocks, other.max_steps):
+            return False
+        if self.policy == "aging" and self.aging_interval != other.aging_interval:
+            return False
+        if (self.event_log is None) != (other.event_log is None):
+            return False
+        arrays = [(self.request_state, other.request_state), (self.summary, other.summary)]
+        if self.event_log is not None:
+            arrays.append((self.event_log, other.event_log))
+        return all(np.array_equal(a, b) for a, b in arrays)
+
     def _repr_html_(self) -> str:
         """Jupyter's display: the summary table (`metrics.summary_rows`), computed here only for a trace of at
         most `HTML_METRICS_MAX_REQUESTS` requests (else once `result.metrics` has been asked for)."""

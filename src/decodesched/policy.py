@@ -846,6 +846,9 @@ def _origin(policy) -> str:
     """How an error line names one policy among several: where it came from, else its repr."""
     if isinstance(policy, Policy) and policy.spec:
         return policy.spec
+    code = getattr(getattr(getattr(policy, "key", None), "py_func", None), "__code__", None)
+    if isinstance(policy, Policy) and not policy.is_builtin and code is not None:  # (two of one name: which is which)
+        return f"{policy!r} with key {code.co_name} at {os.path.basename(code.co_filename)}:{code.co_firstlineno}"
     return repr(policy)
 
 

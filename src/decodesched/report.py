@@ -1088,6 +1088,10 @@ def build_report(out_dir, *, results=None, trace=None, policies=None, kv_blocks=
     if isinstance(policies, (str, bytes)) or (policies is not None and not isinstance(policies, Iterable)):
         raise UserError(f"policies must be a list of policies (e.g. ['aging']), got {show(policies)}")
     text = os.fspath(path_argument(out_dir, "out_dir"))
+    if results is not None and not isinstance(results, (str, bytes, os.PathLike)) and (
+            hasattr(results, "rows") or isinstance(results, (list, tuple)) or hasattr(results, "columns")):
+        raise TypeError(f"results must be the path of a sweep's metrics CSV, got {type(results).__name__}: write its "
+                        "rows first, decodesched.batch.write_metrics_csv(batch.rows(), 'sweep.csv')")
     if results is not None:
         path_argument(results, "results")
     if not text.strip() or "\0" in text:  # ('' would be the current folder, whose files the report replaces)

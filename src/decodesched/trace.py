@@ -32,6 +32,7 @@ from .kernels.fields import FILE_COLUMNS, TRACE_FIELDS
 TRACE_COLUMNS = FILE_COLUMNS
 INT_COLUMNS = tuple(n for n, dtype, in_file in TRACE_FIELDS if in_file and dtype == "int64" and n != "deadline_step")
 BOOL_COLUMNS = tuple(n for n, dtype, in_file in TRACE_FIELDS if in_file and dtype == "bool")
+HTML_ROWS = 10  # the rows a notebook shows of a longer trace: its first and last five
 _WANT = {c: "true/false values" if c in BOOL_COLUMNS else "integers" for c in TRACE_COLUMNS}  # for messages
 
 # Magnitude limits that keep every kernel sum, difference and key in int64 (see module docstring).
@@ -78,7 +79,7 @@ class TraceError(UserError):
     """A trace that cannot be replayed; the message names the row and column."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # (its own __eq__; unhashable, as its columns: "unhashable type: 'Trace'")
 class Trace:
     """A request trace as int64/bool NumPy columns, one entry per request, in trace row order.
 
@@ -115,6 +116,42 @@ class Trace:
 
     def __len__(self) -> int:
         return len(self.request_id)  # (a Trace built by hand may hold lists until `load_trace` checks it)
+
+    def _describe(self) -> str:
+        """Name, size, arrivals, deadlines, time scale and file, from the columns as they are (never raises)."""
+        if not self._checked:  # (built by hand: its columns may be anything until `load_trace` checks them)
+            return f"{show(self.name)}, not checked yet (load_trace(trace) checks it)"
+        n = len(self)
+        parts = [f"{self.name!r}", f"{n:,} request{'s' if n != 1 else ''}"]
+        if n:
+            parts.append(f"arrivals at steps {int(self.arrival_step.min()):,} to {int(self.arrival_step.max()):,}")
+            parts.append(f"{int(np.count_nonzero(self.has_deadline)):,} with a deadline")
+        if self.steps_per_second:
+            parts.append(f"{float(self.steps_per_second):g} steps/s")
+        if self.source is not None:
+            parts.append(f"from {self.source}")
+        return ", ".join(parts)
+
+    def __repr__(self) -> str:
+        """One line; the generated repr printed every column (pages in a notebook)."""
+        return f"<Trace {self._describe()}>"
+
+    def _repr_html_(self) -> str:
+        """Jupyter's display: the first and last `HTML_ROWS` // 2 rows of `columns()` (None: no deadline)."""
+        from .metrics import html_table
+
+        caption = f"Trace {self._describe()}"
+        if not self._checked:
+            return html_table(["trace"], [["not checked yet: load_trace(trace) checks it"]], caption)
+        n, half = len(self), HTML_ROWS // 2
+        shown = range(n) if n <= HTML_ROWS else [*range(half), *range(n - half, n)]
+        cols = self.columns()
+        rows = []
+        for i in shown:
+            rows.append([i, *(plain_value(cols[c][i]) for c in TRACE_COLUMNS)])
+            if len(shown) < n and i == half - 1:
+                rows.append(["..."] * (len(TRACE_COLUMNS) + 1))
+        return html_table(["", *TRACE_COLUMNS], rows, caption)
 
     def __setstate__(self, state: dict) -> None:
         """Unpickled (a Dask worker's copy), a checked trace is read-only again (`_checked`), as views of writable
