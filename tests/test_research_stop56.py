@@ -9,11 +9,7 @@ import pytest
 import decodesched
 from decodesched import Policy, grid, load_trace, simulate, simulate_batch
 from decodesched.errors import UserError
-
-ROWS = {"request_id": [1, 2, 3, 4], "arrival_step": [0, 0, 1, 3], "prompt_len": [4, 2, 3, 5],
-        "max_new_tokens": [3, 1, 2, 2], "priority": [0, 2, 1, 0], "cache_hit": [False, True, False, False],
-        "required_blocks": [2, 2, 1, 3], "deadline_step": [None, 9, None, 20],
-        "preemptible": [True, True, False, True]}
+from test_research_walk import ROWS  # (the small trace with every field: one definition)
 
 
 @numba.njit
