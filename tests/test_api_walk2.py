@@ -74,7 +74,7 @@ def test_batch_grid_and_sweeps_run_a_carried_interval_as_simulate_does():
     assert batch.rows()[0]["aging_interval"] == 8
     assert run_local([ROWS], scenarios, chunk_size=1) == batch.rows()
     # the name still varies over the grid's intervals; a Policy that carries none does as well
-    assert [s.aging_interval for s in grid(1, ["aging", builtin("aging")], [4], [1, 2])] == [1, 2, 1, 2]
+    assert [s.aging_interval for p in ("aging", builtin("aging")) for s in grid(1, [p], [4], [1, 2])] == [1, 2, 1, 2]
 
 
 def _write_policy_module(tmp_path):

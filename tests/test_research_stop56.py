@@ -128,7 +128,9 @@ def _longest_key(r, clock):
 
 def test_two_different_policies_of_one_name_in_one_batch_are_refused():
     other = Policy("sjf56", key=_longest_key, effective_priority=_priority)  # (a notebook's second SJF, edited)
-    scenarios = grid(1, [SJF, "fcfs", other], [4, 5], None)
+    with pytest.raises(UserError, match=r"^grid: two different policies are named 'sjf56'"):
+        grid(1, [SJF, "fcfs", other], [4, 5], None)  # (one grid: refused as it is made)
+    scenarios = grid(1, [SJF, "fcfs"], [4, 5], None) + grid(1, [other], [4, 5], None)
     # (before: both ran, and their rows, both "sjf56", could not be told apart)
     with pytest.raises(UserError, match=r"two different policies are named 'sjf56' \(Policy\('sjf56'\) with key "
                                         r"_key at test_research_stop56.py:\d+ and .* key _longest_key at .*different"):

@@ -135,6 +135,7 @@ def grid(traces, policies: Sequence, kv_blocks: Sequence[int], aging_intervals: 
             policy_code(p)
         except UserError as exc:
             raise UserError(f"grid: {exc}") from None
+    _check_grid_distinct(policies, kv_blocks, intervals)
     refuse_beyond_memory("the grid's scenarios",
                           grid_size(n_traces, policies, kv_blocks, intervals, replicates) * _SCENARIO_BYTES)
     for p in policies:
@@ -145,6 +146,20 @@ def grid(traces, policies: Sequence, kv_blocks: Sequence[int], aging_intervals: 
         for k in (intervals if uses_aging_interval(p) else intervals[:1]):
             out.append(Scenario(int(t) * replicates + r, p, c, k, max_steps, r))
     return out
+
+
+def _check_grid_distinct(policies: list, kv_blocks: list, intervals: list) -> None:
+    """Refuse a value given twice on one axis of `grid`, as ``decodesched sweep`` does: it would only make
+    rows that are the same scenario twice (a sweep's table, CSV and report know a scenario by these values).
+    Refused rather than dropped, so that the scenarios are always the product of the axes as given."""
+    try:
+        check_distinct(policies)
+    except UserError as exc:
+        raise UserError(f"grid: {exc}") from None
+    for name, values in (("kv_blocks", kv_blocks), ("aging_intervals", intervals)):
+        twice = [v for v, n in Counter(values).items() if n > 1]
+        if twice:
+            raise UserError(f"grid: {name} holds {show(plain_value(twice[0]))} twice; give each value once")
 
 
 def _check_replicates(replicates) -> int:

@@ -4,8 +4,9 @@ A checkpoint is a JSON-lines file (``<out>.partial.jsonl`` for ``decodesched swe
 `checkpoint_path_for`).  Its first line holds a hash of the traces and the scenarios (`sweep_key`),
 so a rerun of the *same* sweep (after Ctrl-C, a lost Dask scheduler, a crash) computes only the
 scenarios not yet saved, while a different sweep starts afresh; each further line holds one finished
-chunk: its scenario indices and their rows.  A torn last line (the run died while writing it) is
-ignored, and cut off when a resumed run appends to the file, so that what it saves is read back.
+chunk: its scenario indices, their rows and a hash of both (a line edited since is not resumed from).
+A torn last line (the run died while writing it) is ignored, and cut off when a resumed run appends to
+the file, so that what it saves is read back.  One run at a time writes a checkpoint (`held`).
 The file is removed once the sweep completes (``decodesched sweep`` removes it only once its CSV is
 written: `finish`).
 
@@ -19,19 +20,21 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import hashlib
 import json
 import os
+import re
+import stat
 import sys
+import threading
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
-from ._io import Progress
-
 CHECKPOINT_PREFIX = "decodesched-sweep-checkpoint/"
-CHECKPOINT_FORMAT = CHECKPOINT_PREFIX + "2"
+CHECKPOINT_FORMAT = CHECKPOINT_PREFIX + "3"  # 3: each chunk's line carries its hash (`_record_hash`)
 DEFAULT_LOCAL_CHUNK = 16
 
 
@@ -43,16 +46,108 @@ def checkpoint_path_for(out) -> str:
     name is longer than the folder allows for one name (``OUT`` itself may be as long as that, 255 bytes
     on most file systems): then a short hidden name in the same folder, made of a hash of OUT's name,
     ``.decodesched-sweep-<hash>.partial.jsonl``, the same for every run with that OUT."""
-    out = os.fspath(out)
-    head, name = os.path.split(out)
+    return _beside(out, CHECKPOINT_SUFFIX)
+
+
+def _beside(path, suffix: str) -> str:
+    """``path + suffix``, or a short hidden name of the same folder where that name would be too long."""
+    path = os.fspath(path)
+    head, name = os.path.split(path)
     try:
         limit = os.pathconf(head or ".", "PC_NAME_MAX")
     except (OSError, ValueError):
         limit = 255
-    if len(os.fsencode(name + CHECKPOINT_SUFFIX)) <= limit:
-        return out + CHECKPOINT_SUFFIX
+    if len(os.fsencode(name + suffix)) <= limit:
+        return path + suffix
     digest = hashlib.sha256(os.fsencode(name)).hexdigest()[:24]
-    return os.path.join(head, f".decodesched-sweep-{digest}{CHECKPOINT_SUFFIX}")
+    return os.path.join(head, f".decodesched-sweep-{digest}{suffix}")
+
+
+LOCK_SUFFIX = ".lock"
+_held: dict[tuple[str, int], int] = {}  # (lock file, thread) -> how many `held` blocks of that thread hold it
+
+
+@contextlib.contextmanager
+def held(checkpoint_path):
+    """One sweep at a time per checkpoint: an exclusive `flock` on ``<checkpoint>.lock`` (`_beside`) for
+    the block, or a `UserError` at once naming the process that holds it.  Two sweeps writing one
+    checkpoint would append each other's chunks, and the first to finish would remove the file under the
+    other.  The system drops the lock of a process that dies (kill -9 too), so a stale lock file never
+    blocks; the file is removed at the end.  A block inside another of the same thread and checkpoint
+    (``decodesched sweep`` around `run_local`) holds it already.  None (no checkpoint): no lock."""
+    if not checkpoint_path:
+        yield
+        return
+    path = _beside(checkpoint_path, LOCK_SUFFIX)
+    me = (os.path.abspath(path), threading.get_ident())
+    if me in _held:
+        _held[me] += 1
+        try:
+            yield
+        finally:
+            _held[me] -= 1
+        return
+    fd = _lock(path, checkpoint_path)
+    _held[me] = 1
+    try:
+        yield
+    finally:
+        del _held[me]
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(path)  # (while still locked: a run that opened it meanwhile sees it gone, and retries)
+            os.close(fd)
+
+
+def _lock(path: str, checkpoint_path) -> int | None:
+    """Open and lock `path` (see `held`); its file descriptor, or None where the system takes no `flock`."""
+    from ._io import _describe
+    from .errors import UserError
+
+    try:
+        import fcntl
+    except ImportError:  # (Windows)
+        return None
+    while True:
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o666)
+        except OSError as exc:
+            why = "a symbolic link is there" if exc.errno == errno.ELOOP else _describe(exc)
+            raise UserError(f"{path}: cannot create the sweep's lock file ({why}); move away what is there, or "
+                            "choose another output name") from None
+        if not stat.S_ISREG(os.fstat(fd).st_mode):  # (a FIFO there: reading it would wait forever)
+            os.close(fd)
+            raise UserError(f"{path}: the sweep keeps its lock file here, but this is not a file; move it away, "
+                            "or choose another output name")
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            pid = os.read(fd, 32).decode("ascii", "replace").strip()
+            os.close(fd)
+            who = f" (process {pid})" if pid.isdigit() else ""
+            raise UserError(f"{checkpoint_path}: another sweep{who} is running with this checkpoint; wait for it to "
+                            "finish, or write to another output (--out, checkpoint_path)") from None
+        except OSError:  # (a file system without flock: unlocked, as before)
+            os.close(fd)
+            return None
+        try:
+            now = os.stat(path, follow_symlinks=False)
+            mine = os.fstat(fd)
+            same = (now.st_dev, now.st_ino) == (mine.st_dev, mine.st_ino)
+        except FileNotFoundError:
+            same = False
+        if not same:  # removed by the run that held it, after this one opened it: lock the file there now
+            os.close(fd)
+            continue
+        text = os.read(fd, 64)
+        if not re.fullmatch(rb"\d*\n?", text):  # (a file of someone else's, not a lock a killed sweep left)
+            os.close(fd)
+            raise UserError(f"{path}: the sweep keeps its lock file here, but this is another file; move it away, "
+                            "or choose another output name")
+        with contextlib.suppress(OSError):  # (only named in another run's refusal: a full disk is no reason to stop)
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        return fd
 
 
 def shared_names(row: dict) -> dict:
@@ -115,12 +210,15 @@ def check_checkpoint_path(path) -> None:
         what = "a symbolic link" if path.is_symlink() else "a folder" if path.is_dir() else "not a sweep checkpoint"
         raise UserError(f"{path}: the sweep keeps its checkpoint here, but this is {what}; move it away "
                         "or choose another output name")
+    if not os.access(path, os.W_OK):  # (now, not once the first chunk's work is done and cannot be saved)
+        raise UserError(f"{path}: the sweep's checkpoint is read-only; make it writable (chmod u+w) or move it away")
 
 
 def _scan(fh, key: str, n_scenarios: int) -> tuple[dict[int, dict], int, bool] | None:
     """Read a checkpoint file opened in binary: ``(rows by scenario index, the length of its valid part,
     whether that part ends in a newline)``, or None when it is not a checkpoint of this sweep.  The
-    valid part ends before the first line that is not a whole record (a torn last line)."""
+    valid part ends before the first line that is not a whole record (a torn last line) or whose hash is
+    not that of its rows (`_record_hash`: edited, or damaged)."""
     first = fh.readline()
     try:
         header = json.loads(first or b"null")
@@ -133,13 +231,22 @@ def _scan(fh, key: str, n_scenarios: int) -> tuple[dict[int, dict], int, bool] |
     for line in fh:
         try:
             rec = json.loads(line)
+            if rec.pop("sha256") != _record_hash(rec):
+                break  # a line edited or damaged since: it and what follows are computed again
             pairs = list(zip([int(i) for i in rec["indices"]], rec["rows"], strict=True))
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, AttributeError):
             break  # a torn last line
         done.update((i, shared_names(row)) for i, row in pairs if 0 <= i < n_scenarios)
         end += len(line)
         first = line
     return done, end, first.endswith(b"\n")
+
+
+def _record_hash(record: dict) -> str:
+    """The hash a chunk's line carries of its indices and rows (as JSON, which reads back to the same text):
+    a line edited by hand or damaged on disk is not resumed from, so a resumed sweep's rows stay exactly
+    those of an uninterrupted one."""
+    return hashlib.sha256(json.dumps(record).encode()).hexdigest()
 
 
 def read_checkpoint(path, key: str, n_scenarios: int) -> dict[int, dict]:
@@ -161,8 +268,8 @@ def read_checkpoint(path, key: str, n_scenarios: int) -> dict[int, dict]:
 class Checkpoint:
     """Append-only JSON lines: a header, then one line per finished chunk, flushed and synced.
 
-    The file is opened with the first chunk: a run that fails or is stopped before any chunk
-    finished leaves no file behind (and a checkpoint of another sweep in its place untouched).
+    The file is made with the first chunk, whole (`_create`): a run that fails, is stopped or killed
+    before any chunk was saved leaves no file behind (and a checkpoint of another sweep in its place untouched).
     A resumed run (`resumed`: the rows read back) appends to the file, after cutting off a torn last
     line that an interrupted run left (else its first record would be glued to that fragment, and
     every record after it unreadable); when the file is no longer this sweep's, it starts afresh.
@@ -198,19 +305,41 @@ class Checkpoint:
         return True
 
     def _write(self, record: dict) -> None:
+        line = json.dumps(record) + "\n"
         if self.fh is None:
-            append = self.append and self._cut_torn_tail()
-            flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | (os.O_APPEND if append else os.O_TRUNC)
-            self.fh = os.fdopen(os.open(self.path, flags, 0o666), "w", encoding="utf-8")
-            if not append:
-                self.fh.write(json.dumps(self.header) + "\n")
-        self.fh.write(json.dumps(record) + "\n")
-        self.fh.flush()
-        with contextlib.suppress(OSError):
-            os.fsync(self.fh.fileno())
+            if not (self.append and self._cut_torn_tail()):
+                self._create(json.dumps(self.header) + "\n" + line)
+                line = ""
+            self.fh = os.fdopen(os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW), "w", encoding="utf-8")
+        if line:
+            self.fh.write(line)
+            self.fh.flush()
+            with contextlib.suppress(OSError):
+                os.fsync(self.fh.fileno())
+
+    def _create(self, text: str) -> None:
+        """A new checkpoint appears whole, its header and first chunk written beside it and renamed into place:
+        one opened first and written after would be empty or torn if the run were killed between, a file
+        the next run refuses as no checkpoint.  A link there is replaced, never followed."""
+        from ._io import _temporary_beside, _umask
+
+        fd, tmp = _temporary_beside(self.path, self.path)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                fh.write(text)
+                fh.flush()
+                with contextlib.suppress(OSError):
+                    os.fsync(fh.fileno())
+            os.chmod(tmp, 0o666 & ~_umask())  # (mkstemp makes 0600: the mode of any new file)
+            os.replace(tmp, self.path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
 
     def add(self, indices: Sequence[int], rows: list[dict]) -> None:
-        self._write({"indices": [int(i) for i in indices], "rows": rows})
+        record = {"indices": [int(i) for i in indices], "rows": rows}
+        self._write({**record, "sha256": _record_hash(record)})
 
     def close(self) -> None:
         if self.fh is not None:
@@ -226,10 +355,11 @@ def finish(checkpoint_path) -> None:
             os.unlink(checkpoint_path)
 
 
-def prepare(traces, scenarios: Sequence, chunk_size, checkpoint_path):
+def prepare(traces, scenarios: Sequence, chunk_size, checkpoint_path, stack: contextlib.ExitStack):
     """What every sweep runner checks first, before any work: the chunk size, the traces (loaded)
-    and the scenarios (validated as a local run validates them); returns ``(traces, scenarios,
-    key, done)`` with the sweep's `sweep_key` and the rows already in the checkpoint."""
+    and the scenarios (validated as a local run validates them); then it takes the checkpoint's lock
+    (`held`, until `stack` closes) and returns ``(traces, scenarios, key, done)`` with the sweep's
+    `sweep_key` and the rows already in the checkpoint."""
     from .batch import _as_list, check_scenarios, scenario_list
     from .errors import UserError
     from .trace import load_trace
@@ -244,6 +374,7 @@ def prepare(traces, scenarios: Sequence, chunk_size, checkpoint_path):
     if checkpoint_path:
         check_checkpoint_path(checkpoint_path)
     key = sweep_key(traces, scenarios)
+    stack.enter_context(held(checkpoint_path))
     done = read_checkpoint(checkpoint_path, key, len(scenarios)) if checkpoint_path else {}
     return traces, scenarios, key, done
 
@@ -264,35 +395,36 @@ def run_local(traces, scenarios: Sequence, *, chunk_size: int = DEFAULT_LOCAL_CH
     slowest first), saving each finished chunk to `checkpoint_path`; return the rows in scenario
     order, equal to ``simulate_batch(traces, scenarios).rows()``.  The checkpoint is removed at the
     end, unless `keep_checkpoint` (the caller then calls `finish` once it has written the rows)."""
-    from .batch import estimated_cost, simulate_batch, trace_labels
+    from .batch import estimated_cost, progress_bar, simulate_batch, trace_labels
     from .engine import check_flag
 
     progress = check_flag("progress", progress, none=True)
     keep_checkpoint = check_flag("keep_checkpoint", keep_checkpoint)
-    traces, scenarios, key, done = prepare(traces, scenarios, chunk_size, checkpoint_path)
-    chunk_size = int(chunk_size)  # (checked; a NumPy int8 would wrap around in the chunk bounds)
-    n = len(scenarios)
-    cost = estimated_cost(traces, scenarios)
-    todo = sorted((i for i in range(n) if i not in done), key=lambda i: (-cost[i], i))
-    labels = trace_labels(traces, scenarios)
-    checkpoint = Checkpoint(checkpoint_path, key, n, done) if checkpoint_path else None
-    try:
-        with Progress(n, "sweep", enabled=progress) as bar:
-            bar.advance(len(done))
-            for a in range(0, len(todo), chunk_size):
-                chunk = todo[a:a + chunk_size]
-                rows = simulate_batch(*_chunk_traces(traces, [scenarios[i] for i in chunk]), threads=threads,
-                                      engine=engine, backend=backend).rows()
-                rows = [shared_names(row) for row in rows]
-                for i, row in zip(chunk, rows):
-                    row["trace"] = labels[scenarios[i].trace]  # labels of the whole sweep, not of the chunk
-                    done[i] = row
-                if checkpoint is not None:
-                    checkpoint.add(chunk, rows)
-                bar.advance(len(chunk))
-    finally:
-        if checkpoint is not None:
-            checkpoint.close()
-    if not keep_checkpoint:
-        finish(checkpoint_path)
-    return [done[i] for i in range(n)]
+    with contextlib.ExitStack() as stack:  # (the checkpoint's lock, `held`)
+        traces, scenarios, key, done = prepare(traces, scenarios, chunk_size, checkpoint_path, stack)
+        chunk_size = int(chunk_size)  # (checked; a NumPy int8 would wrap around in the chunk bounds)
+        n = len(scenarios)
+        cost = estimated_cost(traces, scenarios)
+        todo = sorted((i for i in range(n) if i not in done), key=lambda i: (-cost[i], i))
+        labels = trace_labels(traces, scenarios)
+        checkpoint = Checkpoint(checkpoint_path, key, n, done) if checkpoint_path else None
+        try:
+            with progress_bar(n, "sweep", progress) as bar:
+                bar.advance(len(done))
+                for a in range(0, len(todo), chunk_size):
+                    chunk = todo[a:a + chunk_size]
+                    rows = simulate_batch(*_chunk_traces(traces, [scenarios[i] for i in chunk]), threads=threads,
+                                          engine=engine, backend=backend).rows()
+                    rows = [shared_names(row) for row in rows]
+                    for i, row in zip(chunk, rows):
+                        row["trace"] = labels[scenarios[i].trace]  # labels of the whole sweep, not of the chunk
+                        done[i] = row
+                    if checkpoint is not None:
+                        checkpoint.add(chunk, rows)
+                    bar.advance(len(chunk))
+        finally:
+            if checkpoint is not None:
+                checkpoint.close()
+        if not keep_checkpoint:
+            finish(checkpoint_path)
+        return [done[i] for i in range(n)]

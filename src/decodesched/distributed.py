@@ -195,41 +195,42 @@ def run_sweep(traces, scenarios: Sequence, address, *, chunk_size: int = DEFAULT
         raise UserError(f"threads must be a positive integer (Numba threads per chunk on a worker), got {threads!r}")
     if isinstance(retries, bool) or not isinstance(retries, numbers.Integral) or retries < 0:
         raise UserError(f"retries must be an integer >= 0 (Dask's retries of a failed chunk), got {retries!r}")
-    traces, scenarios, key, done = prepare(traces, scenarios, chunk_size, checkpoint_path)
-    chunk_size, retries = int(chunk_size), int(retries)  # (checked; a NumPy int8 would wrap around in the bounds)
-    if threads is None and isinstance(address, str) and address == "local":
-        threads = local_threads()
-    for policy in {id(sc.policy): sc.policy for sc in scenarios if not isinstance(sc.policy, str)}.values():
+    with contextlib.ExitStack() as stack:  # (the checkpoint's lock, `checkpoint.held`)
+        traces, scenarios, key, done = prepare(traces, scenarios, chunk_size, checkpoint_path, stack)
+        chunk_size, retries = int(chunk_size), int(retries)  # (checked; a NumPy int8 would wrap around in the bounds)
+        if threads is None and isinstance(address, str) and address == "local":
+            threads = local_threads()
+        for policy in {id(sc.policy): sc.policy for sc in scenarios if not isinstance(sc.policy, str)}.values():
+            try:
+                pickle.dumps(policy)  # a user policy travels by its module:attr (`Policy.__reduce__`)
+            except TypeError as exc:
+                raise UserError(str(exc)) from None
+
+        n = len(scenarios)
+        todo = [i for i in range(n) if i not in done]
+        chunks = []  # (first index, scenarios) over runs of consecutive missing indices
+        run_start = 0
+        while run_start < len(todo):
+            run_end = run_start
+            while run_end + 1 < len(todo) and todo[run_end + 1] == todo[run_end] + 1:
+                run_end += 1
+            lo, hi = todo[run_start], todo[run_end] + 1
+            chunks += [(a, scenarios[a:min(a + chunk_size, hi)]) for a in range(lo, hi, chunk_size)]
+            run_start = run_end + 1
+
+        checkpoint = Checkpoint(checkpoint_path, key, n, done) if checkpoint_path else None
+        labels = trace_labels(traces, scenarios)  # of the whole sweep: a chunk alone may label its traces otherwise
         try:
-            pickle.dumps(policy)  # a user policy travels by its module:attr (`Policy.__reduce__`)
-        except TypeError as exc:
-            raise UserError(str(exc)) from None
-
-    n = len(scenarios)
-    todo = [i for i in range(n) if i not in done]
-    chunks = []  # (first index, scenarios) over runs of consecutive missing indices
-    run_start = 0
-    while run_start < len(todo):
-        run_end = run_start
-        while run_end + 1 < len(todo) and todo[run_end + 1] == todo[run_end] + 1:
-            run_end += 1
-        lo, hi = todo[run_start], todo[run_end] + 1
-        chunks += [(a, scenarios[a:min(a + chunk_size, hi)]) for a in range(lo, hi, chunk_size)]
-        run_start = run_end + 1
-
-    checkpoint = Checkpoint(checkpoint_path, key, n, done) if checkpoint_path else None
-    labels = trace_labels(traces, scenarios)  # of the whole sweep: a chunk alone may label its traces otherwise
-    try:
-        if chunks:
-            with quiet_dask_logs() if quiet else contextlib.nullcontext():
-                _compute(traces, chunks, address, done, checkpoint, progress, threads, retries, on_chunk, n,
-                         chunk_function or _run_chunk, [labels[s.trace] for s in scenarios], quiet)
-    finally:
-        if checkpoint is not None:
-            checkpoint.close()
-    if not keep_checkpoint:
-        finish(checkpoint_path)
-    return [done[i] for i in range(n)]
+            if chunks:
+                with quiet_dask_logs() if quiet else contextlib.nullcontext():
+                    _compute(traces, chunks, address, done, checkpoint, progress, threads, retries, on_chunk, n,
+                             chunk_function or _run_chunk, [labels[s.trace] for s in scenarios], quiet)
+        finally:
+            if checkpoint is not None:
+                checkpoint.close()
+        if not keep_checkpoint:
+            finish(checkpoint_path)
+        return [done[i] for i in range(n)]
 
 
 def _compute(traces, chunks, address, done, checkpoint, progress, threads, retries, on_chunk, n, task,

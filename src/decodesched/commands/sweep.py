@@ -5,6 +5,8 @@ The grid (`decodesched.batch.grid`) is trace x replicate x policy x capacity x a
 interval varying only for policies whose result depends on it (built-in: aging).  A policy is a
 built-in name or ``module:attr`` naming a `decodesched.Policy`; rows know a policy by its name, so a
 name given twice, or two different policies of one name, is refused (`policy.check_distinct`).
+A trace file named twice is replayed twice (its rows labelled ``name#0``, ``name#1``); so is a stream
+(``/dev/stdin /dev/stdin``), read once (`_load_traces`).
 ``--replicates N`` replays each
 trace N times: replicate 0 as it is, replicate r with its priority classes, deadlines and
 preemptibility redrawn by the seeded rules of ``trace convert`` at seed ``seed + r`` (seed and rules
@@ -13,7 +15,8 @@ from the trace's ``.meta.json``, else the defaults; `batch.replicate_traces`).
 The scenarios run in chunks (`decodesched.checkpoint.run_local`; ``--chunk-size``), each saved to
 ``OUT.partial.jsonl`` (`checkpoint.checkpoint_path_for`: a short hidden name where that one would be
 too long) as it finishes: Ctrl-C stops within a second and keeps them, and rerunning the same
-command resumes.  The checkpoint is removed only once the CSV is written: a write that fails (a full
+command resumes; while a sweep runs, another with the same ``--out`` is refused (`checkpoint.held`).
+The checkpoint is removed only once the CSV is written: a write that fails (a full
 disk, a closed pipe, Ctrl-C) keeps every scenario for the rerun.  ``--out -`` (standard output) keeps
 no checkpoint: there is no file to name it after (``... --out - | head`` would leave ``-.partial.jsonl``
 in the current folder), so a stopped run starts afresh.  A table with one row per scenario
@@ -172,16 +175,23 @@ def run(args) -> int:
                 check_config(policy, blocks, replay_interval(policy, interval, "--aging-interval"), args.max_steps)
     check_sweep_fits(grid_size(len(args.traces), policies, args.kv_blocks, args.aging_interval or [None],
                                args.replicates))
-    traces = [load_trace(t, name=input_label(t)) for t in args.traces]  # (`<(cmd)` is a "pipe", not "63")
+    traces = _load_traces(args.traces)
     if args.replicates > 1:
         from ..convert import read_meta
 
         traces = replicate_traces(traces, args.replicates, [convert_rules(read_meta(t)) for t in args.traces])
     scenarios = grid(len(args.traces), policies, args.kv_blocks, args.aging_interval, args.max_steps,
                      args.replicates)
-    from ..checkpoint import checkpoint_path_for, finish, read_checkpoint, sweep_key
+    from ..checkpoint import checkpoint_path_for, held
 
     checkpoint = None if args.out == "-" else checkpoint_path_for(args.out)  # (standard output: none)
+    with held(checkpoint):  # (one sweep at a time writes it, until its CSV is written and the checkpoint removed)
+        return _sweep(args, traces, scenarios, checkpoint)
+
+
+def _sweep(args, traces, scenarios, checkpoint) -> int:
+    from ..checkpoint import finish, read_checkpoint, sweep_key
+
     start = time.perf_counter()
     try:
         if args.dask is not None:
@@ -234,6 +244,28 @@ def run(args) -> int:
           f"{f' x {args.replicates} replicates' if args.replicates > 1 else ''} in {elapsed:.2f} s ({where}); "
           f"wrote {args.out}", file=table)
     return 0
+
+
+def _load_traces(paths: list[str]) -> list:
+    """The traces named on the command line; a stream named twice (``/dev/stdin /dev/stdin``) is read once
+    and replayed twice, as a file named twice is: a second reading would find it empty."""
+    import stat
+
+    streams: dict[tuple[int, int], object] = {}
+    out = []
+    for path in paths:
+        try:
+            st = os.stat(path)
+        except (OSError, ValueError):
+            st = None  # (load_trace says what is wrong with it)
+        key = None if st is None or stat.S_ISREG(st.st_mode) else (st.st_dev, st.st_ino)
+        if key is not None and key in streams:
+            out.append(streams[key])
+            continue
+        out.append(load_trace(path, name=input_label(path)))  # (`<(cmd)` is a "pipe", not "63")
+        if key is not None:
+            streams[key] = out[-1]
+    return out
 
 
 def _where(out: str) -> str:
