@@ -43,7 +43,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from decodesched._io import Progress, atomic_writer, output_group, signals_held
+from decodesched._io import Progress, atomic_writer, folders_locked, output_group, signals_held
 from decodesched.errors import UserError
 
 from . import spec
@@ -467,7 +467,7 @@ def _commit(out_dir: Path, rendered: dict, write_gradebook, results: list = (), 
     `kept` (`earlier_rows`, read before grading), grades.csv's other rows are read again here, with --out locked:
     another grading into the same --out since then (one student each, at once) keeps its rows too."""
     fb = out_dir / "feedback"
-    with signals_held(), _locked(out_dir):
+    with signals_held(), folders_locked([out_dir]):  # (against another grading's `_commit`)
         if kept is not None:
             kept[:] = earlier_rows(out_dir / "grades.csv", {r.student_id for r in results})
             rendered["grades.csv"] = grades_csv_text([*results, *kept, *missing_rows(roster, results, kept)])
@@ -479,24 +479,6 @@ def _commit(out_dir: Path, rendered: dict, write_gradebook, results: list = (), 
             with atomic_writer(out_dir / "grades.csv") as fh:
                 fh.write(rendered["grades.csv"])
             write_gradebook()  # a failure here (a locked gradebook) removes the files not yet in place
-
-
-@contextlib.contextmanager
-def _locked(folder: Path):
-    """`folder` locked (flock) against another grading's `_commit`; unlocked where the file system has no locks."""
-    import fcntl
-
-    try:
-        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    except OSError:
-        yield
-        return
-    try:
-        with contextlib.suppress(OSError):
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
 
 
 def _grade_all(subs, course_obj, workroot, options, limits, jobs, results: list, rendered: dict,

@@ -405,7 +405,8 @@ def replace_together(moves) -> None:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
         raise
-    with signals_held(), _folders_locked(targets if len(targets) > 1 else ()):
+    folders = {os.path.dirname(os.path.abspath(t)) for t in targets} if len(targets) > 1 else ()
+    with signals_held(), folders_locked(folders):
         for i, ((tmp, path), target) in enumerate(zip(moves, targets)):
             try:
                 os.replace(tmp, target)
@@ -416,30 +417,48 @@ def replace_together(moves) -> None:
                 raise OutputError(f"{path}: cannot write ({_describe(exc)})") from None
 
 
+_FOLDERS_HELD: dict[tuple[int, int, int], int] = {}  # (st_dev, st_ino, thread) -> blocks of `folders_locked` in it
+
+
 @contextlib.contextmanager
-def _folders_locked(targets):
-    """An exclusive `flock` on the folder of each of `targets` (in one order, so that no two processes wait on each
-    other), where the system takes one: two commands writing the same group of files at once (`trace convert`'s CSV
-    and sidecar) rename theirs one group after the other, never one's CSV beside the other's sidecar."""
+def folders_locked(folders):
+    """An exclusive `flock` on each of `folders` for the block, where the system takes one, taken in one order
+    (by real path) so that no two processes wait on each other.  Two commands writing the same group of files at
+    once (`trace convert`'s CSV and sidecar, two gradings' outputs) rename theirs one group after the other, never
+    one's CSV beside the other's sidecar.  Reentrant in a thread: a folder this thread holds already is not locked
+    again (a second descriptor's flock would wait on the first for ever: the grader's commit around
+    `output_group`); another thread of the process waits, as another process does."""
     try:
         import fcntl
+        import threading
     except ImportError:  # (Windows)
         yield
         return
-    fds = []
+    taken = []  # (key, fd or None)
     try:
-        for folder in sorted({os.path.dirname(os.path.abspath(t)) for t in targets}):
+        for folder in sorted({os.path.realpath(f) for f in folders}):
             try:
-                fd = os.open(folder, os.O_RDONLY)
+                fd = os.open(folder, os.O_RDONLY | os.O_CLOEXEC)
             except OSError:
                 continue
-            fds.append(fd)
-            with contextlib.suppress(OSError):  # (a file system without flock: as before)
-                fcntl.flock(fd, fcntl.LOCK_EX)
+            st = os.fstat(fd)
+            key = (st.st_dev, st.st_ino, threading.get_ident())
+            if key in _FOLDERS_HELD:
+                os.close(fd)
+                fd = None
+            else:
+                with contextlib.suppress(OSError):  # (a file system without flock: as before)
+                    fcntl.flock(fd, fcntl.LOCK_EX)
+            _FOLDERS_HELD[key] = _FOLDERS_HELD.get(key, 0) + 1
+            taken.append((key, fd))
         yield
     finally:
-        for fd in fds:
-            os.close(fd)  # (releases its lock)
+        for key, fd in reversed(taken):
+            _FOLDERS_HELD[key] -= 1
+            if not _FOLDERS_HELD[key]:
+                del _FOLDERS_HELD[key]
+            if fd is not None:
+                os.close(fd)  # (releases its lock)
 
 
 @contextlib.contextmanager
