@@ -694,6 +694,37 @@ def strip_magics(source):
     return "\n".join(lines)
 
 
+# Cell magics that run the cell's body as Python in the notebook's namespace (IPython 9): ``%%time`` (with nothing
+# after it on its line), ``%%capture [--no-stdout] [--no-stderr] [--no-display] [NAME]``, ``%%prun [options]``. Every
+# other one hands the body over as text (``%%writefile``/``%%file``, ``%%script``, ``%%bash``, ``%%html``,
+# ``%%markdown``, ``%%javascript``, ``%%python3``: another process), runs it inside a function of its own
+# (``%%timeit``), or does not exist (a UsageError): none of it is defined in the notebook.
+_CAPTURE_FLAGS = ("--no-stdout", "--no-stderr", "--no-display")
+
+
+def cell_magic(source):
+    """(the Python that IPython runs in the notebook's namespace for this cell, the cell magic line that kept the
+    cell's body from running or None). As IPython's input transformers: leading blank lines are dropped, then a
+    first line ``%%name args`` calls that magic with the rest of the cell; a magic that runs the body as Python
+    (the comment above) transforms it again, so ``%%capture`` over ``%%time`` runs too. Line numbers are
+    kept: what does not run becomes empty lines."""
+    lines = source.split("\n")
+    k = 0
+    while k < _len(lines) and (not lines[k] or lines[k].isspace()):
+        k += 1
+    if k == _len(lines) or not lines[k].startswith("%%"):
+        return source, None
+    name, _sep, args = lines[k][2:].rstrip().partition(" ")
+    words = args.split()
+    plain = [w for w in words if w not in _CAPTURE_FLAGS]
+    runs = ((name == "time" and not args) or name == "prun"
+            or (name == "capture" and _len(plain) <= 1 and not (plain and plain[0].startswith("-"))))
+    if not runs:
+        return "\n" * (_len(lines) - 1), lines[k].rstrip()
+    body, why = cell_magic("\n".join(lines[k + 1:]))
+    return "\n" * (k + 1) + body, why
+
+
 def _dotted_name(text):
     """Whether `text` is a name or a dotted attribute chain (``DecodeSchedulerSim.run``)."""
     parts = text.strip().split(".")
@@ -747,6 +778,10 @@ def load_solution(source, namespace, budget_s, skip_lines=(), timed_out_lines=No
     import ast
 
     errors = []
+    source, magic = cell_magic(source)
+    if magic is not None:
+        errors.append("the cell magic line %s hands the rest of the cell to that magic instead of running it as Python "
+                      "(as IPython does), so nothing in it was defined: delete that line" % magic[:60])
     try:
         tree = ast.parse(strip_magics(source), "<solution cell>")
     except SyntaxError as exc:
