@@ -120,6 +120,16 @@ def test_ctrl_c_that_python_wraps_in_another_exception_is_still_ctrl_c(long_trac
     interrupted_at_import("numba", lands, long_trace, tmp_path)
 
 
+@pytest.mark.parametrize("module", ["llvmlite.binding.executionengine", "decodesched.engine"])
+def test_ctrl_c_that_a_c_callback_swallows_still_stops_the_command(long_trace, tmp_path, module):
+    """Ctrl-C landing in a callback of C code (Numba's compiler calls back through ctypes while it loads a kernel) is
+    printed by Python as "Exception ignored ... KeyboardInterrupt" and dropped: the command ran on through its whole
+    replay and wrote its output, exit 0 (a CI run's lost signal).  Now it stops before the replay, 130 and one line."""
+    swallowed = ("            import ctypes, os, signal\n"
+                 "            ctypes.CFUNCTYPE(None)(lambda: os.kill(os.getpid(), signal.SIGINT))()")
+    interrupted_at_import(module, swallowed, long_trace, tmp_path)
+
+
 @pytest.mark.parametrize("delay", [0.0, 0.05, 0.1, 0.2, 0.35, 0.5, 0.7, 1.0])
 def test_ctrl_c_in_the_first_second_of_the_console_script_prints_no_traceback(long_trace, tmp_path, delay):
     """SIGINT `delay` seconds after the console script has imported `decodesched.cli` (seen in

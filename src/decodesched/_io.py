@@ -294,6 +294,26 @@ def _write_all(stream, view: memoryview) -> None:
         view = view[n:]
 
 
+signal_record = None  # the running command's record of the signals that came (`cli._SignalRecord.interrupt`)
+
+
+def stop_if_signalled() -> None:
+    """Raise the KeyboardInterrupt (or `Terminated`) of a signal that came and raised nothing: one that lands in a
+    callback of C code (Numba's compiler calls back through ctypes while it loads a kernel) is printed as
+    "Exception ignored" and dropped, and the command would run on to its end.  Called where a command starts its
+    replay (`immediate_interrupt`) and its outputs (`output_group`, `atomic_writer`), from the CLI's record
+    (`signal_record`); nothing elsewhere, or outside the main thread."""
+    import threading
+
+    if signal_record is None or threading.current_thread() is not threading.main_thread():
+        return
+    signum = signal_record()
+    if signum is not None:
+        import signal
+
+        raise KeyboardInterrupt() if signum == signal.SIGINT else Terminated(signum)
+
+
 @contextlib.contextmanager
 def atomic_writer(path, mode: str = "w", encoding: str | None = "utf-8", newline: str | None = ""):
     """Open a temporary file beside `path`; rename it into place only if the block succeeds.
@@ -302,6 +322,7 @@ def atomic_writer(path, mode: str = "w", encoding: str | None = "utf-8", newline
     ``-`` writes to standard output; a symlink's target is written (the link stays); a directory,
     device, FIFO or socket is refused.  OS errors become `OutputError` (one line).
     """
+    stop_if_signalled()
     if str(path) == STDOUT:
         out = _StdoutWriter("b" in mode)
         try:
@@ -376,6 +397,7 @@ def output_group():
     or Ctrl-C anywhere in the block (in a later file, or in the work between them) leaves every older
     file as it was and no temporary file.  The renames themselves run with Ctrl-C held back, so that a
     command is either all written or not at all.  Nested groups join the outer one."""
+    stop_if_signalled()
     pending: list = []
     _groups.append(pending)
     try:
@@ -595,6 +617,7 @@ def immediate_interrupt():
     import signal
     import threading
 
+    stop_if_signalled()  # (one that came while the kernel loaded, and raised nothing)
     main = threading.current_thread() is threading.main_thread()
     ours = [sig for sig in _unwinding(signal) if main and signal.getsignal(sig) is _on_signal]
     if main and signal.getsignal(signal.SIGINT) is signal.default_int_handler:

@@ -257,13 +257,17 @@ def main(argv=None) -> int:
 
     Library warnings (numpy, matplotlib, Numba) are not shown unless Python was asked for them
     (``-W`` or ``PYTHONWARNINGS``)."""
-    signals, devnull = _SignalRecord(), None
+    signals, devnull, record_before = _SignalRecord(), None, None
     try:
         _end_early_interrupt()
         import warnings
 
+        from . import _io
         from ._io import terminate_like_interrupt
 
+        record_before, _io.signal_record = _io.signal_record, signals.interrupt  # (`_io.stop_if_signalled`)
+        _unraisable_interrupt_dropped.before.append(sys.unraisablehook)
+        sys.unraisablehook = _unraisable_interrupt_dropped
         devnull = _closed_stderr_to_devnull()
         _lenient_text_streams()
         with warnings.catch_warnings(), terminate_like_interrupt():
@@ -284,10 +288,28 @@ def main(argv=None) -> int:
             return _interrupted("decodesched", Terminated(signum) if signum != signals.SIGINT else KeyboardInterrupt())
         raise
     finally:
+        if "decodesched._io" in sys.modules:
+            sys.modules["decodesched._io"].signal_record = record_before
+        if _unraisable_interrupt_dropped.before:
+            hook = _unraisable_interrupt_dropped.before.pop()
+            if sys.unraisablehook is _unraisable_interrupt_dropped:  # (else someone set theirs meanwhile: it stays)
+                sys.unraisablehook = hook
         signals.close()
         if devnull is not None and sys.stderr is devnull:  # (None again for the caller, as it was)
             sys.stderr = None
             devnull.close()
+
+
+def _unraisable_interrupt_dropped(unraisable) -> None:
+    """`sys.unraisablehook` while a command runs: a Ctrl-C (or SIGTERM, SIGHUP) raised in a callback of C code (Numba's
+    compiler calls back through ctypes) cannot propagate, and Python printed it with a traceback and went on; it is
+    acted on at the command's next step instead (`_io.stop_if_signalled`, from the signal's record).  Anything else
+    goes to the hook that was there before."""
+    if not isinstance(unraisable.exc_value, KeyboardInterrupt):
+        (_unraisable_interrupt_dropped.before or [sys.__unraisablehook__])[-1](unraisable)
+
+
+_unraisable_interrupt_dropped.before = []  # the hooks it replaced, innermost last (`main` may be called in `main`)
 
 
 class _SignalRecord:
