@@ -181,7 +181,14 @@ def test_decodesched_grade_exits_2_with_one_line_when_no_uid_range_can_be_had(tm
     release.parent.mkdir(parents=True)
     shutil.copy(spec.SOURCE_NOTEBOOK, release)
     shutil.copy(spec.COURSE_ROOT / "nbgrader_config.py", course / "nbgrader_config.py")
-    (course / "gradebook.db").write_bytes(b"")
+    import sqlite3
+
+    with contextlib.closing(sqlite3.connect(course / "gradebook.db")) as con, con:  # (what the roster read needs)
+        con.executescript("CREATE TABLE assignment (id TEXT, name TEXT); CREATE TABLE notebook (id TEXT, name TEXT, "
+                          "assignment_id TEXT); CREATE TABLE student (id TEXT); CREATE TABLE submitted_assignment "
+                          "(student_id TEXT, assignment_id TEXT);")
+        con.execute("INSERT INTO assignment VALUES ('a', ?)", (spec.ASSIGNMENT,))
+        con.execute("INSERT INTO notebook VALUES ('n', ?, 'a')", (spec.NOTEBOOK[: -len(".ipynb")],))
     (tmp_path / "subs").mkdir()
     shutil.copy(release, tmp_path / "subs" / "alice.ipynb")
     locks = _hostile("world-writable folder", tmp_path)
