@@ -23,6 +23,7 @@ Dask is optional: ``pip install 'decodesched[dask]'``.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import logging
 import numbers
 import os
@@ -142,10 +143,22 @@ def probe(address: str, seconds: float = PROBE_SECONDS) -> None:
         from distributed.comm.addressing import parse_address, parse_host_port
 
         scheme, location = parse_address(address)
-        host, port = parse_host_port(location)
     except Exception:  # noqa: BLE001 - Dask's own parsing says what is wrong with it, or takes it
         return
-    if scheme not in _TCP_SCHEMES or not host:
+    if scheme == "inproc" and not _inproc_listening(location):
+        raise UserError(f"no Dask scheduler at {address} in this process (an inproc:// scheduler is reached only "
+                        "from the process that runs it); give tcp://HOST:PORT or 'local'")
+    if scheme == "ucx" and importlib.util.find_spec("ucp") is None:
+        raise UserError(f"{address}: ucx:// needs Dask's UCX support (ucx-py), which is not installed; "
+                        "give tcp://HOST:PORT or 'local'")
+    if scheme not in _TCP_SCHEMES:
+        return
+    try:
+        host, port = parse_host_port(location)
+    except ValueError as exc:  # (without a port Dask tries port 0 of a ws:// host until its timeout)
+        why = f"give its port, as in {scheme}://HOST:8786" if "missing port" in str(exc) else str(exc)
+        raise UserError(f"cannot reach the Dask scheduler at {address}: {why}") from None
+    if not host:
         return
     if not 0 < port < 65536:
         raise UserError(f"cannot reach the Dask scheduler at {address}: port {port} is not a TCP port (1-65535)")
@@ -163,6 +176,16 @@ def probe(address: str, seconds: float = PROBE_SECONDS) -> None:
         why = exc.strerror or str(exc) or type(exc).__name__
     if why is not None:
         raise UserError(f"cannot reach the Dask scheduler at {address}: {why}")
+
+
+def _inproc_listening(location: str) -> bool:
+    """Whether this process runs a Dask listener at inproc://`location` (a ``LocalCluster(processes=False)``)."""
+    from distributed.comm import inproc
+
+    try:
+        return inproc.global_manager.get_listener_for(location) is not None
+    except Exception:  # noqa: BLE001 - not an address of this process: Dask's validation says so
+        return False
 
 
 def run_sweep(traces, scenarios: Sequence, address, *, chunk_size: int = DEFAULT_CHUNK_SIZE,
