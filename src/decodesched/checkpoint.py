@@ -355,6 +355,20 @@ def finish(checkpoint_path) -> None:
             os.unlink(checkpoint_path)
 
 
+@contextlib.contextmanager
+def recording(checkpoint_path, key: str, n: int, done: dict, keep: bool):
+    """A run's `Checkpoint` (None without a path), closed when the run ends; once the run is whole the
+    file is removed (`finish`), unless `keep`."""
+    checkpoint = Checkpoint(checkpoint_path, key, n, done) if checkpoint_path else None
+    try:
+        yield checkpoint
+    finally:
+        if checkpoint is not None:
+            checkpoint.close()
+    if not keep:
+        finish(checkpoint_path)
+
+
 def prepare(traces, scenarios: Sequence, chunk_size, checkpoint_path, stack: contextlib.ExitStack):
     """What every sweep runner checks first, before any work: the chunk size, the traces (loaded)
     and the scenarios (validated as a local run validates them); then it takes the checkpoint's lock
@@ -407,24 +421,18 @@ def run_local(traces, scenarios: Sequence, *, chunk_size: int = DEFAULT_LOCAL_CH
         cost = estimated_cost(traces, scenarios)
         todo = sorted((i for i in range(n) if i not in done), key=lambda i: (-cost[i], i))
         labels = trace_labels(traces, scenarios)
-        checkpoint = Checkpoint(checkpoint_path, key, n, done) if checkpoint_path else None
-        try:
-            with progress_bar(n, "sweep", progress) as bar:
-                bar.advance(len(done))
-                for a in range(0, len(todo), chunk_size):
-                    chunk = todo[a:a + chunk_size]
-                    rows = simulate_batch(*_chunk_traces(traces, [scenarios[i] for i in chunk]), threads=threads,
-                                          engine=engine, backend=backend).rows()
-                    rows = [shared_names(row) for row in rows]
-                    for i, row in zip(chunk, rows):
-                        row["trace"] = labels[scenarios[i].trace]  # labels of the whole sweep, not of the chunk
-                        done[i] = row
-                    if checkpoint is not None:
-                        checkpoint.add(chunk, rows)
-                    bar.advance(len(chunk))
-        finally:
-            if checkpoint is not None:
-                checkpoint.close()
-        if not keep_checkpoint:
-            finish(checkpoint_path)
+        with recording(checkpoint_path, key, n, done, keep_checkpoint) as checkpoint, \
+                progress_bar(n, "sweep", progress) as bar:
+            bar.advance(len(done))
+            for a in range(0, len(todo), chunk_size):
+                chunk = todo[a:a + chunk_size]
+                rows = simulate_batch(*_chunk_traces(traces, [scenarios[i] for i in chunk]), threads=threads,
+                                      engine=engine, backend=backend).rows()
+                rows = [shared_names(row) for row in rows]
+                for i, row in zip(chunk, rows):
+                    row["trace"] = labels[scenarios[i].trace]  # labels of the whole sweep, not of the chunk
+                    done[i] = row
+                if checkpoint is not None:
+                    checkpoint.add(chunk, rows)
+                bar.advance(len(chunk))
         return [done[i] for i in range(n)]

@@ -32,7 +32,7 @@ import sys
 from typing import Callable, Sequence
 
 from .batch import progress_bar
-from .checkpoint import Checkpoint, finish, prepare, read_checkpoint, sweep_key  # noqa: F401 (re-exported)
+from .checkpoint import Checkpoint, finish, prepare, read_checkpoint, recording, sweep_key  # noqa: F401 (re-exported)
 from .checkpoint import shared_names
 from .engine import check_flag
 from .errors import UserError
@@ -241,18 +241,12 @@ def run_sweep(traces, scenarios: Sequence, address, *, chunk_size: int = DEFAULT
             chunks += [(a, scenarios[a:min(a + chunk_size, hi)]) for a in range(lo, hi, chunk_size)]
             run_start = run_end + 1
 
-        checkpoint = Checkpoint(checkpoint_path, key, n, done) if checkpoint_path else None
         labels = trace_labels(traces, scenarios)  # of the whole sweep: a chunk alone may label its traces otherwise
-        try:
+        with recording(checkpoint_path, key, n, done, keep_checkpoint) as checkpoint:
             if chunks:
                 with quiet_dask_logs() if quiet else contextlib.nullcontext():
                     _compute(traces, chunks, address, done, checkpoint, progress, threads, retries, on_chunk, n,
                              chunk_function or _run_chunk, [labels[s.trace] for s in scenarios], quiet)
-        finally:
-            if checkpoint is not None:
-                checkpoint.close()
-        if not keep_checkpoint:
-            finish(checkpoint_path)
         return [done[i] for i in range(n)]
 
 
