@@ -52,6 +52,9 @@ MS_RELATIME = 1 << 21
 # All the covers of `_cover` together: at most this much data and this many files.
 COVER_OPTIONS = b"size=512m,nr_inodes=65536,mode=0755"
 SHM_BYTES = 64 * 1024 * 1024  # System V shared memory of one run, all segments together (`_private_ipc`)
+# System V message queues of one run (`_private_ipc`): each holds msgmnb (16 KiB) of kernel memory, and the default
+# 32 000 queues held 500 MB that no limit saw; 16 hold 256 KiB.
+MSG_QUEUES = 16
 
 
 @functools.lru_cache(maxsize=1)
@@ -142,10 +145,12 @@ def _private_network():
 def _private_ipc():
     """A System V IPC namespace of the command's own. Its shared memory segments are RAM that no process's
     resident memory shows and that outlives every process; here they die with the run, and hold SHM_BYTES
-    at most where the namespace's limits can be set (as root; in a user namespace, on recent kernels)."""
+    at most where the namespace's limits can be set (as root; in a user namespace, on recent kernels), as its
+    message queues (kernel memory too) are MSG_QUEUES at most."""
     if _libc().unshare(CLONE_NEWIPC) != 0:
         return  # best effort: as before this namespace existed
-    for name, value in (("shmmax", SHM_BYTES), ("shmall", SHM_BYTES // os.sysconf("SC_PAGE_SIZE"))):
+    for name, value in (("shmmax", SHM_BYTES), ("shmall", SHM_BYTES // os.sysconf("SC_PAGE_SIZE")),
+                        ("msgmni", MSG_QUEUES)):
         try:
             with open(f"/proc/sys/kernel/{name}", "w") as fh:
                 fh.write(str(value))

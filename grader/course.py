@@ -23,7 +23,8 @@ class Course:
     release: dict
     gradebook: Path
     earlier: list = field(default_factory=list)  # the releases built before this one (`earlier_releases`)
-    roster: list = field(default_factory=list)  # the gradebook's students without a submission (`unsubmitted`)
+    # the gradebook's students without a submission (`unsubmitted`); None: the gradebook was locked, read it later
+    roster: list | None = field(default_factory=list)
 
 
 CONFIG = "nbgrader_config.py"
@@ -162,13 +163,14 @@ def assignment_notebook(con):
     return row[0] if row else None
 
 
-def unsubmitted(gradebook: Path) -> list[str]:
+def unsubmitted(gradebook: Path, if_locked=()) -> list[str]:
     """The course's roster (the students of nbgrader's gradebook: `nbgrader db student add` or `import`) who have no
     submission of the assignment in it, sorted: grades.csv lists them as ``missing`` (`pipeline.missing_rows`), as
     `nbgrader export` lists them with 0 points. Read with plain SQL (nbgrader is not imported here), before any
     grading: a gradebook without the assignment (made again by `nbgrader db student import` after the build) or
-    one that is no gradebook is a `UserError`, not a failure once every submission is graded; a locked one, no
-    roster."""
+    one that is no gradebook is a `UserError`, not a failure once every submission is graded; a locked one
+    (another program writing it for over SQLite's 5 s), `if_locked` (`open_course`: None, and the roster is read
+    again as the grades are written, `pipeline.roster_now`)."""
     import sqlite3
     from urllib.request import pathname2url
 
@@ -184,8 +186,8 @@ def unsubmitted(gradebook: Path) -> list[str]:
         finally:
             con.close()
     except sqlite3.DatabaseError as exc:
-        if "locked" in str(exc):  # another program writing it for over 5 s: grade all the same, without the roster
-            return []  # (the template's copy checks the assignment, and the gradebook's write at the end says so)
+        if "locked" in str(exc):  # (the template's copy checks the assignment; the write at the end says so)
+            return list(if_locked) if if_locked is not None else None
         why = str(exc)[:100]
         raise UserError(f"{gradebook}: not a readable nbgrader gradebook ({why}); move it away and {rebuild}") from None
     return sorted({r[0] for r in rows if isinstance(r[0], str)})
@@ -204,4 +206,5 @@ def open_course(course_root=None) -> Course:
         rel = load_notebook(release)
     except InvalidSubmission as exc:
         raise UserError(f"{release}: {exc}") from None
-    return Course(root, release, rel, gradebook, earlier_releases(root, release), unsubmitted(gradebook))
+    return Course(root, release, rel, gradebook, earlier_releases(root, release),
+                  unsubmitted(gradebook, if_locked=None))

@@ -48,7 +48,7 @@ from decodesched.errors import UserError
 
 from . import spec
 from .autograde import build_template, for_nbgrader, kernel_run, warm_server
-from .course import Course, open_course
+from .course import Course, open_course, unsubmitted
 from .evidence import altered_cells, restore_earlier_release, restore_protected, static_evidence
 from .limits import Limits, load_factor
 from .observe import package_paths
@@ -292,10 +292,16 @@ def marker_prefix(out_dir) -> str:
     return "grade-" + hashlib.sha256(str(Path(out_dir).resolve()).encode()).hexdigest()[:10] + "-"
 
 
-def grade(submissions, out_dir, *, course=None, options: Options | None = None) -> list[Result]:
+def grade(submissions, out_dir, *, course=None, options: Options | None = None, missing: list | None = None
+          ) -> list[Result]:
+    """Grade the folder `submissions` into `out_dir`: the results of its submissions; `missing`, when given, is
+    extended with grades.csv's rows of the roster's students who handed in nothing (`missing_rows`)."""
     options = options or Options()
     options.marker_prefix = marker_prefix(out_dir)
     course_obj = open_course(course)
+    if course_obj.roster is None:
+        print(printable(f"decodesched grade: note: {course_obj.gradebook} is locked by another program (formgrader, "
+                        "nbgrader); its roster is read again as the grades are written into it"), file=sys.stderr)
     skipped: list = []
     subs = collect_submissions(submissions, skipped)
     out_dir = Path(out_dir)
@@ -318,7 +324,7 @@ def grade(submissions, out_dir, *, course=None, options: Options | None = None) 
         try:
             _grade_all(subs, course_obj, workroot, options, limits, jobs, results, rendered, kept,
                        commit=lambda write_gradebook: _commit(out_dir, rendered, write_gradebook, results, kept,
-                                                              course_obj.roster))
+                                                              roster_now(course_obj)))
         finally:
             sandbox.STOPPING.clear()  # every run of this grading has ended (the pools were shut down)
         results.sort(key=lambda r: r.student_id)
@@ -335,11 +341,13 @@ def grade(submissions, out_dir, *, course=None, options: Options | None = None) 
         print(printable(f"decodesched grade: note: {out_dir / 'grades.csv'} keeps the rows of {len(kept)} student(s) "
                         f"graded before and not in {submissions}: {names}{more} (grade into a new --out for these "
                         "submissions alone)"), file=sys.stderr)
-    missing = missing_rows(course_obj.roster, results, kept)
-    if missing:
-        names = ", ".join(r.student_id for r in missing[:10])
-        more = f" and {len(missing) - 10} more" if len(missing) > 10 else ""
-        print(printable(f"decodesched grade: note: {len(missing)} student(s) of the gradebook's roster handed in "
+    absent = missing_rows(roster_now(course_obj), results, kept)
+    if missing is not None:
+        missing.extend(absent)
+    if absent:
+        names = ", ".join(r.student_id for r in absent[:10])
+        more = f" and {len(absent) - 10} more" if len(absent) > 10 else ""
+        print(printable(f"decodesched grade: note: {len(absent)} student(s) of the gradebook's roster handed in "
                         f"nothing in {submissions}: {names}{more} (rows `missing`, 0 points, in grades.csv)"),
               file=sys.stderr)
     for line in report_lines(skipped, results):
@@ -396,6 +404,15 @@ def render_outputs(results: list, kept: list = (), roster=()) -> dict:
         page.encode("utf-8")  # surrogates would fail only half-way through the writes
     text.encode("utf-8")
     return {"feedback": pages, "grades.csv": text}
+
+
+def roster_now(course: Course) -> list[str]:
+    """The course's roster (`course.unsubmitted`), read again where the gradebook was locked as the grading started
+    (`Course.roster` None): the grades are about to be written into it, so it is free now or that write fails, one
+    line and nothing written. Without this, a grades.csv lost its `missing` rows to a lock of a few seconds."""
+    if course.roster is None:
+        course.roster = unsubmitted(course.gradebook, if_locked=None)
+    return course.roster or []
 
 
 def missing_rows(roster, results, kept) -> list[Result]:
@@ -513,7 +530,7 @@ def _grade_all(subs, course_obj, workroot, options, limits, jobs, results: list,
             raise
         if template is not None and isinstance(template.exception(), UserError):
             raise template.exception()  # e.g. the gradebook lacks the assignment: no outputs at all
-        rendered.update(render_outputs(results, kept, course_obj.roster))
+        rendered.update(render_outputs(results, kept, roster_now(course_obj)))
 
         def write_gradebook():  # every sandboxed run has ended
             update_gradebook(course_obj, results, server)

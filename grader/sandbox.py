@@ -13,13 +13,15 @@ small stdlib-only launcher (``_launcher.py``) and returns an `Outcome`. What it 
   (``memory_mb``, unless ``address_space=False``), a watchdog on the *sum* of resident memory of all
   the run's processes (``memory_mb``), the *sum* of the CPU time of all the run's processes (cpu_s;
   the launcher's process tree, watched every 0.1 s), ``RLIMIT_FSIZE`` (64 MiB per file),
-  ``RLIMIT_CORE`` = 0, a wall-clock backstop (timeout_s, stretched by the measured load while the run
-  lasts; only a run that makes no progress should ever meet it), and as root ``RLIMIT_NPROC`` for the
-  private uid (fork bombs). ``Outcome.cpu_exceeded`` / ``wall_exceeded`` say which one stopped it.
+  ``RLIMIT_NOFILE`` (NOFILE_LIMIT descriptors per process), ``RLIMIT_CORE`` = 0, a wall-clock backstop
+  (timeout_s, stretched by the measured load while the run lasts; only a run that makes no progress should ever
+  meet it), and as root ``RLIMIT_NPROC`` for the private uid (fork bombs). ``Outcome.cpu_exceeded`` /
+  ``wall_exceeded`` say which one stopped it.
 * **Files are memory.** ``cwd`` is on /dev/shm (`scratch_root`): what the command writes there is
   RAM that no resident set shows, and ``RLIMIT_FSIZE`` bounds each file, not their number. The
-  watchdog counts the bytes under ``cwd`` and those of deleted files the run's processes hold open
-  (`files_bytes`) with their resident memory against ``memory_mb``; more than MAX_FOLDER_ENTRIES
+  watchdog counts the bytes under ``cwd`` and those of deleted files the run's processes hold open, and
+  past BUFFERS_FREE sockets and pipes the most each may hold (kernel memory: `files_bytes`), with their
+  resident memory against ``memory_mb``; more than MAX_FOLDER_ENTRIES
   entries or MAX_FOLDER_DEPTH levels also stop the run (``memory_exceeded``). The walk opens each
   folder relative to its parent without following links, and reads no file.
 * **Channels.** ``pass_fds`` hands the command descriptors (the verdict harness's output and its
@@ -104,6 +106,12 @@ UID_RANGES = 10_000
 # ... through a lock file per range in a folder of root's own (on /run, a tmpfs: empty after a reboot)
 UID_LOCK_DIR = os.path.join("/run" if os.path.isdir("/run") else "/tmp", "decodesched-uids")
 NPROC_LIMIT = 256
+NOFILE_LIMIT = 1024  # descriptors per process (RLIMIT_NOFILE; an honest kernel run holds about 60)
+# Socket and pipe buffers are kernel memory that no resident set shows: one socket may hold 2 x net.core.wmem_max
+# (8 MiB where that is 4 MiB), so 10 000 filled socketpairs took 1.9 GB of the machine past a 512 MiB limit. An
+# honest run holds about 45 (a Jupyter kernel 22 sockets and 9 pipes, nbgrader 10 sockets); each one past
+# BUFFERS_FREE counts as memory at the most it may hold (`_held_bytes`).
+BUFFERS_FREE = 128  # three times what an honest run holds
 
 # Set while a grading run is being interrupted (Ctrl-C): every watched run stops at once, and no new
 # run starts (`Interrupted`), so the grader's threads come back in seconds, not after their queue.
@@ -580,10 +588,23 @@ def _folder_bytes(fd: int, depth: int = 0, count: list | None = None) -> int:
     return total
 
 
-def _deleted_open_bytes(pids) -> int:
+@functools.lru_cache(maxsize=1)
+def buffer_bytes() -> int:
+    """The most one socket or pipe may hold (2 x ``net.core.wmem_max`` or ``rmem_max``: SO_SNDBUF is doubled;
+    ``fs.pipe-max-size``), as this machine is set up; 8 MiB where none can be read."""
+    most = 0
+    for name, factor in (("net/core/wmem_max", 2), ("net/core/rmem_max", 2), ("fs/pipe-max-size", 1)):
+        with contextlib.suppress(OSError, ValueError):
+            most = max(most, factor * int(Path("/proc/sys", name).read_text()))
+    return most or 8 * 2**20
+
+
+def _held_bytes(pids) -> int:
     """Bytes of the regular files the run's processes hold open after deleting them (and memfds): taken
-    still, RAM on a tmpfs, but in no folder."""
+    still, RAM on a tmpfs, but in no folder; and `buffer_bytes` for each socket or pipe they hold past
+    BUFFERS_FREE (kernel memory)."""
     seen, total = set(), 0
+    buffers = set()
     for pid in pids:
         try:
             fds = os.listdir(f"/proc/{pid}/fd")
@@ -592,7 +613,11 @@ def _deleted_open_bytes(pids) -> int:
         for fd in fds:
             link = f"/proc/{pid}/fd/{fd}"
             try:
-                if not os.readlink(link).endswith(" (deleted)"):
+                target = os.readlink(link)
+                if target.startswith(("socket:", "pipe:")):
+                    buffers.add(target)
+                    continue
+                if not target.endswith(" (deleted)"):
                     continue
                 st = os.stat(link)
             except OSError:
@@ -600,22 +625,23 @@ def _deleted_open_bytes(pids) -> int:
             if stat.S_ISREG(st.st_mode) and (st.st_dev, st.st_ino) not in seen:
                 seen.add((st.st_dev, st.st_ino))
                 total += st.st_blocks * 512
-    return total
+    return total + max(0, len(buffers) - BUFFERS_FREE) * buffer_bytes()
 
 
 def files_bytes(folder, pids=()) -> int | None:
-    """What a run has written, in bytes: its own folder (on /dev/shm, RAM) and the deleted files its processes
-    `pids` hold open; None when the folder is too big to count (MAX_FOLDER_ENTRIES, MAX_FOLDER_DEPTH)."""
+    """What a run has written, in bytes: its own folder (on /dev/shm, RAM) and the deleted files (and past
+    BUFFERS_FREE, the socket and pipe buffers) its processes `pids` hold open; None when the folder is too big
+    to count (MAX_FOLDER_ENTRIES, MAX_FOLDER_DEPTH)."""
     try:
         fd = os.open(folder, _DIR_FLAGS)
     except OSError:
-        return _deleted_open_bytes(pids)
+        return _held_bytes(pids)
     try:
-        return _folder_bytes(fd) + _deleted_open_bytes(pids)
+        return _folder_bytes(fd) + _held_bytes(pids)
     except _TooMany:
         return None
     except OSError:
-        return _deleted_open_bytes(pids)
+        return _held_bytes(pids)
     finally:
         os.close(fd)
 
@@ -694,7 +720,8 @@ def _memory_note(rss: int, files: int | None, mem_bytes: int) -> str:
         return f"more than {MAX_FOLDER_ENTRIES} files or {MAX_FOLDER_DEPTH} levels of folders written (over {limit})"
     if files < 2**20:
         return f"resident memory {rss / 2**20:.0f} MiB over {limit}"
-    return f"resident memory {rss / 2**20:.0f} MiB and files written {files / 2**20:.0f} MiB over {limit}"
+    return (f"resident memory {rss / 2**20:.0f} MiB and files written (or socket and pipe buffers held) "
+            f"{files / 2**20:.0f} MiB over {limit}")
 
 
 class _Process:
@@ -884,6 +911,15 @@ def run_isolated(
         _close_all(open_fds)
 
 
+def nofile_limit() -> int:
+    """NOFILE_LIMIT, or the grader's own hard limit where that is lower (a process without the capability to raise
+    its hard limit could not set it)."""
+    import resource
+
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    return NOFILE_LIMIT if hard == resource.RLIM_INFINITY else min(NOFILE_LIMIT, hard)
+
+
 def _close_all(fds: list) -> None:
     while fds:
         with contextlib.suppress(OSError):
@@ -902,6 +938,7 @@ def _run_isolated(argv, *, cwd, timeout_s, cpu_s, memory_mb, max_output_bytes, e
         "RLIMIT_CPU": [cpu_soft, cpu_soft + 2],
         "RLIMIT_FSIZE": [FILE_SIZE_LIMIT, FILE_SIZE_LIMIT],
         "RLIMIT_CORE": [0, 0],
+        "RLIMIT_NOFILE": [nofile_limit()] * 2,
     }
     if address_space:
         rlimits["RLIMIT_AS"] = [mem_bytes, mem_bytes]

@@ -168,6 +168,7 @@ def test_roster_students_who_handed_in_nothing_are_missing_rows_as_nbgrader_expo
     assert {v for k, v in rows["bob"].items() if k not in ("student_id", "status", "max_score")} == {"0"}
     assert not (out / "feedback" / "bob.html").exists() and (out / "feedback" / "alice.html").is_file()
     assert "handed in nothing" in first["stderr"] and "bob, carol" in first["stderr"]
+    assert "graded 4 submission(s): 4 graded; 2 missing (on the roster, no submission); wrote" in first["stdout"]
     assert _export(course) == {s: float(r["score"]) for s, r in rows.items()}
 
     # bob hands in late, graded alone into the class's --out: his row is his grade, everyone else's stays
@@ -176,6 +177,7 @@ def test_roster_students_who_handed_in_nothing_are_missing_rows_as_nbgrader_expo
     assert statuses == {"alice": "graded", "nometa": "graded", "rkernel": "graded", "manycells": "graded",
                         "bob": "graded", "carol": "missing"}
     assert 0 < float(late["rows"]["bob"]["score"]) < 100
+    assert "graded 1 submission(s): 1 graded; 1 missing (on the roster" in late["stdout"]
     assert _export(course) == {s: float(r["score"]) for s, r in late["rows"].items()}
 
 

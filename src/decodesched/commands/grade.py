@@ -95,10 +95,13 @@ def run(args) -> int:
         timeout_s=args.timeout, memory_mb=args.memory_mb, jobs=args.jobs or (os.cpu_count() or 1),
         cell_timeout_s=args.cell_timeout, progress=None if not args.no_progress else False,
     )
-    results = pipeline.grade(src, out, course=root, options=options)
+    missing: list = []  # (the roster's students who handed in nothing: grades.csv rows `missing`)
+    results = pipeline.grade(src, out, course=root, options=options, missing=missing)
     counts = {}
     for r in results:
         counts[r.status] = counts.get(r.status, 0) + 1
     summary = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
-    print(f"graded {len(results)} submission(s): {summary}; wrote {out / 'grades.csv'} and {out / 'feedback'}/")
+    absent = f"; {len(missing)} missing (on the roster, no submission)" if missing else ""
+    print(f"graded {len(results)} submission(s): {summary}{absent}; wrote {out / 'grades.csv'} and "
+          f"{out / 'feedback'}/")
     return 0
