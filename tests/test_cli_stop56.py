@@ -39,8 +39,8 @@ _SIGNAL_IN_DATETIME = textwrap.dedent("""\
 """)
 
 
-@pytest.mark.parametrize("sig, status, line", [("SIGINT", 130, "decodesched: interrupted"),
-                                               ("SIGTERM", 143, "decodesched: terminated (SIGTERM)")])
+@pytest.mark.parametrize("sig, status, line", [("SIGINT", 130, "decodesched trace inspect: interrupted"),
+                                               ("SIGTERM", 143, "decodesched trace inspect: terminated (SIGTERM)")])
 def test_a_signal_while_numpy_imports_datetime_is_the_interrupt_line(tmp_path, sig, status, line):
     # Before: exit 1 and two tracebacks ending in NumPy's "Importing the numpy C-extensions failed" ImportError.
     script = tmp_path / "hook.py"

@@ -21,6 +21,7 @@ import contextlib
 import errno
 import functools
 import os
+import re
 import select
 import stat
 import sys
@@ -56,13 +57,36 @@ def _describe(exc: OSError) -> str:
     return reasons.get(exc.errno, exc.strerror or str(exc))
 
 
+def extension_said(path) -> str:
+    """An output name's extension as a refusal that lists the allowed ones says it: ``'.json'``, ``no extension``,
+    or, for a name that is only an extension (``.csv``: ``$NAME.csv`` with NAME unset), that no name comes before
+    it (such a name is refused, not written as a hidden file, docs/files.md)."""
+    suffix, name = Path(path).suffix, Path(path).name
+    if suffix:
+        return f"'{suffix}'"
+    return f"'{name}' alone, with no name before it" if name.startswith(".") and len(name) > 1 else "no extension"
+
+
+def folder_name(text: str) -> str:
+    """`text` as an output folder's name (`demo --out`, `report --out`); a `UserError` for one that is blank ('' is
+    the current folder, whose files would be replaced: an unset variable) or holds a NUL character."""
+    if not text.strip() or "\0" in text:
+        raise UserError(f"{text!r}: not a folder name" + (" (it holds a NUL character)" if "\0" in text else ""))
+    return text
+
+
+_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")  # (an input named as a URL: `https://...`, `s3://...`)
+
+
 def input_file(path, what: str = "file") -> Path:
     """`path` as an input to read: a regular file, or a FIFO (``<(command)``), which ends.
 
     Raises `UserError` (one line) for a missing path, a directory, a device (``/dev/zero`` never
     ends) or a socket, before anything is read.
     """
-    path = Path(path)
+    given, path = path, Path(path)
+    if isinstance(given, str) and not given.strip():  # (Path('') is the current folder: an unset variable)
+        raise UserError(f"{given!r}: an empty file name; give the {what}'s path")
     try:
         mode = path.stat().st_mode
     except ValueError:  # (a NUL character: no file can have that name)
@@ -71,6 +95,8 @@ def input_file(path, what: str = "file") -> Path:
         if str(path) == STDOUT:  # (an output's word for standard output; an input is a file)
             raise UserError(f"-: standard input is not read here; give the {what}'s path, or <(command)") \
                 from None
+        if isinstance(given, str) and _URL.match(given):  # (as the name given: a Path would drop a slash of '//')
+            raise UserError(f"{given}: is a URL; download it first (curl -LO URL) and give the file's path") from None
         raise UserError(f"{path}: no such file") from None
     except OSError as exc:
         raise UserError(f"{path}: cannot read it ({_describe(exc)})") from None

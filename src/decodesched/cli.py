@@ -15,11 +15,28 @@ import re
 import sys
 
 
+# Subcommand modules, in the order `--help` lists them; the actions of those that take one (their parsers'
+# choices, tests/test_cli_stop57.py: known here before those modules are imported).
+COMMANDS = ("simulate", "demo", "trace", "sweep", "warmup", "report", "assignment", "grade")
+ACTIONS = {"trace": ("convert", "inspect"), "assignment": ("init", "build")}
+
+
+def _prog_before_parsing(argv) -> str:
+    """The name that a line printed before the arguments are parsed (a signal while the command's modules import)
+    gives the command, as the parsed arguments would: ``decodesched trace convert`` where the first arguments name
+    a subcommand (and its action), else ``decodesched``."""
+    words = list(sys.argv[1:] if argv is None else argv)[:2]
+    if not words or words[0] not in COMMANDS:
+        return "decodesched"
+    action = words[1] if len(words) > 1 and words[1] in ACTIONS.get(words[0], ()) else None
+    return " ".join(filter(None, ("decodesched", words[0], action)))
+
+
 def _interrupted_early(signum, frame):
     """SIGINT while the console script is still importing this module or calling `main` (before `main`
     can catch KeyboardInterrupt): one line and exit 130, not Python's traceback."""
     try:
-        sys.stderr.write("decodesched: interrupted\n")
+        sys.stderr.write(f"{_prog_before_parsing(None)}: interrupted\n")
         sys.stderr.flush()
     except (OSError, ValueError, AttributeError):
         pass
@@ -62,16 +79,13 @@ if _run_as_command():
 
 from .errors import UserError  # noqa: E402
 
-# Subcommand modules, in the order `--help` lists them.
-COMMANDS = ("simulate", "demo", "trace", "sweep", "warmup", "report", "assignment", "grade")
-
 
 def _parser_class():
     import argparse
 
     class _Parser(argparse.ArgumentParser):
         def error(self, message):  # one line, exit 2 (argparse prints the usage block too by default)
-            self.exit(2, shorten(f"{self.prog}: error: {message} (see --help)") + "\n")
+            usage_error(self.prog, message)
 
         def _print_message(self, message, file=None):
             """As argparse's, but a write that fails is not passed over: ``--help`` or ``--version`` into a full
@@ -85,6 +99,15 @@ def _parser_class():
                     raise _stdout_failed(exc) if file is sys.stdout else exc from None
 
     return _Parser
+
+
+def usage_error(prog: str, message: str):
+    """A usage error's one line on stderr, then exit 2 (SystemExit, as argparse's own)."""
+    try:
+        sys.stderr.write(shorten(f"{prog}: error: {message} (see --help)") + "\n")
+    except (OSError, ValueError, AttributeError):
+        pass
+    raise SystemExit(2)
 
 
 def build_parser():
@@ -275,17 +298,18 @@ def main(argv=None) -> int:
                 warnings.simplefilter("ignore")
             return _main(argv)
     except KeyboardInterrupt as exc:  # (before or after `_main`'s own handler: importing, unwinding)
-        return _interrupted("decodesched", exc)
+        return _interrupted(_prog_before_parsing(argv), exc)
     except Exception as exc:
         from ._io import from_interrupt
 
         if from_interrupt(exc):  # Ctrl-C that Python wrapped on its way out
-            return _interrupted("decodesched", KeyboardInterrupt())
+            return _interrupted(_prog_before_parsing(argv), KeyboardInterrupt())
         signum = signals.interrupt()
         if signum is not None:  # a signal that C code replaced (NumPy importing datetime: "PyCapsule_Import ...")
             from ._io import Terminated
 
-            return _interrupted("decodesched", Terminated(signum) if signum != signals.SIGINT else KeyboardInterrupt())
+            stop = Terminated(signum) if signum != signals.SIGINT else KeyboardInterrupt()
+            return _interrupted(_prog_before_parsing(argv), stop)
         raise
     finally:
         if "decodesched._io" in sys.modules:
@@ -426,7 +450,7 @@ def _lenient_text_streams() -> None:
 def _main(argv) -> int:
     import csv
 
-    prog = "decodesched"  # (the subcommand's words once parsed)
+    prog = _prog_before_parsing(argv)  # (the subcommand's words once parsed)
 
     def fail(message: str, status: int = 2) -> int:
         try:
@@ -443,16 +467,19 @@ def _main(argv) -> int:
     try:
         parser = build_parser()
         try:
-            args = parser.parse_args(argv)
+            args, extra = parser.parse_known_args(argv)
         except SystemExit as exc:  # --help or --version printed on stdout, or a usage error on stderr
             if exc.code == 0 and sys.stdout is not None:
                 _flush_stdout()  # (its failure is handled below, not by the exit's flush: status 120)
             raise
+        if getattr(args, "command", None):
+            action = getattr(args, f"{args.command}_command", None)  # `trace convert`, `assignment build`
+            prog = f"decodesched {args.command}" + (f" {action}" if action else "")
+        if extra:  # (named by the subcommand that took the others, not by `decodesched` as `parse_args` does)
+            usage_error(prog, f"unrecognized arguments: {' '.join(extra)}")
         if not getattr(args, "func", None):
             parser.print_help()
             return 2
-        action = getattr(args, f"{args.command}_command", None)  # `trace convert`, `assignment build`
-        prog = f"decodesched {args.command}" + (f" {action}" if action else "")
         if sys.stdout is None:  # started with it closed (`cmd >&-`): print() would drop every line unseen
             from ._io import CLOSED_STDOUT
 

@@ -29,12 +29,11 @@ pandas and pyarrow are not needed by the simulator itself; install them with
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Any, Mapping
 
 import numpy as np
 
-from ._io import atomic_writer, check_outputs, path_argument
+from ._io import atomic_writer, check_outputs, extension_said, path_argument
 from .errors import UserError
 from .tables_io import is_parquet
 
@@ -169,8 +168,7 @@ def to_parquet(obj, path: str | os.PathLike, table: str | None = None) -> None:
     one of its traces was read from, nor such a file's sidecar (`UserError`, before any work).
     """
     if not is_parquet(path_argument(path)):  # (a name that the readers would take for CSV)
-        got = f"'{Path(path).suffix}'" if Path(path).suffix else "no extension"
-        raise UserError(f"{path}: a Parquet file is named .parquet or .pq; got {got}")
+        raise UserError(f"{path}: a Parquet file is named .parquet or .pq; got {extension_said(path)}")
     _, pq = _pyarrow()
     batch = getattr(obj, "traces", None)  # (a BatchResult's list; a frame's attribute may be a column)
     traces = [getattr(obj, "trace", None), *(batch if isinstance(batch, list) else ())]

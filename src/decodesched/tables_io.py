@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ._io import atomic_writer, input_file, not_text, read_parquet_table
+from ._io import atomic_writer, extension_said, input_file, not_text, read_parquet_table
 from .errors import UserError
 from .kernels import enums as E
 from .trace import _FALSE, _TRUE, INT64_MAX, INT64_MIN, parse_decimal, show
@@ -61,8 +61,8 @@ def table_format(path) -> str:
         return "parquet"
     if suffix in CSV_SUFFIXES:
         return "csv"
-    got = f"'{Path(path).suffix}'" if suffix else "no extension"
-    raise UserError(f"{path}: a table is written as .csv or .parquet (.pq), or - for standard output; got {got}")
+    raise UserError(f"{path}: a table is written as .csv or .parquet (.pq), or - for standard output; "
+                    f"got {extension_said(path)}")
 
 
 def check_table_output(path) -> str:

@@ -534,10 +534,8 @@ def _plain_csv(text: str, path: Path) -> dict[str, np.ndarray] | None:
     `_text_column` in a few calls each; None for any other text (`_csv_records` then reads it)."""
     if '"' in text:
         return None
-    if "\r" in text:
-        text = text.replace("\r\n", "\n")
-        if "\r" in text:
-            return None
+    if "\r" in text:  # (no quotes: every CR ends a line, alone or before LF, as the csv module reads it)
+        text = text.replace("\r\n", "\n").replace("\r", "\n")
     lines = text.split("\n")
     if lines[-1] == "":
         lines.pop()

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import convert as cv
-from .._io import _describe
+from .._io import _describe, folder_name
 from ..cli import int_arg, interval_arg, kv_blocks_arg, positive_float_arg, seed_arg
 from ..errors import UserError
 
@@ -76,10 +76,7 @@ def check_args(args) -> Path:
         raise UserError(f"--load must be a positive number, got {args.load}")
     if args.requests is not None and args.requests < 2:
         raise UserError(f"--requests must be at least 2 (a load needs a span of time), got {args.requests}")
-    if not args.out.strip() or "\0" in args.out:  # ('' is the current folder: an unset variable; as in `report`)
-        why = " (it holds a NUL character)" if "\0" in args.out else ""
-        raise UserError(f"{args.out!r}: not a folder name{why}")
-    out = Path(args.out)
+    out = Path(folder_name(args.out))
     if out.is_symlink() and not out.exists():
         raise UserError(f"{out}: is a broken symbolic link; --out names a folder")
     if out.exists() and not out.is_dir():

@@ -102,6 +102,8 @@ def run(args) -> int:
     if args.results is None and args.trace is None:
         raise UserError("give a sweep metrics CSV (RESULTS), --trace TRACE, or both")
     for d in args.trace_dir or ():
+        if not d.strip():  # (Path('') is the current folder: an unset variable)
+            raise UserError(f"--trace-dir {d!r}: an empty folder name; give the folder of the sweep's traces")
         if not Path(d).is_dir():
             raise UserError(f"--trace-dir {d}: not a folder")
     for option, value in (("--policy", args.policy), ("--timeline-policy", args.timeline_policy)):

@@ -136,7 +136,7 @@ def _arg_error(msg: str):
 
 
 def _check_out(out: str, traces: list[str]) -> None:
-    from .._io import check_outputs, check_writable
+    from .._io import check_outputs, check_writable, extension_said
 
     check_outputs([out], traces)  # an input trace, its .meta.json sidecar, a device, FIFO or symlink loop
     path = Path(out)
@@ -145,8 +145,8 @@ def _check_out(out: str, traces: list[str]) -> None:
     if path.is_dir():
         raise UserError(f"{out}: is a directory")
     if out != "-" and path.suffix.lower() != ".csv":  # `report` and every reader take a .parquet name for Parquet
-        got = f"'{path.suffix}'" if path.suffix else "no extension"
-        raise UserError(f"{out}: --out names the metrics CSV, which ends in .csv (or - for standard output); got {got}")
+        raise UserError(f"{out}: --out names the metrics CSV, which ends in .csv (or - for standard output); "
+                        f"got {extension_said(out)}")
     check_writable(out)  # (its folder: the checkpoint is written there first, and would be the one named)
 
 

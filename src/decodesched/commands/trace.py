@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import convert as cv
-from .._io import check_outputs, check_writable
+from .._io import check_outputs, check_writable, extension_said, input_file
 from ..cli import float_arg, int_arg, positive_float_arg, seed_arg, shorten
 from ..errors import UserError
 from ..trace import load_trace, parse_decimal, show
@@ -142,19 +142,20 @@ def run_convert(args) -> int:
         raise UserError("give one of --load L or --steps-per-second S")
     src = cv.bundled_trace_path() if args.source == "bundled" else Path(args.source)
     out = Path(args.out)
-    if out.exists() and out.is_dir():
+    if args.out.strip() and out.is_dir():  # (an empty name, Path's '.', is `check_outputs`'s to refuse)
         raise UserError(f"{out}: is a directory; --out names the CSV file to write")
     if src.exists() and out.exists() and out.resolve() == src.resolve():
         raise UserError(f"{out}: would overwrite the source trace; choose another --out")
     check_outputs([args.out, cv.meta_path(out)], [src])  # (the name as given: `x.csv/` names a folder)
     if out.suffix.lower() != ".csv":  # a .parquet name would be read back as Parquet, another as CSV
-        got = f"'{out.suffix}'" if out.suffix else "no extension"
-        raise UserError(f"{out}: --out names the canonical trace CSV, which ends in .csv; got {got}")
+        raise UserError(f"{out}: --out names the canonical trace CSV, which ends in .csv; got {extension_said(out)}")
     if args.requests is not None and args.requests < 1:
         raise UserError(f"--requests must be >= 1, got {args.requests}")
     if args.cache_min_blocks < 1:  # (for an Azure source too, which has no hash_ids: the option is wrong either way)
         raise UserError(f"--cache-min-blocks must be >= 1, got {args.cache_min_blocks}")
     check_writable(out)  # a read-only folder names OUT, before the source is read
+    if args.source != "bundled":
+        input_file(args.source, "trace file")  # (the name as given: a URL is named so, not as Path's `https:/...`)
     fmt = args.format or cv.detect_format(src)
     if fmt == "mooncake":
         raw = cv.read_mooncake(src, cache_min_blocks=args.cache_min_blocks)
@@ -220,7 +221,7 @@ def inspect_lines(trace, meta: dict | None = None) -> list[str]:
 
 
 def run_inspect(args) -> int:
-    path = Path(args.trace)
+    path = input_file(args.trace, "trace file")
     meta = cv.read_meta(path)
     trace = load_trace(path)
     print("\n".join(inspect_lines(trace, meta)))
