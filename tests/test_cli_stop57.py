@@ -153,6 +153,25 @@ def test_a_folder_name_that_names_none_is_one_helper(text, why):
     assert folder_name("report/") == "report/"
 
 
+@pytest.mark.parametrize("there", ["a file", "a broken link"])
+def test_demo_and_report_refuse_what_is_at_their_out_folder_in_the_same_words(tmp_path, there):
+    # Before: report said "exists and is not a folder" and demo "...; --out names a folder" (`_io.output_folder`)
+    (tmp_path / "t.csv").write_text(TRACE)
+    out = tmp_path / "out"
+    if there == "a file":
+        out.write_text("keep me")
+    else:
+        out.symlink_to(tmp_path / "nowhere")
+    said = {}
+    for command in (["demo", "--out", str(out)], ["report", "--trace", str(tmp_path / "t.csv"), "--out", str(out)]):
+        code, _, err = run(command)
+        assert code == 2, err
+        said[command[0]] = one_line(err).split(": error: ", 1)[1]
+    assert said["demo"] == said["report"], said
+    assert said["demo"].endswith("; --out names a folder"), said
+    assert out.is_symlink() or out.read_text() == "keep me"
+
+
 # ---------------------------------------------------------------- an input named as a URL
 
 

@@ -75,6 +75,17 @@ def folder_name(text: str) -> str:
     return text
 
 
+def output_folder(text: str) -> Path:
+    """`text` (`folder_name`) as a folder to write into, made if missing: a `UserError` for a broken symbolic link
+    or something else already there."""
+    out = Path(folder_name(text))
+    if out.is_symlink() and not out.exists():
+        raise UserError(f"{out}: is a broken symbolic link; --out names a folder")
+    if out.exists() and not out.is_dir():
+        raise UserError(f"{out}: exists and is not a folder; --out names a folder")
+    return out
+
+
 _URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")  # (an input named as a URL: `https://...`, `s3://...`)
 
 

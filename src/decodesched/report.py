@@ -49,8 +49,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ._io import (META_SUFFIX, _describe, _same_file, input_file, input_label, meta_path, not_text, path_argument,
-                  replace_together, temp_prefix)
+from ._io import (META_SUFFIX, _describe, _same_file, input_file, input_label, meta_path, not_text, output_folder,
+                  path_argument, replace_together, temp_prefix)
 from .errors import UserError
 from .metrics import MAX_CLASS_COLUMNS, offered_load
 from .palette import POLICY_ORDER, policy_colors, policy_marker, policy_style, sorted_policies
@@ -1094,13 +1094,7 @@ def build_report(out_dir, *, results=None, trace=None, policies=None, kv_blocks=
                         "rows first, decodesched.batch.write_metrics_csv(batch.rows(), 'sweep.csv')")
     if results is not None:
         path_argument(results, "results")
-    if not text.strip() or "\0" in text:  # ('' would be the current folder, whose files the report replaces)
-        raise UserError(f"{text!r}: not a folder name" + (" (it holds a NUL character)" if "\0" in text else ""))
-    out_dir = Path(out_dir)
-    if out_dir.is_symlink() and not out_dir.exists():
-        raise UserError(f"{out_dir}: is a broken symbolic link; --out names a folder")
-    if out_dir.exists() and not out_dir.is_dir():
-        raise UserError(f"{out_dir}: exists and is not a folder")
+    out_dir = output_folder(text)
     parent = out_dir.parent if str(out_dir.parent) else Path(".")
     if not parent.is_dir():
         raise UserError(f"{out_dir}: no such directory {parent}")

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import convert as cv
-from .._io import _describe, folder_name
+from .._io import _describe, output_folder
 from ..cli import int_arg, interval_arg, kv_blocks_arg, positive_float_arg, seed_arg
 from ..errors import UserError
 
@@ -76,11 +76,7 @@ def check_args(args) -> Path:
         raise UserError(f"--load must be a positive number, got {args.load}")
     if args.requests is not None and args.requests < 2:
         raise UserError(f"--requests must be at least 2 (a load needs a span of time), got {args.requests}")
-    out = Path(folder_name(args.out))
-    if out.is_symlink() and not out.exists():
-        raise UserError(f"{out}: is a broken symbolic link; --out names a folder")
-    if out.exists() and not out.is_dir():
-        raise UserError(f"{out}: exists and is not a folder; --out names a folder")
+    out = output_folder(args.out)
     anc = out
     while not anc.exists():  # the nearest existing ancestor must be a folder we can create in
         anc = anc.parent
