@@ -25,12 +25,12 @@ A scenario's policy is a built-in name or a `decodesched.Policy` (`policy_name`,
 
 from __future__ import annotations
 
+import copy
 import csv
 import itertools
 import math
 import os
 import re
-import sys
 import time
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -45,7 +45,7 @@ from .engine import (ENGINES, SimulationResult, check_config, check_flag, check_
                      zeros_within_memory)
 from .errors import UserError
 from .kernels import enums as E
-from .policy import Policy, check_distinct, policy_name, replay_interval
+from .policy import Policy, check_distinct, in_jupyter, policy_name, replay_interval
 from .trace import Trace, load_trace, show
 
 BACKENDS = ("cpu", "cuda")
@@ -166,7 +166,7 @@ def _check_replicates(replicates) -> int:
     """`replicates` as a Python int (a NumPy int8 would wrap around in the trace indices); a UserError unless
     it is a positive integer."""
     if isinstance(replicates, bool) or not isinstance(replicates, (int, np.integer)) or replicates < 1:
-        raise UserError(f"replicates must be a positive integer, got {replicates!r}")
+        raise UserError(f"replicates must be a positive integer, got {show(replicates)}")
     return int(replicates)
 
 
@@ -193,7 +193,7 @@ _RESULT_ROW_BYTES = 8192
 def _grid_axis(name: str, values) -> list:
     """One axis of `grid` as a list: a sequence of values, not one value (nor a string, whose
     characters would each become a scenario)."""
-    if isinstance(values, (str, bytes, Mapping)) or not isinstance(values, Iterable):
+    if isinstance(values, (str, bytes, Mapping)) or not isinstance(values, Iterable) or getattr(values, "ndim", 1) == 0:
         raise UserError(f"grid: {name} must be a list of values (e.g. [{show(values)}]), got {show(values)}")
     return list(values)
 
@@ -279,7 +279,8 @@ def scenario_list(scenarios) -> list:
     """`scenarios` as a list; a UserError for one Scenario alone, or anything that is not a sequence of them."""
     if isinstance(scenarios, Scenario):
         raise UserError("scenarios must be a list of Scenario, got one Scenario (give [scenario])")
-    if isinstance(scenarios, (str, bytes, Mapping)) or not isinstance(scenarios, Iterable):
+    if (isinstance(scenarios, (str, bytes, Mapping)) or not isinstance(scenarios, Iterable)
+            or getattr(scenarios, "ndim", 1) == 0):  # (a 0-d array is Iterable, but "iteration over a 0-d array")
         raise UserError(f"scenarios must be a list of Scenario (decodesched.grid makes one), got {show(scenarios)}")
     return list(scenarios)
 
@@ -373,7 +374,12 @@ class BatchResult:
         return int(i) % n
 
     def metrics(self, i: int) -> dict:
-        """The aggregate metrics of scenario `i` (SPEC section 6), computed once."""
+        """The aggregate metrics of scenario `i` (SPEC section 6), computed once; a copy of one's own each call: the
+        batch's `rows`, `to_pandas` and written tables read the one kept, which an edit of the dict given out (a
+        notebook flattening ``m["ttft"] = m["ttft"]["p50"]``) changed, or broke."""
+        return copy.deepcopy(self._kept_metrics(i))
+
+    def _kept_metrics(self, i: int) -> dict:
         i = self._index(i)
         if i not in self._metrics:
             self._metrics[i] = self.result(i).metrics
@@ -397,7 +403,7 @@ class BatchResult:
                    "aging_interval": int(sc.aging_interval) if uses_aging_interval(sc.policy) else math.nan,
                    "offered_load": loads[sc.trace],
                    "steps_per_second": float(trace.steps_per_second) if trace.steps_per_second else math.nan}
-            row.update(_metrics.flat_metrics(self.metrics(i)))
+            row.update(_metrics.flat_metrics(self._kept_metrics(i)))
             out.append(row)
         return out
 
@@ -431,13 +437,13 @@ def _check_threads(threads) -> int | None:
 
     limit = numba.config.NUMBA_NUM_THREADS
     if isinstance(threads, bool) or not isinstance(threads, (int, np.integer)) or not 1 <= threads <= limit:
-        raise UserError(f"threads must be an integer from 1 to {limit} (NUMBA_NUM_THREADS), got {threads!r}")
+        raise UserError(f"threads must be an integer from 1 to {limit} (NUMBA_NUM_THREADS), got {show(threads)}")
     return int(threads)
 
 
 def _check_backend(backend: str) -> None:
-    if backend not in BACKENDS:
-        raise UserError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+    if not isinstance(backend, str) or backend not in BACKENDS:
+        raise UserError(f"unknown backend {show(backend)}; choose one of {', '.join(BACKENDS)}")
     if backend == "cuda":
         try:
             from numba import cuda
@@ -459,7 +465,7 @@ def check_scenarios(scenarios: Sequence[Scenario], n_traces: int) -> list[tuple[
             raise UserError(f"scenario {i}: expected a Scenario, got {type(sc).__name__}")
         t = sc.trace
         if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or not 0 <= t < n_traces:
-            raise UserError(f"scenario {i}: trace index {t!r} is not one of 0..{n_traces - 1}")
+            raise UserError(f"scenario {i}: trace index {show(t)} is not one of 0..{n_traces - 1}")
         rep = sc.replicate  # (only a label, but `BatchResult.rows` writes it as an integer)
         if isinstance(rep, bool) or not isinstance(rep, (int, np.integer)) or rep < 0:
             raise UserError(f"scenario {i}: replicate must be a whole number >= 0, got {show(rep)}")
@@ -484,7 +490,7 @@ def simulate_batch(traces, scenarios: Sequence[Scenario], *, record_events: bool
     `backend`: ``"cpu"`` (``prange`` over scenarios) or ``"cuda"`` (one GPU thread per scenario,
     always the scan algorithm; `engine` is then ignored).  `progress`: a bar on stderr (None: on a
     terminal, else a plain line now and then, `decodesched._io.Progress`), advanced as scenarios finish; in
-    Jupyter, True draws it in one output that each redraw replaces (`progress_bar`).
+    Jupyter, True draws it in one output that each redraw replaces, and None draws nothing (`progress_bar`).
     CPU workers take scenarios from a shared queue (dynamic scheduling), so uneven scenarios still keep
     every thread busy.
     """
@@ -494,9 +500,9 @@ def simulate_batch(traces, scenarios: Sequence[Scenario], *, record_events: bool
     scenarios = scenario_list(scenarios)
     if not scenarios:
         raise UserError("simulate_batch needs at least one scenario")
-    if engine not in ENGINES:
-        raise UserError(f"unknown engine {engine!r}; choose one of {', '.join(ENGINES)}")
-    if backend == "cuda":
+    if not isinstance(engine, str) or engine not in ENGINES:
+        raise UserError(f"unknown engine {show(engine)}; choose one of {', '.join(ENGINES)}")
+    if isinstance(backend, str) and backend == "cuda":
         user = next((sc.policy for sc in scenarios if _user_policy(getattr(sc, "policy", None))), None)
         if user is not None:
             raise UserError(f"backend 'cuda' runs the built-in policies only; policy {user.name!r} needs backend 'cpu'")
@@ -590,12 +596,12 @@ class _DisplayStream:
 
 
 def progress_bar(total: int, label: str, enabled: bool | None) -> Progress:
-    """A `Progress` bar; asked for (`enabled` True) under a Jupyter kernel, drawn in one display updated in place
-    rather than on stderr (`_DisplayStream`)."""
-    ipython = sys.modules.get("IPython")  # (never imported here: only a session that runs it has it)
-    shell = ipython.get_ipython() if enabled and hasattr(ipython, "get_ipython") else None
-    stream = _DisplayStream() if shell is not None and getattr(shell, "kernel", None) is not None else None
-    return Progress(total, label, enabled=enabled, stream=stream)
+    """A `Progress` bar.  Under a Jupyter kernel, asked for (`enabled` True) it is drawn in one display updated in
+    place rather than on stderr (`_DisplayStream`), and None (a bar on a terminal, plain lines in a log) draws
+    nothing: a notebook is neither, it showed those lines on stderr, as an error, about every half minute."""
+    if in_jupyter():
+        return Progress(total, label, enabled=True, stream=_DisplayStream()) if enabled else Progress(0, enabled=False)
+    return Progress(total, label, enabled=enabled)
 
 
 def _user_policy(policy) -> bool:

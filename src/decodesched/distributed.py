@@ -32,7 +32,7 @@ import sys
 from typing import Callable, Sequence
 
 from .batch import progress_bar
-from .checkpoint import Checkpoint, finish, prepare, read_checkpoint, recording, sweep_key  # noqa: F401 (re-exported)
+from .checkpoint import prepare, read_checkpoint, recording, sweep_key  # noqa: F401 (read_checkpoint, sweep_key: re-exported)
 from .checkpoint import shared_names
 from .engine import check_flag
 from .errors import UserError

@@ -19,7 +19,7 @@ from .errors import UserError
 from .policy import Policy, policy_name, replay_interval
 from .kernels import enums as E
 from .kernels.fields import KERNEL_TRACE_ARGS
-from .trace import INT64_MAX, MAX_TOTAL, Trace, load_trace, plain_value, show, writable_base
+from .trace import INT64_MAX, MAX_TOTAL, Trace, _read_only, load_trace, plain_value, show, writable_base
 
 POLICIES = E.POLICY_NAMES
 ENGINES = ("fast", "scan")
@@ -44,7 +44,8 @@ def policy_code(policy) -> int:
     if isinstance(policy, Policy):
         return policy.code
     if not isinstance(policy, str) or policy not in POLICIES:
-        raise UserError(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}, or pass a decodesched.Policy")
+        raise UserError(f"unknown policy {show(policy)}; choose one of {', '.join(POLICIES)}, "
+                        "or pass a decodesched.Policy")
     return POLICIES.index(policy)
 
 
@@ -151,8 +152,8 @@ def event_log_buffer(n_events: int) -> np.ndarray:
 
 def replay_kernel(engine: str, policy=None):
     """The replay kernel for `engine`, or a user `Policy`'s own kernel (which ignores `engine`)."""
-    if engine not in ENGINES:
-        raise UserError(f"unknown engine {engine!r}; choose one of {', '.join(ENGINES)}")
+    if not isinstance(engine, str) or engine not in ENGINES:
+        raise UserError(f"unknown engine {show(engine)}; choose one of {', '.join(ENGINES)}")
     if isinstance(policy, Policy) and not policy.is_builtin:
         return policy.kernel()
     if engine == "scan":
@@ -224,6 +225,13 @@ class SimulationResult:
     request_state: np.ndarray
     summary: np.ndarray
     _cache: dict = field(default_factory=dict, repr=False)
+
+    def __setstate__(self, state: dict) -> None:
+        """Unpickled (a process pool's copy), its tables read-only again (`_frozen`)."""
+        self.__dict__.update(state)
+        for table in ("events", "requests"):
+            if table in self.__dict__:
+                self.__dict__[table] = _frozen(self.__dict__[table])
 
     @property
     def n_events(self) -> int:
@@ -298,7 +306,7 @@ class SimulationResult:
         rows = ev[:, E.EV_ROW]
         victim = ev[:, E.EV_VICTIM_ROW]
         action = ev[:, E.EV_ACTION]
-        return {
+        return _frozen({
             "step": ev[:, E.EV_STEP],
             "request_id": t.request_id[rows],
             "phase": np.where(action == E.ACTION_PREFILL_TO_DECODE, "prefill", "decode"),
@@ -311,7 +319,7 @@ class SimulationResult:
             "has_victim": victim != E.NO_ROW,
             "preempted_request_id": np.where(victim != E.NO_ROW, t.request_id[np.maximum(victim, 0)], 0),
             "deadline_missed": ev[:, E.EV_MISSED].astype(bool),
-        }
+        })
 
     def timeline(self) -> list[dict]:
         """The event log as the seed's list of dicts (equal to `DecodeSchedulerSim.timeline`)."""
@@ -334,7 +342,7 @@ class SimulationResult:
         `tpot` and `e2e` are float with NaN there; `deadline_met` is True/False for requests with a
         deadline (False if never finished) and False elsewhere, see `has_deadline`.
         """
-        return _metrics.request_table(self.trace, self.request_state, self.stop_reason)
+        return _frozen(_metrics.request_table(self.trace, self.request_state, self.stop_reason))
 
     @cached_property
     def metrics(self) -> dict:
@@ -364,3 +372,12 @@ class SimulationResult:
         from .frames import to_frame
 
         return to_frame(self, table)
+
+
+def _frozen(table: dict) -> dict:
+    """`table`'s columns as read-only views, as a checked trace's columns: a column of `events` or `requests` edited
+    in place (``ev["step"] -= 1``) changed the result itself (most columns view its raw arrays), its ``==``, the
+    files written and the metrics computed after; a batch's result, the batch.  NumPy now says "assignment
+    destination is read-only"; ``.copy()`` gives an array of one's own.  (The raw arrays, ``event_log``,
+    ``request_state`` and ``summary``, stay as the kernels wrote them.)"""
+    return {name: _read_only(np.asarray(values)) for name, values in table.items()}

@@ -64,12 +64,15 @@ class DecodeSchedulerSim:
     def __init__(self, policy: str = "fixed_priority", free_kv_blocks: int = 1_000_000,
                  aging_interval: int | None = None):
         # (the seed's default is 4: None is 4 too, unless the policy carries its own, `policy.replay_interval`)
-        free_kv_blocks, aging_interval = _whole(free_kv_blocks), _whole(aging_interval)
+        free_kv_blocks = _whole(free_kv_blocks, "free_kv_blocks")
+        aging_interval = _whole(aging_interval, "aging_interval", none=True)
         custom = _custom_policy(policy)
-        if custom is None and policy not in POLICIES:
+        if custom is None and (not isinstance(policy, str) or policy not in POLICIES):
+            from .trace import show
+
             raise ValueError(
                 f"policy 必须是 {', '.join(POLICIES)} 之一 / policy must be one of {', '.join(POLICIES)}"
-                f"{_own_policy_hint(policy)}; got {policy!r}"
+                f"{_own_policy_hint(policy)}; got {show(policy)}"
             )
         if custom is not None:
             from .policy import replay_interval
@@ -107,8 +110,12 @@ class DecodeSchedulerSim:
         preemptible: bool = True,
     ) -> None:
         """Validate and register a request; it starts in prefill, waiting."""
-        request_id, prompt_len, max_new_tokens, priority, required_blocks, deadline_step = map(
-            _whole, (request_id, prompt_len, max_new_tokens, priority, required_blocks, deadline_step))
+        request_id, prompt_len, max_new_tokens, priority, required_blocks = (
+            _whole(v, n) for v, n in ((request_id, "request_id"), (prompt_len, "prompt_len"),
+                                      (max_new_tokens, "max_new_tokens"), (priority, "priority"),
+                                      (required_blocks, "required_blocks")))
+        deadline_step = _whole(deadline_step, "deadline_step", none=True)
+        cache_hit, preemptible = _flag(cache_hit, "cache_hit"), _flag(preemptible, "preemptible")
         if request_id in {item.request_id for item in self.queue}:
             raise ValueError(f"重复的 request_id / duplicate request_id: {request_id}")
         if prompt_len <= 0 or max_new_tokens <= 0 or required_blocks <= 0:
@@ -250,6 +257,7 @@ class DecodeSchedulerSim:
 
     def run(self, max_steps: int = 100) -> List[Dict[str, int | str]]:
         """Step until every request is finished or `max_steps` steps ran; return the timeline."""
+        max_steps = _whole(max_steps, "max_steps")
         if max_steps < 0:
             raise ValueError(f"max_steps 不能为负数 / max_steps must be >= 0; got {max_steps}")
         steps = 0
@@ -261,11 +269,35 @@ class DecodeSchedulerSim:
         return self.timeline
 
 
-def _whole(value):
-    """A NumPy integer as the Python int it holds, anything else as it is: NumPy's fixed-width arithmetic wraps
-    around (an int8 priority of 127 that waited one step under ``aging`` became -128), Python's and the
-    kernels' int64 (within the trace limits) do not."""
-    return int(value) if isinstance(value, numbers.Integral) and not isinstance(value, int) else value
+def _whole(value, name: str, none: bool = False):
+    """`value` of integer argument `name` as a Python int (None too with `none`); a `UserError` (a ValueError, as
+    the seed's own refusals) naming it for anything else: a bool, a float (NaN, inf or 3.0), a string, which the
+    seed took and ran on (``prompt_len=nan`` in the events).  A NumPy integer becomes the Python int it holds:
+    NumPy's fixed-width arithmetic wraps around (an int8 priority of 127 that waited one step under ``aging``
+    became -128), Python's and the kernels' int64 (within the trace limits) do not."""
+    if none and value is None:
+        return None
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return int(value)
+    from .engine import integral_hint
+    from .errors import UserError
+    from .trace import plain_value, show
+
+    raise UserError(f"{name} 必须是整数 / {name} must be an integer{' or None' if none else ''}, "
+                    f"got {show(plain_value(value))}{integral_hint(value)}")
+
+
+def _flag(value, name: str) -> bool:
+    """`value` of flag `name` as a bool: True/False (NumPy's too) or 1/0, as a trace column takes them; a
+    `UserError` otherwise (a string such as ``"no"`` is truthy: taken, it did the opposite of what was asked)."""
+    import numpy as np
+
+    if isinstance(value, (bool, np.bool_)) or (isinstance(value, numbers.Integral) and value in (0, 1)):
+        return bool(value)
+    from .errors import UserError
+    from .trace import show
+
+    raise UserError(f"{name} 必须是 True 或 False / {name} must be True or False (or 1/0), got {show(value)}")
 
 
 def _custom_policy(policy):
@@ -321,6 +353,7 @@ def replay(rows, policy: str = "fixed_priority", free_kv_blocks: int = 1_000_000
     deadline_step (int or None), preemptible``; or, as for `decodesched.simulate`, a loaded
     `decodesched.Trace` (its ``rows()``), the path of a trace file, a mapping of columns or a DataFrame.
     """
+    max_steps = _whole(max_steps, "max_steps", none=True)
     if max_steps is not None and max_steps < 0:
         raise ValueError(f"max_steps 不能为负数 / max_steps must be >= 0; got {max_steps}")
     rows = _trace_rows(rows)

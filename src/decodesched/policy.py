@@ -254,15 +254,17 @@ class Policy:
     policy that takes the replay's (a user policy, whose functions hold their own constants).
     """
 
-    __slots__ = ("name", "key", "effective_priority", "uses_aging_interval", "aging_interval", "_code", "_interval",
-                 "_kernel", "_lock", "spec")
+    __slots__ = ("name", "key", "effective_priority", "aging_interval", "_code", "_interval", "_kernel", "_lock",
+                 "spec")
 
     def __init__(self, name: str, *, key, effective_priority):
         self._setup(name, key, effective_priority, builtin_code=None, interval=None)
 
     def _setup(self, name, key, effective_priority, builtin_code, interval):
         if not isinstance(name, str) or not name.strip():
-            raise UserError(f"a Policy needs a non-empty name (str), got {name!r}")
+            from .trace import show
+
+            raise UserError(f"a Policy needs a non-empty name (str), got {show(name)}")
         if not name.isprintable():  # a newline or ESC would break the summary tables, which print it raw
             raise UserError(f"policy name {name!r} holds a character that is not printable (a control "
                             "character such as a newline, tab or escape); choose a name without one")
@@ -274,7 +276,6 @@ class Policy:
         self.name = name
         self.key = key
         self.effective_priority = effective_priority
-        self.uses_aging_interval = builtin_code == POLICY_AGING
         # the interval every replay of this policy runs at (`replay_interval`); None: the replay's
         self.aging_interval = None
         self._code = builtin_code
@@ -309,6 +310,12 @@ class Policy:
 
     def __deepcopy__(self, memo) -> "Policy":
         return self
+
+    @property
+    def uses_aging_interval(self) -> bool:
+        """True for built-in ``aging`` only: a user policy's functions hold their own constants.  Read-only, derived
+        (set by hand, a sweep ran a user policy once per interval, or built-in aging at one interval only)."""
+        return self._code == POLICY_AGING
 
     @property
     def is_builtin(self) -> bool:
@@ -728,8 +735,8 @@ def _user_frame(exc: BaseException) -> str:
 
 
 class _CompileNotice:
-    """Calls a user policy's kernel; the first call prints one line on stderr if compiling takes over
-    a second.  An exception the policy's functions raise during the replay becomes a `UserError`
+    """Calls a user policy's kernel; the first call prints one line on stderr (on standard output in Jupyter) if
+    compiling takes over a second.  An exception the policy's functions raise during the replay becomes a `UserError`
     naming the policy and the line that raised (the original is its ``__cause__``)."""
 
     _lock = threading.Lock()
@@ -769,8 +776,17 @@ class _CompileNotice:
             if self.noticed:
                 return
             self.noticed = True
+        # (in Jupyter on standard output: a notebook shows its stderr as an error, and this is none)
         print(f"decodesched: compiling policy {self.name!r} (user policies compile once per process) ...",
-              file=sys.stderr, flush=True)
+              file=sys.stdout if in_jupyter() else sys.stderr, flush=True)
+
+
+def in_jupyter() -> bool:
+    """Whether this process is a Jupyter kernel (IPython with a kernel: not a terminal IPython, not a plain Python).
+    IPython is never imported here: a session that runs under it has it loaded."""
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if hasattr(ipython, "get_ipython") else None
+    return getattr(shell, "kernel", None) is not None
 
 
 def builtin(name: str, aging_interval: int | None = None) -> Policy:

@@ -67,6 +67,7 @@ def show(value, limit: int = 40) -> str:
         text = repr(value)
     except ValueError:  # an int beyond Python's digit limit for str()
         return f"an integer of {int(value).bit_length()} bits"
+    text = re.sub(r"\s*\n\s*", " ", text)  # (a pandas Series' or a 2-D array's repr is many lines; a message one)
     return text if len(text) <= limit else text[: limit - 12] + "\u2026" + text[-10:] + f" ({len(text)} chars)"
 
 
@@ -222,10 +223,14 @@ class Trace:
 
     def subset(self, rows) -> "Trace":
         """A new trace with the given rows, in the given order: integer row indices (negative ones count
-        from the end), a slice, or a boolean mask as long as the trace (the rows where it is True), as in NumPy."""
+        from the end), a slice, or a boolean mask as long as the trace (the rows where it is True), as in NumPy.  A row
+        out of range, or a selection of another kind, is one IndexError naming it and the trace's size."""
         if not self._checked:  # (built by hand: columns of one length, or the subset would hide the others' rows)
             _check_lengths({name: getattr(self, name) for name in ARRAY_FIELDS}, "<Trace>")
-        rows = np.arange(len(self))[rows] if isinstance(rows, slice) else np.asarray(rows)
+        try:  # (a slice of odd bounds, or a step of 0, raised NumPy's TypeError or ValueError)
+            rows = np.arange(len(self))[rows] if isinstance(rows, slice) else np.asarray(rows)
+        except (TypeError, ValueError) as exc:
+            raise IndexError(f"rows must be row indices, a slice or a boolean mask; got {show(rows)} ({exc})") from None
         if rows.ndim != 1:
             raise IndexError(f"rows must be a 1-D sequence of row indices or a boolean mask; got {show(rows.tolist())}")
         if rows.dtype == np.bool_:  # (as int64 a mask would pick rows 0 and 1, silently)
@@ -235,6 +240,10 @@ class Trace:
         elif rows.size and (rows.dtype.kind not in "iu" or (rows.dtype.kind == "u" and rows.max() > INT64_MAX)):
             raise IndexError(f"rows must be integer row indices or a boolean mask; got {show(rows.tolist())}")
         rows = rows.astype(np.int64)
+        bad = np.flatnonzero((rows < -len(self)) | (rows >= len(self)))
+        if bad.size:  # (NumPy's "index 10 is out of bounds for axis 0 with size 4" named no trace)
+            raise IndexError(f"row {int(rows[bad[0]])} is out of range: the trace has {len(self)} row"
+                             f"{'s' if len(self) != 1 else ''} (indices 0 to {len(self) - 1}, or -{len(self)} to -1)")
         kw = {name: np.asarray(getattr(self, name))[rows] for name in ARRAY_FIELDS}
         out = Trace(**kw, steps_per_second=self.steps_per_second, name=self.name, source=self.source)
         rows = np.arange(len(self))[rows]  # (negative indices counted from the end, as NumPy does)
