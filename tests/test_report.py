@@ -209,8 +209,9 @@ def test_read_sweep_parses_numbers_and_empty_cells(tmp_path):
     ("t,fcfs,10\n", "line 2: 3 cells, the header has 4"),
     ("t,fcfs,10,4,9\n", "line 2: 5 cells, the header has 4"),
     ("t,,10,4\n", "line 2, column policy: empty"),
-    ("t,fcfs,,4\n", "line 2, column kv_blocks: not a whole number of blocks: ''"),
-    ("t,fcfs,-3,4\n", "line 2, column kv_blocks: not a whole number of blocks: '-3'"),
+    ("t,fcfs,,4\n", "line 2, column kv_blocks: not a whole number of blocks (0 to 2**63 - 1): ''"),
+    ("t,fcfs,-3,4\n", "line 2, column kv_blocks: not a whole number of blocks (0 to 2**63 - 1): '-3'"),
+    ("t,fcfs,9223372036854775808,4\n", "column kv_blocks: not a whole number of blocks (0 to 2**63 - 1): '92"),
     ("t,fcfs,10,x\n", "line 2, column aging_interval: not a number: 'x'"),
     (b"t,fcfs,1\xe9,4\n", "not a UTF-8 text file"),
     # a value no replay gives ended in a matplotlib traceback ("arange: cannot compute length")

@@ -36,6 +36,7 @@ import numpy as np
 from ._io import atomic_writer, check_outputs, extension_said, path_argument
 from .errors import UserError
 from .tables_io import is_parquet
+from .trace import show
 
 INSTALL_HINT = "pip install 'decodesched[data]'"
 
@@ -133,14 +134,14 @@ def to_frame(obj, table: str | None = None) -> "Any":
     if isinstance(obj, Trace):
         return trace_frame(obj)
     if isinstance(obj, SimulationResult):
-        table = table or "requests"
-        if table == "requests":
+        table = "requests" if table is None else table
+        if isinstance(table, str) and table == "requests":
             return requests_frame(obj)
-        if table == "events":
+        if isinstance(table, str) and table == "events":
             return events_frame(obj)
-        raise UserError(f"unknown table {table!r}; choose requests or events")
-    if table not in (None, "metrics"):
-        raise UserError(f"a batch result has only the metrics table, not {table!r}")
+        raise UserError(f"unknown table {show(table)}; choose requests or events")
+    if table is not None and not (isinstance(table, str) and table == "metrics"):
+        raise UserError(f"a batch result has only the metrics table, not {show(table)}")
     return metrics_frame(obj)
 
 

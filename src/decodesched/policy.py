@@ -983,6 +983,9 @@ def _import_module(where: str, spec: str):
     """Import ``module`` of ``module:attr``, also from the current folder, which ``python -m`` puts on
     sys.path but an installed console script does not: it is added at the end, so that it never shadows
     an installed package, and for this import only."""
+    if where.startswith(".") or "/" in where or os.sep in where:  # (importlib: "the 'package' argument is required")
+        raise UserError(f"policy {spec!r}: {where} is neither a module name nor a .py file; give module:attr or "
+                        "path/to/file.py:attr")
     try:
         here = os.getcwd()
     except OSError:  # the current folder was removed

@@ -55,7 +55,7 @@ from .errors import UserError
 from .metrics import MAX_CLASS_COLUMNS, offered_load
 from .palette import POLICY_ORDER, policy_colors, policy_marker, policy_style, sorted_policies
 from .tables_io import is_parquet
-from .trace import MAX_INT_DIGITS, show
+from .trace import INT64_MAX, MAX_INT_DIGITS, show
 
 LATENCY_LABELS = {"queue_wait": "queue wait", "ttft": "TTFT", "e2e": "end-to-end latency", "tpot": "TPOT"}
 LOAD_LABEL = "offered load (work steps per step)"
@@ -304,8 +304,8 @@ def _parse_row(path, lineno: int, row: dict, header: list, keep: set, names: dic
             parsed[k] = value
         if k == "kv_blocks":
             kv = value
-    if not (isinstance(kv, int) and kv >= 0):
-        raise UserError(f"{path}: line {lineno}, column kv_blocks: not a whole number of blocks: "
+    if not (isinstance(kv, int) and 0 <= kv <= INT64_MAX):  # (a sweep's capacities are int64)
+        raise UserError(f"{path}: line {lineno}, column kv_blocks: not a whole number of blocks (0 to 2**63 - 1): "
                         f"{show(row['kv_blocks'])}")
     return parsed
 

@@ -729,16 +729,31 @@ def _check_header(header: list[str], where: str) -> None:
         if raw:
             raise TraceError(f"{where}: {raw}, not a canonical trace: convert it first "
                              f"(decodesched trace convert SRC --out trace.csv)")
-        raise TraceError(f"{where}: missing column(s) {', '.join(missing)}")
+        raise TraceError(f"{where}: missing column(s) {', '.join(missing)}{_header_hint(header, extra)}")
     if extra:
         raise TraceError(f"{where}: unexpected column(s) {', '.join(extra)} (allowed: {', '.join(TRACE_COLUMNS)})")
     if dup:
         raise TraceError(f"{where}: duplicate column(s) {', '.join(dup)}")
 
 
+def _header_hint(header: list[str], extra: list[str]) -> str:
+    """What a header that lacks columns holds instead, for `_check_header`'s line: another separator (one column
+    holding ';' or a tab), the names in upper case, or else the unexpected names found."""
+    if len(header) == 1:
+        sep = next((name for ch, name in ((";", "';'"), ("\t", "tabs"), ("|", "'|'")) if ch in header[0]), None)
+        if sep:
+            return f" (its header is one column separated by {sep}; a trace CSV is separated by commas)"
+    odd = [c for c in header if c not in TRACE_COLUMNS]
+    if any(c.strip(" \t\ufeff") in TRACE_COLUMNS for c in odd):
+        return f"; found {', '.join(extra)} (a byte-order mark, or a tab, in a name)"
+    if any(c.strip(" \t\ufeff").lower() in TRACE_COLUMNS for c in odd):
+        return f"; found {', '.join(extra)} (the names are lower case)"
+    return f"; found {', '.join(extra)}" if extra else ""
+
+
 def _few(names: list[str], most: int = 5) -> list[str]:
     """`names` to list in a one-line message: the first `most` (each shortened), then how many in all."""
-    shown = [n if 0 < len(n) <= 40 else show(n) for n in names[:most]]  # ('': a header's trailing comma)
+    shown = [n if 0 < len(n) <= 40 and n.isprintable() else show(n) for n in names[:most]]  # ('': a trailing comma)
     return shown + [f"... ({len(names)} in all)"] if len(names) > most else shown
 
 

@@ -112,7 +112,7 @@ def run(args) -> int:
     if args.timeline_policy is not None and not args.timeline_policy.strip():
         raise UserError("--timeline-policy is empty; name a policy, or leave it out for the first --policy")
     policies = [resolve_policy(p) for p in args.policy] if args.policy else None  # names, or module:attr
-    timeline = resolve_policy(args.timeline_policy) if args.timeline_policy else None
+    timeline = resolve_policy(args.timeline_policy.strip()) if args.timeline_policy else None
     for p in (policies or []) + ([timeline] if timeline else []):
         replay_interval(p, args.aging_interval, "--aging-interval")  # (named as the flag, not as the API's keyword)
 

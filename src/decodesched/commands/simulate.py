@@ -23,7 +23,7 @@ def add_parser(sub) -> None:
         "requests, and optionally write the events and per-request tables (docs/files.md).",
     )
     p.add_argument("trace", metavar="TRACE", help="canonical trace CSV or .parquet")
-    p.add_argument("--policy", required=True, metavar="P",
+    p.add_argument("--policy", required=True, metavar="P", type=str.strip,  # (as sweep reads its list)
                    help=f"a built-in policy ({', '.join(POLICIES)}) or module:attr / path/to/file.py:attr naming "
                    "a decodesched.Policy")
     p.add_argument("--kv-blocks", type=kv_blocks_arg, required=True, metavar="N", help="free KV blocks at the start")
