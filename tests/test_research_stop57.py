@@ -20,6 +20,7 @@ from decodesched import DecodeSchedulerSim, Policy, grid, load_trace, simulate, 
 from decodesched import policy as policy_module
 from decodesched.errors import UserError
 from decodesched.policy import builtin
+from test_research_stop56 import _key, _priority  # (an SJF policy's functions: one definition)
 from test_research_walk import ROWS  # (the small trace with every field: one definition)
 
 ENQUEUE = {"request_id": 1, "prompt_len": 3, "max_new_tokens": 2}
@@ -114,16 +115,6 @@ def test_a_subset_of_a_bad_slice_or_ragged_rows_is_one_index_error(rows):
     with pytest.raises(IndexError) as exc:  # (before: a ValueError or TypeError from NumPy)
         load_trace(ROWS).subset(rows)
     _one_line(exc, "rows must be")
-
-
-@numba.njit
-def _key(r, clock):
-    return (r.max_new_tokens - r.generated_len,)
-
-
-@numba.njit
-def _priority(r, clock):
-    return -(r.max_new_tokens - r.generated_len)
 
 
 def test_uses_aging_interval_is_derived_and_read_only():
