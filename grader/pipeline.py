@@ -43,7 +43,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from decodesched._io import Progress, atomic_writer, folders_locked, output_group, signals_held
+from decodesched._io import Progress, atomic_writer, folders_locked, from_interrupt, output_group, signals_held
 from decodesched.errors import UserError
 
 from . import spec
@@ -55,6 +55,7 @@ from .observe import package_paths
 from .notebook import (InvalidSubmission, Submission, collect_submissions, find_solution, is_plain_id, load_notebook,
                        printable, student_code_cells, submitted_at)
 from .feedback import feedback_html
+from .resume import Resume
 from .outputs import grades_csv_text, preload_gradebook, update_gradebook
 from . import sandbox
 from .sandbox import ForkServer, scratch_root
@@ -84,6 +85,7 @@ class Options:
     cell_timeout_s: float | None = None
     run_nbgrader: bool = True
     progress: bool | None = None
+    regrade: bool = False  # take no kept grading of an earlier grading that stopped (`grader.resume`)
     marker_prefix: str = "grade-"  # sandbox marker of the kernel runs; grade() makes it unique per output folder
 
     def cell_timeout(self) -> int:
@@ -314,9 +316,22 @@ def grade(submissions, out_dir, *, course=None, options: Options | None = None, 
     jobs = options.jobs or os.cpu_count() or 1
     limits = Limits(cpu_s=options.timeout_s, memory_mb=options.memory_mb,
                     hide=default_hide(course_obj, Path(submissions), out_dir))
+    keeper = Resume(out_dir, course_obj, options, limits, regrade=options.regrade,
+                    enabled=sandbox.weak_isolation() is None)
+    results: list[Result] = []
+    for sub in subs:  # a grading that stopped kept these: they are not run again
+        taken = keeper.take(sub)
+        if taken is not None:
+            taken.timestamp = submitted_at(sub)
+            results.append(taken)
+    if results:
+        print(printable(f"decodesched grade: note: took the kept gradings of {len(results)} submission(s) from an "
+                        f"earlier grading into {out_dir} that stopped; grading the other {len(subs) - len(results)} "
+                        "(--regrade grades all of them again)"), file=sys.stderr)
+        done = {r.student_id for r in results}
+        subs = [s for s in subs if s.student_id not in done]
     workroot = Path(tempfile.mkdtemp(prefix="decodesched-grade-", dir=scratch_root())).resolve()
     os.chmod(workroot, 0o711)  # private uids must reach their own folder, but list nothing
-    results: list[Result] = []
     rendered: dict = {}
     fb = out_dir / "feedback"
     made_fb = not fb.exists()
@@ -324,12 +339,14 @@ def grade(submissions, out_dir, *, course=None, options: Options | None = None, 
         try:
             _grade_all(subs, course_obj, workroot, options, limits, jobs, results, rendered, kept,
                        commit=lambda write_gradebook: _commit(out_dir, rendered, write_gradebook, results, kept,
-                                                              roster_now(course_obj)))
+                                                              roster_now(course_obj), keeper.forget), keeper=keeper)
         finally:
             sandbox.STOPPING.clear()  # every run of this grading has ended (the pools were shut down)
         results.sort(key=lambda r: r.student_id)
-    except BaseException:
-        # an interrupted or failed grading leaves no empty folder of its own behind
+    except BaseException as exc:
+        # a stopped grading leaves its kept gradings for a rerun (a failed one, and one stopped once its outputs
+        # were committed, does not), and no empty folder of its own behind
+        keeper.forget(everything=not from_interrupt(exc))
         for folder, made in ((fb, made_fb), (out_dir, made_out_dir)):
             if made:
                 with contextlib.suppress(OSError):
@@ -477,12 +494,13 @@ def earlier_rows(path: Path, graded_ids) -> list[Result]:
 
 
 def _commit(out_dir: Path, rendered: dict, write_gradebook, results: list = (), kept: list | None = None,
-            roster=()) -> None:
+            roster=(), forget=None) -> None:
     """The outputs and the gradebook, together: the pages and grades.csv are written under temporary names, then
     `write_gradebook()` runs, then they are renamed into place. A Ctrl-C or SIGTERM in these seconds takes effect
     once all is written (`signals_held`): one between the gradebook and grades.csv left them disagreeing. With
     `kept` (`earlier_rows`, read before grading), grades.csv's other rows are read again here, with --out locked:
-    another grading into the same --out since then (one student each, at once) keeps its rows too."""
+    another grading into the same --out since then (one student each, at once) keeps its rows too. `forget`
+    (`Resume.forget`) removes the kept gradings once all is written, before a signal held back takes effect."""
     fb = out_dir / "feedback"
     with signals_held(), folders_locked([out_dir]):  # (against another grading's `_commit`)
         if kept is not None:
@@ -496,13 +514,16 @@ def _commit(out_dir: Path, rendered: dict, write_gradebook, results: list = (), 
             with atomic_writer(out_dir / "grades.csv") as fh:
                 fh.write(rendered["grades.csv"])
             write_gradebook()  # a failure here (a locked gradebook) removes the files not yet in place
+        if forget is not None:
+            forget(everything=True)  # committed: the outputs hold these verdicts now
 
 
 def _grade_all(subs, course_obj, workroot, options, limits, jobs, results: list, rendered: dict,
-               kept: list = (), commit=None) -> None:
-    """Grade every submission into `results`, `jobs` at a time; on an interrupt (Ctrl-C) the queued ones
-    are cancelled and the runs under way stopped (`sandbox.STOPPING`) before it propagates. The outputs are
-    rendered into `rendered` (`render_outputs`) before the gradebook is written: a failure leaves all as it was."""
+               kept: list = (), commit=None, keeper: Resume | None = None) -> None:
+    """Grade every submission into `results` (which may hold kept gradings already), `jobs` at a time, each kept
+    by `keeper` as it finishes; on an interrupt (Ctrl-C) the queued ones are cancelled and the runs under way
+    stopped (`sandbox.STOPPING`) before it propagates. The outputs are rendered into `rendered` (`render_outputs`)
+    before the gradebook is written: a failure leaves all as it was."""
     with contextlib.ExitStack() as stack:
         stack.callback(shutil.rmtree, workroot, ignore_errors=True)
         # The fork server imports nbgrader while the template is built, and the verdicts start at once:
@@ -513,8 +534,8 @@ def _grade_all(subs, course_obj, workroot, options, limits, jobs, results: list,
         bar = stack.enter_context(Progress(len(subs), "grading", enabled=options.progress))
         pool = stack.enter_context(cf.ThreadPoolExecutor(2 * jobs))
         slots = Slots.of(jobs)
-        futs = {pool.submit(_grade_safely, s, course_obj, template, workroot, options, limits, server, slots): s
-                for s in subs}
+        futs = {pool.submit(_grade_safely, s, course_obj, template, workroot, options, limits, server, slots,
+                            keeper): s for s in subs}
         try:
             if server is None:
                 preload_gradebook()  # this thread only waits until the first result
@@ -548,11 +569,14 @@ def _template(course, workroot, cell_timeout, server) -> Path:
     return tpl
 
 
-def _grade_safely(sub, course, template, workroot, options, limits, server, slots=None) -> Result:
-    """One student's failure never stops the run: an unexpected grader error is reported as crashed."""
+def _grade_safely(sub, course, template, workroot, options, limits, server, slots=None, keeper=None) -> Result:
+    """One student's failure never stops the run: an unexpected grader error is reported as crashed. A grading
+    that ended while this one is not being stopped is kept for a rerun (`grader.resume`)."""
     try:
         result = grade_one(sub, course, template, workroot, options, limits, server, slots)
         result.timestamp = submitted_at(sub)
+        if keeper is not None and not sandbox.STOPPING.is_set():  # (a run the stop ended is no verdict)
+            keeper.keep(sub, result)
         return result
     except UserError:
         raise  # the course, not this student (a gradebook without the assignment): one line, the grading stops

@@ -61,6 +61,9 @@ def add_parser(subparsers):
     p.add_argument("--no-progress", action="store_true",
                    help="no progress on stderr (a bar on a terminal, else a line once both 10%% of the "
                         "submissions and 30 s have passed since the last)")
+    p.add_argument("--regrade", action="store_true",
+                   help="grade every submission again, taking none of the gradings that a stopped grading into "
+                        "DIR kept (DIR/.decodesched/done/)")
     p.add_argument("--selfcheck", action="store_true",
                    help="grade the reference, the untouched release and the buggy-solution library; exit 1 if any "
                         "is misjudged")
@@ -93,7 +96,7 @@ def run(args) -> int:
         print(f"decodesched grade: note: {weak}", file=sys.stderr)
     options = pipeline.Options(
         timeout_s=args.timeout, memory_mb=args.memory_mb, jobs=args.jobs or (os.cpu_count() or 1),
-        cell_timeout_s=args.cell_timeout, progress=None if not args.no_progress else False,
+        cell_timeout_s=args.cell_timeout, progress=None if not args.no_progress else False, regrade=args.regrade,
     )
     missing: list = []  # (the roster's students who handed in nothing: grades.csv rows `missing`)
     results = pipeline.grade(src, out, course=root, options=options, missing=missing)
