@@ -5,7 +5,8 @@ Two sources, either or both:
 - **a sweep** (the metrics CSV of ``decodesched sweep``, one row per scenario).  Nothing is averaged
   across traces: traces are grouped into **families** (the traces converted from one source file,
   by their ``.meta.json``; else each trace is its own family), every figure has one column of panels
-  per family, with offered load on the x axis (one point per trace) and one line per policy.  Where
+  per family (the first ``MAX_PANEL_COLUMNS``; the page names the rest), with offered load on the x
+  axis (one point per trace) and one line per policy.  Where
   a sweep has replicates (``--replicates``), a point is their median and its bar their min..max.
   Figures: latency P50/P99 and the unfinished count against load; deadline attainment; starvation
   and fairness; P99 TTFT of each priority class; P99 TTFT and unfinished count against KV capacity
@@ -61,6 +62,10 @@ LATENCY_LABELS = {"queue_wait": "queue wait", "ttft": "TTFT", "e2e": "end-to-end
 LOAD_LABEL = "offered load (work steps per step)"
 # Rows of the Gantt figure at most: about 22 px each, so 2,000 make a 44,000-pixel-tall image.
 MAX_GANTT_REQUESTS = 2000
+# Columns of panels in one sweep figure at most (trace families; traces in the capacity figure): 4.6 inches
+# each, so a sweep of 100 traces without sidecars (each its own family) drew for ten minutes, and 143 or more
+# pass Agg's 2**16-pixel width.  The rest are named in the page; the tables keep a row for every trace.
+MAX_PANEL_COLUMNS = 12
 CENSORED_NOTE = ("A triangle at a panel's top edge marks a censored value (inf: too many requests never "
                  "finished for the statistic to exist).")
 
@@ -501,9 +506,9 @@ def _draw(ax, x, y, lo, hi, *, policy: str, view: SweepView, scale: float = 1.0)
     return [float(v) for v in np.concatenate([y[finite], lo[spread], hi[spread]])], bool(censored.any())
 
 
-def _panel(ax, view: SweepView, series, scale: float = 1.0) -> list[float]:
-    """Every policy's line in one panel (`series(policy)` gives x, y, lo, hi); the policies with a
-    censored point are named (their triangles may overlap).  Returns the finite values."""
+def _panel(ax, view: SweepView, series, key: str, scale: float = 1.0) -> list[float]:
+    """Every policy's line in one panel (`series(policy)` gives x, y, lo, hi) of metric column `key`; the
+    policies with a censored point are named (their triangles may overlap).  Returns the finite values."""
     seen, names = [], []
     for p in view.policies:
         values, censored = _draw(ax, *series(p), policy=p, view=view, scale=scale)
@@ -515,15 +520,21 @@ def _panel(ax, view: SweepView, series, scale: float = 1.0) -> list[float]:
                 va="top", color="0.25")
     if not seen:
         ax.set_yticks([])
+    _no_column(ax, view, key, empty=not seen and not names)
     return seen
 
 
-def _no_column(ax, view: SweepView, key: str) -> None:
-    """A panel whose metric column the CSV lacks says so (instead of an empty panel that looks like data)."""
+def _no_column(ax, view: SweepView, key: str, empty: bool) -> None:
+    """A panel whose metric column the CSV lacks, or with nothing to draw (`empty`: every cell of it empty
+    or nan), says so (instead of an empty panel, with axis ticks about 0, that looks like data)."""
     if key not in view.columns:
-        ax.text(0.5, 0.5, f"no column {key} in the sweep CSV", transform=ax.transAxes, ha="center", va="center",
-                fontsize=8, color="0.35")
-        ax.set_xticks([])
+        text = f"no column {key} in the sweep CSV"
+    elif empty:
+        text = f"no value of {key} to draw: its cells here are empty or nan"
+    else:
+        return
+    ax.text(0.5, 0.5, text, transform=ax.transAxes, ha="center", va="center", fontsize=8, color="0.35")
+    ax.set_xticks([])
 
 
 def _missing_columns(view: SweepView, plots: list[Plot], classes: list[int]) -> str | None:
@@ -573,13 +584,12 @@ def _family_title(view: SweepView, family: str) -> str:
 def _load_figure(view: SweepView, out: Path, name: str, caption: str, panels, *, title: str) -> Plot:
     """A grid of panels: one row per (key, label, time, percent) of `panels`, one column per family,
     load on x, one line per policy."""
-    fams = list(view.families)
+    fams = list(view.families)[:MAX_PANEL_COLUMNS]
     fig, axes = _figure(len(panels), len(fams), width=4.6, height=2.7 if len(panels) > 1 else 4.0)
     for j, fam in enumerate(fams):
         for i, (key, label, time, percent) in enumerate(panels):
             ax = axes[i][j]
-            seen = _panel(ax, view, lambda p: view.by_load(p, key, fam, time=time), 100.0 if percent else 1.0)
-            _no_column(ax, view, key)
+            seen = _panel(ax, view, lambda p: view.by_load(p, key, fam, time=time), key, 100.0 if percent else 1.0)
             if percent:
                 ax.set_ylim(-3, 103)
             elif key not in ("unfinished", "fairness_jain"):
@@ -619,6 +629,14 @@ def sweep_plots(rows, info, out: Path, *, kv_blocks=None, aging_interval=None, l
         return [], notes
     u = view.unit
     notes.append(_tables(view))
+    if len(view.families) > MAX_PANEL_COLUMNS:
+        left = list(view.families)[MAX_PANEL_COLUMNS:]
+        notes.append(f"The figures against load show the first {MAX_PANEL_COLUMNS} of {len(view.families)} "
+                     f"trace families (one column each); the tables above have every trace. Left out of the "
+                     f"figures: {_named(left)}.")
+        if warn is not None:
+            warn(f"the figures show the first {MAX_PANEL_COLUMNS} of {len(view.families)} trace families; "
+                 "the tables in index.html have every trace")
     plots = []
     panels = [(f"{m}_{s}", f"{LATENCY_LABELS[m]} {s.upper()} ({u})", True, False)
               for m, s in (("ttft", "p50"), ("ttft", "p99"), ("queue_wait", "p99"), ("e2e", "p99"))]
@@ -656,7 +674,10 @@ def sweep_plots(rows, info, out: Path, *, kv_blocks=None, aging_interval=None, l
             if not names:
                 loads = sorted({i.load for i in info.values()})
                 raise UserError(f"the sweep has no load {load:g}; it has {', '.join(f'{x:g}' for x in loads)}")
-        plots.append(_capacity_figure(view, out, names))
+        if len(names) > MAX_PANEL_COLUMNS:
+            notes.append(f"The KV capacity figure shows the first {MAX_PANEL_COLUMNS} of {len(names)} traces; "
+                         f"left out: {_named(names[MAX_PANEL_COLUMNS:])}.")
+        plots.append(_capacity_figure(view, out, names[:MAX_PANEL_COLUMNS]))
     missing = _missing_columns(view, plots, classes)
     if missing is not None:
         notes.insert(1, missing)
@@ -670,12 +691,18 @@ def _classes(rows) -> list[int]:
     return sorted(found)
 
 
+def _named(names: list[str], most: int = 50) -> str:
+    """`names` for a note of the page: the first `most`, then how many more."""
+    more = f" and {len(names) - most} more" if len(names) > most else ""
+    return ", ".join(names[:most]) + more
+
+
 def _interval_figure(view: SweepView, out: Path, policy: str, classes: list[int]) -> Plot:
     """What the aging interval trades, for one policy that uses it: per family (columns), the top and
     bottom classes' P99 TTFT, starvation and preemptions against the interval, one line per trace."""
     from matplotlib import colormaps
 
-    fams = list(view.families)
+    fams = list(view.families)[:MAX_PANEL_COLUMNS]
     rows = [(f"ttft_p99_class{c}", f"class {c}: TTFT P99 ({view.unit})", True) for c in (classes[-1], classes[0])]
     rows = list(dict.fromkeys(rows)) + [("starvation", f"starvation: max wait ({view.unit})", True),
                                         ("preemptions", "preemptions", False)]
@@ -723,8 +750,7 @@ def _capacity_figure(view: SweepView, out: Path, names: list[str]) -> Plot:
         for i, (key, label, time) in enumerate((("ttft_p99", f"TTFT P99 ({view.unit})", True),
                                                 ("unfinished", "unfinished requests", False))):
             ax = axes[i][j]
-            seen = _panel(ax, view, lambda p: view.by_capacity(p, key, name, time=time))
-            _no_column(ax, view, key)
+            seen = _panel(ax, view, lambda p: view.by_capacity(p, key, name, time=time), key)
             if time:
                 _log_if_wide(ax, seen)
             else:

@@ -21,10 +21,10 @@ CSV; the "load" in the trace's .meta.json (decodesched trace convert --load); el
 own load, work steps / arrival span.  Trace files are looked up as NAME, NAME.csv or NAME.parquet
 beside RESULTS, in the current folder, or in --trace-dir.  Units are seconds when every trace has a
 time scale (steps_per_second in its .meta.json), else steps.  Traces are never averaged: each family
-of traces (converted from one source file) gets its own column of panels, each trace its own point or
-table row; replicates show as median with a min..max bar.  Latency statistics count requests that
-never finished at +inf (censored: a triangle at a panel's top edge, "inf" in the tables), and the
-unfinished count stands beside every latency figure and table.
+of traces (converted from one source file) gets its own column of panels (the first 12; the page names
+the rest), each trace its own point or table row; replicates show as median with a min..max bar.
+Latency statistics count requests that never finished at +inf (censored: a triangle at a panel's top
+edge, "inf" in the tables), and the unfinished count stands beside every latency figure and table.
 """
 
 
