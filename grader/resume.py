@@ -11,7 +11,7 @@ limits, the per-cell timeout as given, the paths hidden from the sandbox), who g
 Python and nbgrader versions, and every file of the grader's own code (the package: the checks, the hidden tests,
 the reference model), so a new grader version never takes an old verdict.
 
-Only ``graded`` and ``tampered`` are kept (`KEPT_STATUSES`): ``timeout``, ``memory`` and ``crashed`` depend on the
+Only ``graded`` and ``tampered`` are kept (`status.KEPT`): ``timeout``, ``memory`` and ``crashed`` depend on the
 machine (its load, an abort in the Jupyter stack, a grader error) and are graded again; ``invalid`` costs nothing to
 grade again. A file is taken only if it verifies: a regular file (no link) owned by this user with one name, in
 folders of this user's that no one else can write, of this format, naming its own key and the student, with the
@@ -35,9 +35,9 @@ import tempfile
 from pathlib import Path
 
 from . import spec
+from .status import KEPT
 
 FORMAT = "decodesched-kept-1"
-KEPT_STATUSES = ("graded", "tampered")
 FOLDER = Path(".decodesched") / "done"
 _MAX_BYTES = 64 * 2**20
 
@@ -154,7 +154,7 @@ class Resume:
         from .feedback import feedback_html
 
         key = self.key(sub)
-        if key is None or result.status not in KEPT_STATUSES:
+        if key is None or result.status not in KEPT:
             return
         try:
             fields = {k: v for k, v in dataclasses.asdict(result).items() if k != "timestamp"}
@@ -217,7 +217,7 @@ def _load(data: bytes, key: str, student_id: str):
                 or doc.get("sha256") != hashlib.sha256(body.encode()).hexdigest()):
             return None
         numbers = [fields["score"], fields["max_score"], fields["seconds"], *fields["cells"].values()]
-        if (fields["student_id"] != student_id or fields["status"] not in KEPT_STATUSES
+        if (fields["student_id"] != student_id or fields["status"] not in KEPT
                 or sorted(fields["cells"]) != sorted(spec.CELL_IDS)
                 or not all(type(x) in (int, float) and math.isfinite(x) for x in numbers)
                 or not isinstance(fields["lines"], dict) or not all(map(_is_lines, fields["lines"].values()))

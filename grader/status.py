@@ -22,6 +22,9 @@ STATUSES = ("graded", "timeout", "crashed", "memory", "tampered", "invalid")
 # When several apply, the first of these wins.
 PRECEDENCE = ("invalid", "tampered", "memory", "timeout", "crashed", "graded")
 MISSING = "missing"  # grades.csv only: a student of the roster without a submission
+# the verdicts that do not depend on the machine (its load, an abort in the Jupyter stack, a grader error): a grading
+# that stops keeps them for its rerun (`resume.py`)
+KEPT = ("graded", "tampered")
 
 
 def decide(statuses) -> str:
