@@ -105,6 +105,31 @@ def warm_server(server: sandbox.ForkServer, course: Course, template: Path, work
 
 
 _CELL_ID = re.compile(r"[a-zA-Z0-9_-]{1,64}")  # nbformat 4.5's schema for a cell's id
+# The keys nbformat 4.5's schema allows (it refuses any other: "Additional properties are not allowed"), and the
+# shape it asks of the metadata it names; nbgrader stops the whole run on a notebook that fails it.
+_NB_KEYS = {"metadata", "nbformat", "nbformat_minor", "cells"}
+_CELL_KEYS = {"code": {"id", "cell_type", "metadata", "source", "outputs", "execution_count"},
+              "markdown": {"id", "cell_type", "metadata", "source"}, "raw": {"id", "cell_type", "metadata", "source"}}
+
+
+def _tags(v) -> bool:
+    return (isinstance(v, list) and all(isinstance(t, str) and t and "," not in t for t in v)
+            and len(set(v)) == len(v))
+
+
+_NB_META = {"orig_nbformat": lambda v: type(v) is int and v >= 1, "title": lambda v: isinstance(v, str),
+            "authors": lambda v: isinstance(v, list)}
+_CELL_META = {"jupyter": lambda v: isinstance(v, dict), "collapsed": lambda v: type(v) is bool,
+              "execution": lambda v: isinstance(v, dict) and all(isinstance(x, str) for x in v.values()),
+              "scrolled": lambda v: type(v) is bool or v == "auto", "name": lambda v: isinstance(v, str) and
+              re.search(r"^.+$", v) is not None, "tags": _tags, "format": lambda v: isinstance(v, str)}
+
+
+def _schema_fit(meta: dict, rules: dict, dropped: set) -> dict:
+    """`meta` without the keys of `rules` whose value the schema refuses; their names are added to `dropped`."""
+    bad = {k for k, ok in rules.items() if k in meta and not ok(meta[k])}
+    dropped |= bad
+    return {k: v for k, v in meta.items() if k not in bad} if bad else meta
 
 
 def for_nbgrader(nb: dict, release: dict) -> tuple[dict, list[str]]:
@@ -114,16 +139,26 @@ def for_nbgrader(nb: dict, release: dict) -> tuple[dict, list[str]]:
     converted notebooks), a cell id that nbformat's schema refuses (a space in it, over 64 characters), a cell
     carrying nbgrader metadata the release does not have (copied from another assignment's notebook: "Cell ... does
     not exist in the database", then "the nbgrader metadata may be corrupted"), and grading metadata of a released
-    cell that lost a key or has another ``schema_version`` ("nbgrader update"). What the student wrote, the cells'
-    sources, stays as it is; the evidence was taken from the notebook as submitted (`grader.evidence`); only this
-    copy is repaired."""
+    cell that lost a key or has another ``schema_version`` ("nbgrader update"), and what nbformat's schema refuses (a
+    key a notebook or cell has not, ``prompt_number``; ``kernelspec``, ``tags`` or ``collapsed`` of another shape:
+    "NotebookValidationError: 'python3' is not of type 'object'"); cells' attachments are left out. What the student
+    wrote, the cells' sources, stays as it is; the evidence was taken from the notebook as submitted
+    (`grader.evidence`); only this copy is repaired."""
     release_meta = {}
     for cell in release.get("cells", []):
         meta = _nbgrader_meta(cell)
         if isinstance(meta.get("grade_id"), str):
             release_meta[meta["grade_id"]] = meta
     minor = release.get("nbformat_minor")
-    out = {**nb, "nbformat": 4, "metadata": nb["metadata"] if isinstance(nb.get("metadata"), dict) else {}}
+    dropped: set = set()  # keys nbformat's schema refuses, left out of this copy
+    meta = nb["metadata"] if isinstance(nb.get("metadata"), dict) else {}
+    # the kernel is the release's (nbgrader's OverwriteKernelspec puts it back, after the schema check) and the
+    # language is what that kernel runs: a student's `kernelspec` of another shape stopped nbgrader ("crashed")
+    meta = {**{k: v for k, v in meta.items() if k not in ("kernelspec", "language_info")},
+            **{k: v for k, v in (release.get("metadata") or {}).items() if k in ("kernelspec", "language_info")}}
+    out = {k: v for k, v in nb.items() if k in _NB_KEYS}
+    dropped |= set(nb) - _NB_KEYS
+    out.update(nbformat=4, metadata=_schema_fit(meta, _NB_META, dropped))
     if type(out.get("nbformat_minor")) is not int or out["nbformat_minor"] < 0:
         out["nbformat_minor"] = minor if type(minor) is int else 5
     cells, unknown, repaired, seen, renamed = [], [], [], set(), 0
@@ -138,6 +173,12 @@ def for_nbgrader(nb: dict, release: dict) -> tuple[dict, list[str]]:
         if "id" in cell and not (isinstance(cell["id"], str) and _CELL_ID.fullmatch(cell["id"])):
             cell["id"] = f"decodesched-{len(cells)}"  # one such id and nbformat refuses the whole notebook
             renamed += 1
+        # a markdown cell's pasted images: nothing runs them, and 64 MiB of them made nbgrader's graded copy too big
+        # to write ("File too large": `crashed`); a code cell has none in the schema
+        cell.pop("attachments", None)
+        dropped |= set(cell) - _CELL_KEYS[cell["cell_type"]] - {"outputs", "execution_count"}
+        cell = {k: v for k, v in cell.items() if k in _CELL_KEYS[cell["cell_type"]] | {"outputs", "execution_count"}}
+        meta = _schema_fit(meta, _CELL_META, dropped)
         if cell["cell_type"] == "code":
             if not isinstance(cell.get("outputs"), list):
                 cell["outputs"] = []
@@ -181,6 +222,9 @@ def for_nbgrader(nb: dict, release: dict) -> tuple[dict, list[str]]:
     if renamed:
         notes.append(f"{renamed} cell id(s) nbformat does not accept (1-64 letters, digits, - or _) were renamed in "
                      "nbgrader's copy")
+    if dropped:
+        notes.append("keys that nbformat's schema refuses (or of a shape it refuses) were left out of nbgrader's copy: "
+                     + ", ".join(sorted(printable(str(k))[:64] for k in dropped)[:10]))
     return out, notes
 
 

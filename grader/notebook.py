@@ -45,6 +45,9 @@ _IGNORABLE = ((0x00AD, 0x00AD), (0x034F, 0x034F), (0x061C, 0x061C), (0x115F, 0x1
 MAX_NOTEBOOK_BYTES = 100 * 1024 * 1024
 BIG_NOTEBOOK_BYTES = 16 * 1024 * 1024
 MAX_BIG_NOTEBOOK_ITEMS = 3_000_000
+# Objects and arrays nested in a notebook without its outputs: a saved one has about 10 (widget state in the metadata);
+# nbgrader's recursive reading stopped on 960 ("RecursionError", the notebook `crashed`), the JSON reader on ~990.
+MAX_NOTEBOOK_DEPTH = 100
 _BIG_PARSE = threading.Lock()
 _ARCHIVES = (".zip", ".tar", ".gz", ".tgz", ".bz2", ".xz", ".7z", ".rar")
 
@@ -174,6 +177,11 @@ def collect_submissions(folder, skipped: list | None = None) -> list[Submission]
         nb = d / spec.ASSIGNMENT / spec.NOTEBOOK
         if problem:
             put(Submission(sid, None, problem), exact_name(d.name) + "/")
+        elif not (d / spec.ASSIGNMENT).is_dir() and d.suffix.lower() == ".ipynb":
+            # ``alice.ipynb/`` in place of the file (a folder unpacked from a zip named like it): alice's row, invalid
+            stem_id, stem_problem = _plain_id(d.stem)
+            put(Submission(stem_id, None, stem_problem or f"{display_name(d.name)} is a folder, not a notebook file"),
+                exact_name(d.name) + "/")
         elif not (d / spec.ASSIGNMENT).is_dir():
             if skipped is not None:  # a folder of something else (another assignment)
                 skipped.append((sid + "/", f"a folder without {spec.ASSIGNMENT}/ inside"))
@@ -181,6 +189,9 @@ def collect_submissions(folder, skipped: list | None = None) -> list[Submission]
                 for inner in sorted(d.iterdir())[:100]:
                     if inner.is_dir() and not inner.name.startswith("."):
                         elsewhere[display_name(inner.name)] = elsewhere.get(display_name(inner.name), 0) + 1
+        elif nb.is_dir():  # (a notebook unpacked as a folder, a zip's folder named like the file)
+            put(Submission(sid, None, f"{spec.ASSIGNMENT}/{spec.NOTEBOOK} in the submission is a folder, not a "
+                           "notebook file"), exact_name(d.name) + "/")
         elif not nb.is_file():
             put(Submission(sid, None, f"no {spec.ASSIGNMENT}/{spec.NOTEBOOK} in the submission"
                            + _other_notebooks(d / spec.ASSIGNMENT)), exact_name(d.name) + "/")
@@ -201,8 +212,8 @@ def _other_notebooks(folder: Path) -> str:
     ``decode_scheduling (1).ipynb``, a copy in a subfolder), or ""."""
     try:
         found = sorted(p.relative_to(folder).as_posix() for pattern in ("*", "*/*") for p in folder.glob(pattern)
-                       if p.suffix.lower() == ".ipynb" and not any(part.startswith(".") for part in
-                                                                   p.relative_to(folder).parts))
+                       if p.suffix.lower() == ".ipynb" and not p.is_dir() and not any(
+                           part.startswith(".") for part in p.relative_to(folder).parts))
     except OSError:
         return ""
     if not found:
@@ -304,7 +315,15 @@ def _checked(nb) -> dict:
         _cell_source(cell)
         if isinstance(cell.get("outputs"), list):
             cell["outputs"] = []  # what a past run printed: never graded, and nbgrader clears it as well
+    from .observe import _too_deep
+
+    if _too_deep(nb, MAX_NOTEBOOK_DEPTH):
+        raise InvalidSubmission(_TOO_DEEP)
     return nb
+
+
+_TOO_DEEP = (f"not a readable notebook (its JSON is nested too deep: over {MAX_NOTEBOOK_DEPTH} levels without "
+             "its outputs; a generated or damaged file, not one Jupyter saved)")
 
 
 def _parse(data: bytes):
@@ -313,7 +332,7 @@ def _parse(data: bytes):
     try:
         return json.loads(text)
     except RecursionError:
-        raise InvalidSubmission("not a readable notebook (invalid JSON)") from None
+        raise InvalidSubmission(_TOO_DEEP) from None
     except ValueError as exc:
         raise InvalidSubmission(_json_problem(text, exc)) from None
 

@@ -310,14 +310,14 @@ def _decode(chunks: list) -> tuple[list, list]:
     return lines, forged
 
 
-def _too_deep(value) -> bool:
-    """Whether a parsed line nests more than MAX_DEPTH objects and arrays (walked without recursion: the judge's
+def _too_deep(value, limit: int = MAX_DEPTH) -> bool:
+    """Whether a parsed line nests more than `limit` objects and arrays (walked without recursion: the judge's
     recursive code would fail on it)."""
     stack = [(value, 1)]
     while stack:
         v, depth = stack.pop()
         if isinstance(v, (list, dict)):
-            if depth > MAX_DEPTH:
+            if depth > limit:
                 return True
             stack.extend((x, depth + 1) for x in (v.values() if isinstance(v, dict) else v))
     return False

@@ -305,7 +305,7 @@ def grade(submissions, out_dir, *, course=None, options: Options | None = None, 
         print(printable(f"decodesched grade: note: {course_obj.gradebook} is locked by another program (formgrader, "
                         "nbgrader); its roster is read again as the grades are written into it"), file=sys.stderr)
     skipped: list = []
-    subs = collect_submissions(submissions, skipped)
+    subs = _linked_course_files(collect_submissions(submissions, skipped), course_obj.root)
     out_dir = Path(out_dir)
     made_out_dir = not out_dir.exists()
     kept: list[Result] = []
@@ -370,6 +370,30 @@ def grade(submissions, out_dir, *, course=None, options: Options | None = None, 
     for line in report_lines(skipped, results):
         print(f"decodesched grade: {line}", file=sys.stderr)
     return results
+
+
+# The course's folders of notebooks that are no student's hand-in: nbgrader's source/ (the solution and hidden tests),
+# release/, and autograded/ and feedback/ (other students' graded work).
+COURSE_NOTEBOOKS = ("source", "release", "autograded", "feedback")
+
+
+def _linked_course_files(subs: list[Submission], course_root: Path) -> list[Submission]:
+    """`subs` with each one whose notebook is, through a symbolic link (of the file or of a folder above it), a
+    file in the course's COURSE_NOTEBOOKS made an `invalid` row saying so: ``tar`` and ``unzip`` restore links, so a
+    student's archive unpacked into the folder could hand in ``../../source/.../decode_scheduling.ipynb``, the
+    instructor's solution, as the student's own. Links elsewhere (an instructor's folder of links to
+    ``submitted/``) are followed as before."""
+    roots = [Path(os.path.realpath(course_root / name)) for name in COURSE_NOTEBOOKS]
+    out = []
+    for sub in subs:
+        real = Path(os.path.realpath(sub.path)) if sub.path is not None and not sub.problem else None
+        inside = next((r for r in roots if real is not None and real.is_relative_to(r)
+                       and not Path(os.path.abspath(sub.path)).is_relative_to(r)), None)
+        if inside is not None:
+            sub = Submission(sub.student_id, None, f"the notebook is a link to the course's own {inside.name}/ "
+                             f"folder ({printable(str(real))}), not a file the student handed in")
+        out.append(sub)
+    return out
 
 
 def report_lines(skipped: list, results: list) -> list[str]:
@@ -573,10 +597,11 @@ def _grade_safely(sub, course, template, workroot, options, limits, server, slot
     """One student's failure never stops the run: an unexpected grader error is reported as crashed. A grading
     that ended while this one is not being stopped is kept for a rerun (`grader.resume`)."""
     try:
+        before = keeper.key(sub) if keeper is not None else None  # (kept only if the file is the same after)
         result = grade_one(sub, course, template, workroot, options, limits, server, slots)
         result.timestamp = submitted_at(sub)
         if keeper is not None and not sandbox.STOPPING.is_set():  # (a run the stop ended is no verdict)
-            keeper.keep(sub, result)
+            keeper.keep(sub, result, before)
         return result
     except UserError:
         raise  # the course, not this student (a gradebook without the assignment): one line, the grading stops

@@ -148,13 +148,15 @@ class Resume:
             self.written.add(path)
         return result
 
-    def keep(self, sub, result) -> None:
-        """Write `result` as `sub`'s kept grading: only a status that does not depend on the machine, and only
-        if it reads back as the same outputs (its feedback page byte for byte). Never fails the grading."""
+    def keep(self, sub, result, before: str | None) -> None:
+        """Write `result` as `sub`'s kept grading: only a status that does not depend on the machine, only if the
+        submission's key is still `before` (its key as its grading began: a file edited or replaced while it was
+        graded would be kept under the new bytes' key with the old bytes' verdict, and a rerun would take it), and
+        only if it reads back as the same outputs (its feedback page byte for byte). Never fails the grading."""
         from .feedback import feedback_html
 
         key = self.key(sub)
-        if key is None or result.status not in KEPT:
+        if key is None or key != before or result.status not in KEPT:
             return
         try:
             fields = {k: v for k, v in dataclasses.asdict(result).items() if k != "timestamp"}
