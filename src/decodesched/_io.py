@@ -285,6 +285,38 @@ def check_outputs(outputs, inputs=()) -> None:
         seen.append(out)
 
 
+def stdout_error(exc: OSError) -> OSError:
+    """A failed write to standard output as the error to raise: a closed pipe as it is (`CLOSED_PIPE`), any other
+    (a full disk: its OSError names no file) as an `OutputError` that names standard output."""
+    if isinstance(exc, (BrokenPipeError, UserError)):
+        return exc
+    return OutputError(f"standard output: cannot write ({_describe(exc)})")
+
+
+class NamedStdout:
+    """``sys.stdout`` while a command runs (`cli.main`): the stream as it is, but a write or flush that fails raises
+    `stdout_error`'s error, so that ``cmd >/dev/full`` under ``python -u`` or PYTHONUNBUFFERED (where print's own
+    write fails, with no file named) says "standard output", as the final flush of a buffered stream does."""
+
+    def __init__(self, stream):
+        self.stream = stream
+
+    def write(self, text):
+        try:
+            return self.stream.write(text)
+        except OSError as exc:
+            raise stdout_error(exc) from None
+
+    def flush(self):
+        try:
+            self.stream.flush()
+        except OSError as exc:
+            raise stdout_error(exc) from None
+
+    def __getattr__(self, name):
+        return getattr(self.stream, name)
+
+
 class _StdoutWriter:
     """Standard output as a file object that is never closed by us.  Text and bytes alike go to its
     binary layer, all of them: under ``python -u`` or PYTHONUNBUFFERED that layer is the raw file,
@@ -302,9 +334,12 @@ class _StdoutWriter:
             self._text.flush()  # what was printed before comes first
 
     def write(self, data):
-        if self._buffer is None:
-            return self._text.write(bytes(data).decode("utf-8") if self._binary else data)
-        _write_all(self._buffer, memoryview(data if self._binary else data.encode("utf-8")).cast("B"))
+        try:
+            if self._buffer is None:
+                return self._text.write(bytes(data).decode("utf-8") if self._binary else data)
+            _write_all(self._buffer, memoryview(data if self._binary else data.encode("utf-8")).cast("B"))
+        except OSError as exc:  # (a full disk: named as standard output)
+            raise stdout_error(exc) from None
         return len(data)
 
     def flush(self):
@@ -314,6 +349,8 @@ class _StdoutWriter:
                 return
             except BlockingIOError:  # a non-blocking descriptor that is full: wait until it takes more
                 select.select([], [self._buffer or self._text], [])
+            except OSError as exc:
+                raise stdout_error(exc) from None
 
 
 def _write_all(stream, view: memoryview) -> None:
@@ -401,9 +438,27 @@ def _temporary_beside(path, target: Path) -> tuple[int, str]:
     `path` (the output as given) when that folder takes no new file (read-only, ``/proc``)."""
     parent = target.parent if str(target.parent) else Path(".")
     try:
-        return tempfile.mkstemp(prefix=temp_prefix(target.name), suffix=".tmp", dir=parent)
+        try:
+            return tempfile.mkstemp(prefix=temp_prefix(target.name), suffix=".tmp", dir=parent)
+        except OSError as exc:
+            if exc.errno != errno.ENAMETOOLONG or parent.is_absolute():
+                raise
+            return _relative_temporary(parent, temp_prefix(target.name), ".tmp")
     except OSError as exc:
         raise OutputError(f"{path}: cannot write in {parent} ({_describe(exc)})") from None
+
+
+def _relative_temporary(parent: Path, prefix: str, suffix: str) -> tuple[int, str]:
+    """`tempfile.mkstemp` with the relative name kept: mkstemp makes it absolute, and a current folder deeper than
+    the 4,096 bytes a path may have (where relative names still work) refused every output as "file name too
+    long"."""
+    for _ in range(100):
+        name = os.path.join(parent, f"{prefix}{os.urandom(6).hex()}{suffix}")
+        try:
+            return os.open(name, os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o600), name
+        except FileExistsError:
+            continue
+    raise FileExistsError(errno.EEXIST, "no unused temporary name")
 
 
 def check_writable(path) -> None:

@@ -112,10 +112,45 @@ def candidate_folders(py_file: str) -> list[Path]:
     return out
 
 
+def _env_int(name: str) -> int | None:
+    """An environment variable read as Numba's configuration reads it (``int``; None when unset or unparsable)."""
+    try:
+        return int(os.environ[name])
+    except (KeyError, ValueError):
+        return None
+
+
+JIT_DISABLED = ("NUMBA_DISABLE_JIT is set: the replay kernels need Numba's compiler (they cannot run as plain "
+                "Python); unset NUMBA_DISABLE_JIT")
+
+
+def check_environment() -> None:
+    """Refuse (`UserError`, one line) a Numba setting that would end a command in Numba's traceback: a thread
+    count that is not a whole number from 1 up (Numba's import raises for 0 or less, and ignores text with a
+    warning, an error under ``PYTHONWARNINGS=error``).  Imports no Numba."""
+    from .errors import UserError
+
+    text = os.environ.get("NUMBA_NUM_THREADS")
+    if text is not None and (_env_int("NUMBA_NUM_THREADS") or 0) < 1:
+        raise UserError(f"NUMBA_NUM_THREADS={text[:40]!r} is not a whole number of threads from 1 up; set one "
+                        "(or unset NUMBA_NUM_THREADS)")
+
+
+def require_jit() -> None:
+    """Refuse (`UserError`) a command that runs a kernel while ``NUMBA_DISABLE_JIT`` is on (a nonzero integer, as
+    Numba reads it): the kernels use compiled-only intrinsics, and ended in a NotImplementedError traceback."""
+    from .errors import UserError
+
+    if _env_int("NUMBA_DISABLE_JIT"):
+        raise UserError(JIT_DISABLED)
+
+
 def early_compile_notice(module: str = "fast_nb", function: str = "replay_fast_nb",
                          what: str = "the replay kernel") -> bool:
     """Before Numba is even imported: when no cache folder holds an index of `function`, it will
-    surely compile; say so now.  (A stale index is caught later by `compile_notice`.)"""
+    surely compile; say so now.  (A stale index is caught later by `compile_notice`.)  A run with the
+    compiler off is refused first (`require_jit`)."""
+    require_jit()
     py_file = str(_kernels_dir() / f"{module}.py")
     for folder in candidate_folders(py_file):
         with contextlib.suppress(OSError):
@@ -146,7 +181,9 @@ def dispatcher_cold(dispatcher) -> bool:
 def compile_notice(dispatcher, what: str = "the replay kernel") -> bool:
     """Say once on stderr that `dispatcher` is about to compile (when it has no cached machine code).
 
-    Returns whether it will compile, so that callers can keep the compile out of their timings."""
+    Returns whether it will compile, so that callers can keep the compile out of their timings.  A run with the
+    compiler off is refused first (`require_jit`)."""
+    require_jit()
     if not dispatcher_cold(dispatcher):
         return False
     _notice(compile_message(what))

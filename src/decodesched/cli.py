@@ -33,14 +33,22 @@ def _prog_before_parsing(argv) -> str:
 
 
 def _interrupted_early(signum, frame):
-    """SIGINT while the console script is still importing this module or calling `main` (before `main`
-    can catch KeyboardInterrupt): one line and exit 130, not Python's traceback."""
+    """SIGINT (or SIGTERM, SIGHUP) while the console script is still importing this module or calling `main` (before
+    `main` can catch KeyboardInterrupt): one line and exit 128 + the signal, not Python's traceback (nor, for
+    SIGTERM, an end with no line)."""
+    import signal
+
+    said = "interrupted" if signum == signal.SIGINT else f"terminated ({signal.Signals(signum).name})"
     try:
-        sys.stderr.write(f"{_prog_before_parsing(None)}: interrupted\n")
+        sys.stderr.write(f"{_prog_before_parsing(None)}: {said}\n")
         sys.stderr.flush()
     except (OSError, ValueError, AttributeError):
         pass
-    raise SystemExit(130)
+    raise SystemExit(128 + signum)
+
+
+# Taken while at their start: SIGINT at Python's handler, the others (`_io.UNWINDING_SIGNALS`) at their default.
+_EARLY_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP")
 
 
 def _run_as_command() -> bool:
@@ -57,19 +65,25 @@ def _install_early_interrupt() -> None:
     import signal
 
     try:
-        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # (not someone else's, nor ignored)
-            signal.signal(signal.SIGINT, _interrupted_early)
+        for name in _EARLY_SIGNALS:
+            sig = getattr(signal, name, None)
+            default = signal.default_int_handler if name == "SIGINT" else signal.SIG_DFL
+            if sig is not None and signal.getsignal(sig) is default:  # (not someone else's, nor ignored)
+                signal.signal(sig, _interrupted_early)
     except (ValueError, OSError):  # not the main thread
         pass
 
 
 def _end_early_interrupt() -> None:
-    """From here on Ctrl-C raises KeyboardInterrupt again (the commands and `immediate_interrupt` expect it)."""
+    """From here on Ctrl-C raises KeyboardInterrupt again (the commands and `immediate_interrupt` expect it), and
+    SIGTERM and SIGHUP are at their default until `_io.terminate_like_interrupt` takes them."""
     import signal
 
     try:
-        if signal.getsignal(signal.SIGINT) is _interrupted_early:
-            signal.signal(signal.SIGINT, signal.default_int_handler)
+        for name in _EARLY_SIGNALS:
+            sig = getattr(signal, name, None)
+            if sig is not None and signal.getsignal(sig) is _interrupted_early:
+                signal.signal(sig, signal.default_int_handler if name == "SIGINT" else signal.SIG_DFL)
     except (ValueError, OSError):
         pass
 
@@ -239,6 +253,11 @@ def shorten(text: str, limit: int = MAX_MESSAGE) -> str:
 def _os_message(exc: OSError) -> str:
     from ._io import _describe
 
+    if exc.filename is None and isinstance(exc, FileNotFoundError):  # (`os.getcwd`'s, in a removed folder)
+        try:
+            os.getcwd()
+        except FileNotFoundError:
+            return "the current folder no longer exists (it was removed); cd to one that does"
     where = exc.filename if exc.filename is not None else ""
     if exc.filename2 is not None:
         where = f"{where} -> {exc.filename2}"
@@ -246,14 +265,10 @@ def _os_message(exc: OSError) -> str:
 
 
 def _stdout_failed(exc: OSError) -> OSError:
-    """A failed write to standard output as the error to raise: a closed pipe as it is (`CLOSED_PIPE`), any other
-    (a full disk: its OSError names no file) as an `OutputError` that names standard output."""
-    if isinstance(exc, (BrokenPipeError, UserError)):
-        return exc
-    from ._io import _describe
-    from .errors import OutputError
+    """`_io.stdout_error`: a failed write to standard output as the error to raise."""
+    from ._io import stdout_error
 
-    return OutputError(f"standard output: cannot write ({_describe(exc)})")
+    return stdout_error(exc)
 
 
 def _flush_stdout() -> None:
@@ -280,7 +295,7 @@ def main(argv=None) -> int:
 
     Library warnings (numpy, matplotlib, Numba) are not shown unless Python was asked for them
     (``-W`` or ``PYTHONWARNINGS``)."""
-    signals, devnull, record_before = _SignalRecord(), None, None
+    signals, devnull, record_before, stdout_before = _SignalRecord(), None, None, None
     try:
         _end_early_interrupt()
         import warnings
@@ -293,6 +308,9 @@ def main(argv=None) -> int:
         sys.unraisablehook = _unraisable_interrupt_dropped
         devnull = _closed_stderr_to_devnull()
         _lenient_text_streams()
+        if sys.stdout is not None:
+            stdout_before = sys.stdout
+            sys.stdout = _io.NamedStdout(sys.stdout)
         with warnings.catch_warnings(), terminate_like_interrupt():
             if not sys.warnoptions:
                 warnings.simplefilter("ignore")
@@ -314,6 +332,8 @@ def main(argv=None) -> int:
     finally:
         if "decodesched._io" in sys.modules:
             sys.modules["decodesched._io"].signal_record = record_before
+            if isinstance(sys.stdout, sys.modules["decodesched._io"].NamedStdout):  # (else it was replaced meanwhile)
+                sys.stdout = stdout_before
         if _unraisable_interrupt_dropped.before:
             hook = _unraisable_interrupt_dropped.before.pop()
             if sys.unraisablehook is _unraisable_interrupt_dropped:  # (else someone set theirs meanwhile: it stays)
@@ -465,6 +485,9 @@ def _main(argv) -> int:
         return status
 
     try:
+        from ._numba_cache import check_environment
+
+        check_environment()  # (before the commands' modules import Numba)
         parser = build_parser()
         try:
             args, extra = parser.parse_known_args(argv)
@@ -502,6 +525,14 @@ def _main(argv) -> int:
         if not re.search(_INT_ERRORS, str(exc)):
             raise
         return fail(str(exc))
+    except (AttributeError, NotImplementedError):  # a kernel run as plain Python (a command that asks no notice)
+        from ._numba_cache import JIT_DISABLED, require_jit
+
+        try:
+            require_jit()
+        except UserError:
+            return fail(JIT_DISABLED)
+        raise
     except KeyboardInterrupt as exc:
         return _interrupted(prog, exc)
 

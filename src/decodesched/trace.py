@@ -528,6 +528,7 @@ def _from_csv(path: Path, steps_per_second: float | None, label: str) -> Trace:
     cols = _plain_csv(text, path)
     if cols is None:  # (quotes, blank lines, another width, a cell not spelled as the readers take it)
         header, cells, lines = _csv_records(text, path)
+        _csv_repeated_header(header, cells, lines, path)
         cols = dict(zip(header, cells))
         for h in TRACE_COLUMNS:  # (whole where every cell reads; else `_from_columns` names the first bad one)
             if (whole := _text_column(h, cols[h])) is not None:
@@ -571,6 +572,15 @@ def _csv_records(text: str, path: Path):
     its line.  Whole where it can (`_csv_whole`: quotes and blank lines, 1 M rows in about 5 s), else record
     by record (`_csv_loop`: about 12 s)."""
     return _csv_whole(text, path) or _csv_loop(text, path)
+
+
+def _csv_repeated_header(header: list[str], cells: list[list[str]], lines: list[int], path: Path) -> None:
+    """A row that repeats the header (two traces joined whole, ``cat a.csv b.csv``) named as such, not as its
+    first cell that is no integer."""
+    for i, first in enumerate(cells[0] if cells else ()):
+        if first.strip() == header[0] and all(column[i].strip() == h for h, column in zip(header, cells)):
+            raise TraceError(f"{path}: row {i + 1} (line {lines[i]}) repeats the header (two traces joined whole?); "
+                             "remove it")
 
 
 def _csv_reader(text: str):

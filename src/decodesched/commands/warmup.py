@@ -104,6 +104,9 @@ def cache_location() -> str:
 
 
 def run(args) -> int:
+    from .._numba_cache import require_jit
+
+    require_jit()
     import numba
 
     if args.cuda:  # no GPU: said before the CPU kernels compile for minutes, and with warmup's own option
