@@ -44,21 +44,15 @@ _MAX_BYTES = 64 * 2**20
 
 def code_digest() -> str:
     """SHA-256 of every file of the grader's own code: the `decodesched` package with the grader, the kernels
-    and the assignment (caches left out), each by its path relative to its package folder and its bytes."""
+    and the assignment (`package_digest`: caches left out)."""
     import decodesched
     import decodesched.assignments
     import decodesched.grader
     import decodesched.kernels
+    from decodesched.checkpoint import package_digest
 
-    h = hashlib.sha256()
-    for mod in (decodesched, decodesched.grader, decodesched.kernels, decodesched.assignments):
-        root = Path(mod.__file__).resolve().parent
-        h.update(f"{mod.__name__}\0".encode())
-        for path in sorted(root.rglob("*")):
-            if path.is_file() and "__pycache__" not in path.parts and path.suffix not in (".pyc", ".so"):
-                h.update(f"{path.relative_to(root).as_posix()}\0".encode("utf-8", "surrogateescape"))
-                h.update(hashlib.sha256(path.read_bytes()).digest())
-    return h.hexdigest()
+    return package_digest((decodesched, decodesched.grader, decodesched.kernels, decodesched.assignments),
+                          every_file=True)
 
 
 def _nbgrader_version() -> str | None:

@@ -86,6 +86,24 @@ class Scenario:
         object.__setattr__(self, "aging_interval", replay_interval(self.policy, self.aging_interval))
 
 
+class ScenarioError(UserError):
+    """A scenario's replay failed (a user policy's function raised, or its kernel did not compile): the policy's own
+    line, as `simulate` gives it, with the scenario it failed in (`index` in the batch, `where`: its trace, capacity
+    and interval) for a sweep's runner to name (`in_sweep`), where the batch that ran it was one chunk.  It pickles
+    (a Dask worker sends it)."""
+
+    def __init__(self, message: str, index: int, where: str):
+        self.index, self.where = int(index), where
+        super().__init__(message)
+
+    def __reduce__(self):
+        return type(self), (str(self), self.index, self.where)
+
+    def in_sweep(self, index: int) -> UserError:
+        """The line a sweep gives: ``scenario INDEX (trace, capacity, interval): <the policy's line>``."""
+        return UserError(f"scenario {index} ({self.where}): {self}")
+
+
 def grid(traces, policies: Sequence, kv_blocks: Sequence[int], aging_intervals: Sequence[int] | None,
          max_steps: int | None = None, replicates: int = 1) -> list[Scenario]:
     """Every combination, in the order trace, replicate, policy, capacity, aging interval (the last
@@ -557,8 +575,8 @@ def simulate_batch(traces, scenarios: Sequence[Scenario], *, record_events: bool
                     counters = np.zeros(2, np.int64)
                     call = (*arrays, builtin_order, counters, used, req_start, event_start, events, req_out, summary)
                     _run_cpu(_cpu_kernel(engine), call, used, counters, bar)
-                _run_custom(scenarios, run_order[custom[run_order]], arrays, used, req_start, event_start, events,
-                            req_out, summary, bar)
+                _run_custom(traces, scenarios, run_order[custom[run_order]], arrays, used, req_start, event_start,
+                            events, req_out, summary, bar)
     finally:
         numba.set_num_threads(previous)
     seconds = time.perf_counter() - start
@@ -648,7 +666,7 @@ def _cost(traces, sc_trace, sc_max_steps) -> np.ndarray:
     return np.where(sc_max_steps >= 0, np.minimum(work, sc_max_steps), work) * lengths
 
 
-def _run_custom(scenarios, order, arrays, threads: int, req_start, event_start, events, req_out, summary,
+def _run_custom(traces, scenarios, order, arrays, threads: int, req_start, event_start, events, req_out, summary,
                 bar: Progress) -> None:
     """Run the scenarios of user policies (`order`), each with its Policy's kernel, on `threads`
     threads (the kernels release the GIL); every scenario has its own output slices."""
@@ -658,9 +676,15 @@ def _run_custom(scenarios, order, arrays, threads: int, req_start, event_start, 
 
     def one(s):
         a, b = trace_start[sc_trace[s]], trace_start[sc_trace[s] + 1]
-        kernels[id(scenarios[s].policy)](*(c[a:b] for c in cols), sc_policy[s], sc_capacity[s], sc_interval[s],
-                                         sc_max_steps[s], events[event_start[s]:event_start[s + 1]],
-                                         req_out[req_start[s]:req_start[s + 1]], summary[s])
+        try:
+            kernels[id(scenarios[s].policy)](*(c[a:b] for c in cols), sc_policy[s], sc_capacity[s], sc_interval[s],
+                                             sc_max_steps[s], events[event_start[s]:event_start[s + 1]],
+                                             req_out[req_start[s]:req_start[s + 1]], summary[s])
+        except UserError as exc:  # (the policy raised: which of the scenarios, `ScenarioError`)
+            sc = scenarios[s]
+            where = f"trace {traces[sc.trace].name!r}, free_kv_blocks {sc.free_kv_blocks}, aging_interval " \
+                    f"{sc.aging_interval}"
+            raise ScenarioError(str(exc), s, where) from exc.__cause__
 
     if threads <= 1 or len(order) <= 1:
         for s in order.tolist():

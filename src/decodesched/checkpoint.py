@@ -1,7 +1,8 @@
 """Sweeps that survive interruption: finished chunks are saved as they complete, and a rerun resumes.
 
 A checkpoint is a JSON-lines file (``<out>.partial.jsonl`` for ``decodesched sweep``, see
-`checkpoint_path_for`).  Its first line holds a hash of the traces and the scenarios (`sweep_key`),
+`checkpoint_path_for`).  Its first line holds a hash of decodesched's code, the traces and the scenarios
+(`sweep_key`),
 so a rerun of the *same* sweep (after Ctrl-C, a lost Dask scheduler, a crash) computes only the
 scenarios not yet saved, while a different sweep starts afresh; each further line holds one finished
 chunk: its scenario indices, their rows and a hash of both (a line edited since is not resumed from).
@@ -64,6 +65,15 @@ def _beside(path, suffix: str) -> str:
 
 
 LOCK_SUFFIX = ".lock"
+TEMPORARY_SUFFIX = ".tmp"
+
+
+def temporary_path(checkpoint_path) -> str:
+    """Where a new checkpoint is written before it is renamed into place (`Checkpoint._create`):
+    ``<checkpoint>.tmp`` (`_beside`), one name per checkpoint, so that a run killed while writing it leaves
+    no stray file that no later run would know of."""
+    return _beside(checkpoint_path, TEMPORARY_SUFFIX)
+
 _held: dict[tuple[str, int], int] = {}  # (lock file, thread) -> how many `held` blocks of that thread hold it
 
 
@@ -157,12 +167,44 @@ def shared_names(row: dict) -> dict:
     return {sys.intern(k): v for k, v in row.items()}
 
 
+def package_digest(modules, every_file: bool = False) -> str:
+    """SHA-256 of the files of the packages `modules` (their ``.py`` files, or `every_file` but caches and built
+    libraries), each by its path relative to its package folder and its bytes."""
+    h = hashlib.sha256()
+    for mod in modules:
+        root = Path(mod.__file__).resolve().parent
+        h.update(f"{mod.__name__}\0".encode())
+        for path in sorted(root.rglob("*" if every_file else "*.py")):
+            if path.is_file() and "__pycache__" not in path.parts and path.suffix not in (".pyc", ".so"):
+                h.update(f"{path.relative_to(root).as_posix()}\0".encode("utf-8", "surrogateescape"))
+                h.update(hashlib.sha256(path.read_bytes()).digest())
+    return h.hexdigest()
+
+
+_code_digest: str | None = None
+
+
+def code_digest() -> str:
+    """`package_digest` of the simulator's own code, the `decodesched` package and its kernels, once per process: a
+    checkpoint made by another version (`sweep_key`) is not resumed from, and a Dask worker that runs another
+    version refuses its chunks (`distributed._on_worker`), so that no table mixes rows of two versions of the replay
+    or the metrics."""
+    global _code_digest
+    if _code_digest is None:
+        import decodesched
+        import decodesched.kernels
+
+        _code_digest = package_digest((decodesched, decodesched.kernels))
+    return _code_digest
+
+
 def sweep_key(traces, scenarios) -> str:
-    """A hash of the traces (every column, name and time scale) and the scenarios, in order (a user
-    policy by its `Policy.fingerprint`: its name and all the code and constants its functions use)."""
+    """A hash of the simulator's code (`code_digest`), the traces (every column, name and time scale) and the
+    scenarios, in order (a user policy by its `Policy.fingerprint`: its name and all the code and constants its
+    functions use)."""
     from .trace import ARRAY_FIELDS
 
-    h = hashlib.sha256()
+    h = hashlib.sha256(code_digest().encode())
     for t in traces:
         h.update(repr((t.name, t.steps_per_second, len(t))).encode())
         for name in ARRAY_FIELDS:
@@ -318,19 +360,23 @@ class Checkpoint:
                 os.fsync(self.fh.fileno())
 
     def _create(self, text: str) -> None:
-        """A new checkpoint appears whole, its header and first chunk written beside it and renamed into place:
-        one opened first and written after would be empty or torn if the run were killed between, a file
-        the next run refuses as no checkpoint.  A link there is replaced, never followed."""
-        from ._io import _temporary_beside, _umask
-
-        fd, tmp = _temporary_beside(self.path, self.path)
+        """A new checkpoint appears whole, its header and first chunk written beside it (`temporary_path`) and
+        renamed into place: one opened first and written after would be empty or torn if the run were killed
+        between, a file the next run refuses as no checkpoint.  A link there is replaced, never followed.  The
+        temporary file has one name per checkpoint, written only under its lock (`held`): one that a run killed
+        here left is replaced by the next run's, and removed with the checkpoint (`finish`)."""
+        tmp = temporary_path(self.path)
+        try:
+            _remove_stale_temporary(self.path)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666)  # (the umask applies)
+        except OSError as exc:  # (named as the checkpoint: the file the sweep's error line names)
+            raise OSError(exc.errno, exc.strerror, str(self.path)) from None
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as fh:
                 fh.write(text)
                 fh.flush()
                 with contextlib.suppress(OSError):
                     os.fsync(fh.fileno())
-            os.chmod(tmp, 0o666 & ~_umask())  # (mkstemp makes 0600: the mode of any new file)
             os.replace(tmp, self.path)
         except BaseException:
             with contextlib.suppress(OSError):
@@ -353,6 +399,32 @@ def finish(checkpoint_path) -> None:
     if checkpoint_path and is_checkpoint(checkpoint_path):
         with contextlib.suppress(OSError):
             os.unlink(checkpoint_path)
+    if checkpoint_path:
+        with contextlib.suppress(OSError):
+            _remove_stale_temporary(checkpoint_path)
+
+
+def _remove_stale_temporary(checkpoint_path) -> None:
+    """Remove the `temporary_path` a run killed in `Checkpoint._create` left: a file (no link) that starts as a
+    checkpoint does, or a part of that start (it may be torn anywhere); only the run holding the checkpoint's lock
+    writes there (`held`), so it is stale.  Anything else there is kept (and `_create` then fails naming it)."""
+    tmp = temporary_path(checkpoint_path)
+    start = json.dumps({"format": CHECKPOINT_FORMAT}).encode()[:-1]
+    try:
+        fd = os.open(tmp, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:  # (a link: removed, never followed)
+            os.unlink(tmp)
+            return
+        raise
+    try:
+        head = os.read(fd, len(start)) if stat.S_ISREG(os.fstat(fd).st_mode) else None
+    finally:
+        os.close(fd)
+    if head is not None and start.startswith(head):
+        os.unlink(tmp)
 
 
 @contextlib.contextmanager
@@ -409,7 +481,7 @@ def run_local(traces, scenarios: Sequence, *, chunk_size: int = DEFAULT_LOCAL_CH
     slowest first), saving each finished chunk to `checkpoint_path`; return the rows in scenario
     order, equal to ``simulate_batch(traces, scenarios).rows()``.  The checkpoint is removed at the
     end, unless `keep_checkpoint` (the caller then calls `finish` once it has written the rows)."""
-    from .batch import estimated_cost, progress_bar, simulate_batch, trace_labels
+    from .batch import ScenarioError, estimated_cost, progress_bar, simulate_batch, trace_labels
     from .engine import check_flag
 
     progress = check_flag("progress", progress, none=True)
@@ -426,8 +498,11 @@ def run_local(traces, scenarios: Sequence, *, chunk_size: int = DEFAULT_LOCAL_CH
             bar.advance(len(done))
             for a in range(0, len(todo), chunk_size):
                 chunk = todo[a:a + chunk_size]
-                rows = simulate_batch(*_chunk_traces(traces, [scenarios[i] for i in chunk]), threads=threads,
-                                      engine=engine, backend=backend).rows()
+                try:
+                    rows = simulate_batch(*_chunk_traces(traces, [scenarios[i] for i in chunk]), threads=threads,
+                                          engine=engine, backend=backend).rows()
+                except ScenarioError as exc:  # (named by its index in the sweep, not in the chunk)
+                    raise exc.in_sweep(chunk[exc.index]) from exc.__cause__
                 rows = [shared_names(row) for row in rows]
                 for i, row in zip(chunk, rows):
                     row["trace"] = labels[scenarios[i].trace]  # labels of the whole sweep, not of the chunk

@@ -9,7 +9,9 @@
    task that runs `decodesched.batch.simulate_batch` on a worker (no event log) and returns its rows;
 3. chunks are gathered as they complete.  A worker that dies mid-sweep costs only the chunks it was
    running: the scheduler reschedules them on the remaining (or restarted) workers, and a chunk that
-   raises is retried ``retries`` times;
+   raises is retried ``retries`` times; once every worker that held the traces died, the chunks left are
+   sent again with the traces (`_Run.round`).  A worker runs a chunk only with the client's decodesched
+   and user policies' code (`_on_worker`), and a policy that raises is one line naming its scenario;
 4. with a ``checkpoint_path``, each finished chunk's rows are appended to a JSON-lines checkpoint
    (`decodesched.checkpoint`, the same file a local sweep writes): a rerun of the *same* sweep (after
    Ctrl-C, a lost scheduler, a crash) computes only the scenarios not yet saved, while a different
@@ -31,9 +33,9 @@ import pickle
 import sys
 from typing import Callable, Sequence
 
-from .batch import progress_bar
+from .batch import ScenarioError, _user_policy, progress_bar
 from .checkpoint import prepare, read_checkpoint, recording, sweep_key  # noqa: F401 (read_checkpoint, sweep_key: re-exported)
-from .checkpoint import shared_names
+from .checkpoint import code_digest, shared_names
 from .engine import check_flag
 from .errors import UserError
 
@@ -65,6 +67,35 @@ def _run_chunk(traces, scenarios, first, threads):
     with contextlib.redirect_stdout(sys.stderr):
         batch = simulate_batch(*_chunk_traces(traces, scenarios), record_events=False, threads=threads)
     return first, batch.rows()  # (their "trace" labels, of the chunk's traces, are replaced with the sweep's)
+
+
+def _on_worker(task, code, fingerprints, traces, scenarios, first, threads):
+    """On a worker: `task` (`_run_chunk`, or a run's ``chunk_function``), once this worker's decodesched is the
+    client's (`checkpoint.code_digest`) and its user policies are the client's (`fingerprints`, by name;
+    `policy.same_code`): a worker of another version (another install, an edited checkout), or one holding a policy
+    file as it was before an edit, would give rows of other code, mixed into the table unseen.  A refusal is a
+    `UserError` naming the worker or the policy."""
+    import dataclasses
+
+    from .policy import same_code
+
+    if code_digest() != code:
+        import decodesched
+
+        try:
+            where = f" {_import_dask().get_worker().address}"
+        except ValueError:  # (not in a worker: a test's own call)
+            where = ""
+        raise UserError(f"the Dask worker{where} runs another decodesched (version {decodesched.__version__}, "
+                        f"code {code_digest()[:12]}) than this sweep's (code {code[:12]}); install the same "
+                        "decodesched on every worker and the client")
+    checked = {}
+    for sc in scenarios:
+        if _user_policy(sc.policy) and sc.policy.name in fingerprints and id(sc.policy) not in checked:
+            checked[id(sc.policy)] = same_code(sc.policy, fingerprints[sc.policy.name])
+    scenarios = [dataclasses.replace(sc, policy=checked[id(sc.policy)]) if id(sc.policy) in checked else sc
+                 for sc in scenarios]
+    return task(traces, scenarios, first, threads)
 
 
 # Loggers that print on stderr while a cluster fails (a lost scheduler: tracebacks of
@@ -258,33 +289,83 @@ def _compute(traces, chunks, address, done, checkpoint, progress, threads, retri
     else:
         ctx = connect(address, quiet=quiet)
     with ctx as client:
+        run = _Run(client, traces, chunks, done, checkpoint, threads, retries, on_chunk, task, labels)
+        with progress_bar(n, "sweep", progress) as bar:
+            bar.advance(len(done))
+            pending = chunks
+            for attempt in range(LOST_TRACES_ROUNDS + 1):
+                pending = run.round(pending, bar, last=attempt == LOST_TRACES_ROUNDS)
+                if not pending:
+                    return
+
+
+# Rounds in which chunks whose traces were lost (every worker that held them died) are sent again with the traces.
+LOST_TRACES_ROUNDS = 3
+
+
+class _Run:
+    """One `run_sweep` on a client: the chunks submitted in rounds (`round`)."""
+
+    def __init__(self, client, traces, chunks, done, checkpoint, threads, retries, on_chunk, task, labels):
+        self.client, self.traces, self.done, self.checkpoint = client, traces, done, checkpoint
+        self.threads, self.retries, self.on_chunk, self.task, self.labels = threads, retries, on_chunk, task, labels
+        self.total, self.completed = len(chunks), 0
+        self.code = code_digest()
+        policies = {id(sc.policy): sc.policy for _, chunk in chunks for sc in chunk if _user_policy(sc.policy)}
+        self.fingerprints = {p.name: p.fingerprint() for p in policies.values()}  # (one name, one policy)
+
+    def round(self, chunks, bar, last: bool) -> list:
+        """Scatter the traces to every worker and run `chunks`; the chunks whose traces were lost meanwhile: a
+        worker that dies is restarted without the traces scattered before, so once every worker that held them died
+        Dask cancels the chunks that need them ("already forgotten").  Sent again with the traces, they cost only
+        their work.  Any other failure (and a loss in the `last` round) is a `UserError`."""
+        distributed = _import_dask()
+        client = self.client
         # hash=False: keys of this run only, so releasing them never touches another run's data
-        trace_futures = client.scatter(traces, broadcast=True, hash=False)
-        futures = [client.submit(task, trace_futures, chunk, first, threads, retries=retries, pure=False)
-                   for first, chunk in chunks]
-        completed = 0
         try:
-            with progress_bar(n, "sweep", progress) as bar:
-                bar.advance(len(done))
-                for fut in distributed.as_completed(futures):
-                    try:
-                        first, rows = fut.result()
-                    except Exception as exc:  # a chunk failed past its retries, or the cluster went away
-                        saved = f"; the {len(done)} finished scenarios are saved in {checkpoint.path}, rerun the " \
-                                f"same sweep to resume" if checkpoint is not None and done else ""
-                        raise UserError(f"a chunk of the sweep failed on the cluster: {type(exc).__name__}: "
-                                        f"{str(exc).splitlines()[0] if str(exc) else ''}{saved}") from exc
-                    rows = [shared_names(row) for row in rows]
-                    for i, row in enumerate(rows):
-                        row["trace"] = labels[first + i]
-                        done[first + i] = row
-                    if checkpoint is not None:
-                        checkpoint.add(range(first, first + len(rows)), rows)
-                    completed += 1
-                    bar.advance(len(rows))
-                    if on_chunk is not None:
-                        on_chunk(completed, len(chunks))
+            trace_futures = client.scatter(self.traces, broadcast=True, hash=False)
+        except Exception as exc:  # (the cluster went away since the last round)
+            self._fail(exc, 0)
+        futures = {client.submit(_on_worker, self.task, self.code, self.fingerprints, trace_futures, chunk, first,
+                                 self.threads, retries=self.retries, pure=False): (first, chunk)
+                   for first, chunk in chunks}
+        lost = []
+        try:
+            for fut in distributed.as_completed(list(futures)):
+                try:
+                    first, rows = fut.result()
+                except distributed.client.FutureCancelledError as exc:
+                    if last or client.status != "running":
+                        self._fail(exc, futures[fut][0])
+                    lost.append(futures[fut])
+                    continue
+                except Exception as exc:  # a chunk failed past its retries, or the cluster went away
+                    self._fail(exc, futures[fut][0])
+                self._save(first, rows, bar)
         finally:
             for fut in futures:
                 fut.cancel()
             del trace_futures  # released once no chunk needs them
+        return sorted(lost, key=lambda c: c[0])
+
+    def _save(self, first, rows, bar) -> None:
+        rows = [shared_names(row) for row in rows]
+        for i, row in enumerate(rows):
+            row["trace"] = self.labels[first + i]
+            self.done[first + i] = row
+        if self.checkpoint is not None:
+            self.checkpoint.add(range(first, first + len(rows)), rows)
+        self.completed += 1
+        bar.advance(len(rows))
+        if self.on_chunk is not None:
+            self.on_chunk(self.completed, self.total)
+
+    def _fail(self, exc: Exception, first: int):
+        saved = f"; the {len(self.done)} finished scenarios are saved in {self.checkpoint.path}, rerun the same " \
+                "sweep to resume" if self.checkpoint is not None and self.done else ""
+        if isinstance(exc, ScenarioError):  # (a user policy raised: which scenario of the sweep)
+            raise UserError(f"{exc.in_sweep(first + exc.index)}{saved}") from exc
+        if isinstance(exc, UserError):  # (a worker of another version, a policy edited since)
+            raise UserError(f"{str(exc).splitlines()[0]}{saved}") from exc
+        raise UserError(f"a chunk of the sweep failed on the cluster: {type(exc).__name__}: "
+                        f"{str(exc).splitlines()[0] if str(exc) else ''}{saved}") from exc

@@ -290,10 +290,19 @@ class Policy:
             for what, fn in (("key", key), ("effective_priority", effective_priority)):
                 _check_like_python(name, what, fn, values[what])
 
+    def __setattr__(self, attr, value):
+        """A `key` or `effective_priority` set by hand is the one the next replay runs: the kernel compiled around the
+        former one is dropped (it ran on, while `fingerprint`, and so a sweep's checkpoint, followed the new one)."""
+        object.__setattr__(self, attr, value)
+        if attr in ("key", "effective_priority") and getattr(self, "_lock", None) is not None:
+            with self._lock:
+                object.__setattr__(self, "_kernel", None)
+
     def __reduce__(self):
         """A Policy travels (to Dask workers, say) as what names it: a built-in as its name and interval,
         a user policy as the ``module:attr`` it was resolved from, or the importable module and
-        attribute that hold it; compiled functions themselves do not pickle."""
+        attribute that hold it (a receiver that must run the sender's code checks it: `same_code`); compiled
+        functions themselves do not pickle."""
         if self._code is not None:
             return builtin, (self.name, self.aging_interval)
         spec = self.spec or _importable_spec(self)
@@ -923,6 +932,25 @@ def resolve_policy(spec):
     return value
 
 
+def same_code(policy: Policy, fingerprint: str) -> Policy:
+    """`policy` as another process sent it (by its spec, `Policy.__reduce__`), whose code must be the sender's (its
+    `Policy.fingerprint`).  A process that imported the file before it was edited (a Dask worker that outlives a
+    sweep) imports it again; a file that differs still (another copy on another machine, or edited while the sweep
+    runs) is a `UserError`: its rows would be those of other code, mixed into the sweep's unseen."""
+    if policy.fingerprint() == fingerprint:
+        return policy
+    spec = policy.spec or _importable_spec(policy)
+    where = spec.rpartition(":")[0] if spec else ""
+    if where:
+        sys.modules.pop(_file_module(Path(where).resolve()) if where.endswith(".py") else where, None)  # (read anew)
+        policy = resolve_policy(spec)
+        if policy.fingerprint() == fingerprint:
+            return policy
+    raise UserError(f"policy {policy.name!r} ({spec}) here is not the code the sweep was started with (the file was "
+                    "edited since, or this machine has another copy); give every process the same file, and run the "
+                    "sweep again")
+
+
 def _importable_spec(policy: Policy) -> str | None:
     """``module:attr`` for a user policy held at the top level of an importable module, else None."""
     module = getattr(policy.key.py_func, "__module__", None)
@@ -1009,6 +1037,11 @@ def _import_module(where: str, spec: str):
                     break
 
 
+def _file_module(path: Path) -> str:
+    """The module name a policy file (resolved `path`) is loaded as: `_FILE_MODULE_PREFIX` and a hash of its path."""
+    return f"{_FILE_MODULE_PREFIX}{hashlib.sha1(str(path).encode()).hexdigest()[:12]}"
+
+
 def _import(where: str, spec: str):
     """The module of a policy spec.  What it prints while it is imported goes to stderr: standard
     output may be a table the command streams (``--events -``)."""
@@ -1019,7 +1052,7 @@ def _import(where: str, spec: str):
                 if not path.is_file():  # (a folder, a FIFO or a device is not read: it may never end)
                     raise UserError(f"policy {spec!r}: {where} is not a regular file; give a Python file"
                                     if path.exists() else f"policy {spec!r}: no such file {where}")
-                name = f"{_FILE_MODULE_PREFIX}{hashlib.sha1(str(path).encode()).hexdigest()[:12]}"
+                name = _file_module(path)
                 if name in sys.modules:
                     return sys.modules[name]
                 _no_disk_cache_for_policy_files()

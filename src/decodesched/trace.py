@@ -179,7 +179,17 @@ class Trace:
         """Steps needed to finish everything: one prefill plus one per token, per request."""
         return int(len(self) + self.max_new_tokens.sum())
 
+    def _out_of_range(self, row) -> IndexError:
+        n = len(self)
+        return IndexError(f"row {int(row)} is out of range: the trace has {n} row{'s' if n != 1 else ''} (indices 0 "
+                          f"to {n - 1}, or -{n} to -1)")
+
     def deadline_or_none(self, row: int) -> int | None:
+        """Row `row`'s deadline step, None where it has none; a row out of range is an IndexError naming the trace's
+        size (NumPy's named no trace), as `subset`'s."""
+        if not isinstance(row, (bool, np.bool_)) and isinstance(row, (int, np.integer)) \
+                and not -len(self) <= row < len(self):
+            raise self._out_of_range(row)
         return int(self.deadline_step[row]) if self.has_deadline[row] else None
 
     def rows(self):
@@ -242,8 +252,7 @@ class Trace:
         rows = rows.astype(np.int64)
         bad = np.flatnonzero((rows < -len(self)) | (rows >= len(self)))
         if bad.size:  # (NumPy's "index 10 is out of bounds for axis 0 with size 4" named no trace)
-            raise IndexError(f"row {int(rows[bad[0]])} is out of range: the trace has {len(self)} row"
-                             f"{'s' if len(self) != 1 else ''} (indices 0 to {len(self) - 1}, or -{len(self)} to -1)")
+            raise self._out_of_range(rows[bad[0]])
         kw = {name: np.asarray(getattr(self, name))[rows] for name in ARRAY_FIELDS}
         out = Trace(**kw, steps_per_second=self.steps_per_second, name=self.name, source=self.source)
         rows = np.arange(len(self))[rows]  # (negative indices counted from the end, as NumPy does)
