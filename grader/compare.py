@@ -84,7 +84,7 @@ def diff_events(exp: list, got, label: str = "step") -> str:
         g = got[i] if i < len(got) else "<no more events>"
         if i >= len(exp):
             at = g.get("step", i) if isinstance(g, dict) and type(g.get("step")) is int else i
-            return f"{label} {at}: expected no more events, got {_event_head(g)}"
+            return f"{label} {at}: expected no {'more events' if exp else 'event at all'}, got {_event_head(g)}"
         if i >= len(got):
             return f"{label} {e.get('step', i)}: expected {_event_head(e)}, got no more events"
         where = f"{label} {e.get('step', i) if isinstance(e, dict) else i}"
@@ -105,7 +105,11 @@ def diff_states(exp: dict, got, ids=None) -> str:
         if not isinstance(gq, list) or len(gq) != len(eq):
             n = len(gq) if isinstance(gq, list) else _fmt(gq)
             return f"expected {len(eq)} requests in the queue, got {n}"
-        for e, g in zip(eq, gq):
+        for i, (e, g) in enumerate(zip(eq, gq)):
+            rid = g.get("request_id") if isinstance(g, dict) else None
+            if type(rid) is int and type(e.get("request_id")) is int and rid != e["request_id"]:
+                return (f"queue[{i}]: expected request {_fmt(e.get('request_id'))}, got request "
+                        f"{_fmt(g.get('request_id'))} (the queue keeps enqueue order / 队列保持入队顺序)")
             d = _diff_request(e, g)
             if d:
                 return d
@@ -182,7 +186,8 @@ def diff_op(op, exp, got, step_no: int) -> str:
         d = diff_events(exp, got)
         return f"{_op_text(op)}: " + (d or f"expected {_fmt(exp)}, got {_describe_got(got)}")
     if name in ("key", "eff", "ensure"):
-        return f"{_op_text(op)} after {step_no} step(s): expected {_fmt(exp)}, got {_describe_got(got)}"
+        return (f"{_op_text(op)} after {step_no} step(s): expected {_fmt(exp)}, got {_describe_got(got)}"
+                + (_key_item(exp, got) if name == "key" else ""))
     if name == "state":
         d = diff_states(exp, got)
         return f"after {step_no} step(s): " + (d or f"expected {_fmt(exp)}, got {_describe_got(got)}")
@@ -191,14 +196,35 @@ def diff_op(op, exp, got, step_no: int) -> str:
     if name in ("stepf", "reqf", "runf") and isinstance(exp, dict) and isinstance(got, dict) and not _is_error(got):
         for f in exp:
             if not _same(exp[f], got.get(f, "<missing>")):
-                what = {"len": "the number of events", "first": "the first event", "last": "the last event"}.get(f, f) \
-                    if name == "runf" else f
+                what = _probe_field(name, f)
                 return (f"{_op_text(op)} after {step_no} step(s): expected {what}={_fmt(exp[f])}, "
                         f"got {what}={_fmt(got.get(f, '<missing>'))}")
     if name in ("stepf", "reqf", "runf", "free", "keyf", "alldone"):
-        return (f"{_op_text(op)} after {step_no} step(s): expected {_fmt(exp)}, got "
+        # what the cell reads, in its words (the probe's dict of fields is the checks' own bookkeeping)
+        said = (", ".join(f"{_probe_field(name, f)}={_fmt(v)}" for f, v in exp.items())
+                if name in ("stepf", "reqf", "runf") and isinstance(exp, dict) and not _is_error(exp) else _fmt(exp))
+        return (f"{_op_text(op)} after {step_no} step(s): expected {said}, got "
                 f"{_describe_got(got) if _is_error(got) or got is None else _fmt(got)}")
     return f"{_op_text(op)}: expected {_fmt(exp)}, got {_describe_got(got)}"
+
+
+def _probe_field(name: str, f: str) -> str:
+    if name == "runf":
+        return {"len": "the number of events", "first": "the first event", "last": "the last event"}.get(f, f)
+    return f
+
+
+KEY_ITEMS = ("deadline slack", "phase rank", "cache rank", "negated effective priority", "total_len", "request_id")
+
+
+def _key_item(exp, got) -> str:
+    """Which item of the sort key differs first, by name (a whole 6-tuple is hard to read item by item)."""
+    if not isinstance(exp, list) or not isinstance(got, list) or len(exp) != len(KEY_ITEMS):
+        return ""
+    if len(got) != len(exp):
+        return f" (the key has {len(KEY_ITEMS)} items: {', '.join(KEY_ITEMS)})"
+    i = next((i for i, (e, g) in enumerate(zip(exp, got)) if not _same(e, g)), None)
+    return "" if i is None else f" (item {i + 1}, the {KEY_ITEMS[i]}, differs / 排序键第 {i + 1} 项不同)"
 
 
 def diff_replay(exp, got) -> str:

@@ -129,6 +129,10 @@ def _picture_or_note(title: str, picture: dict) -> str:
                 f"({html.escape(type(exc).__name__)}) / 无法绘制调度图</p>")
 
 
+def _has_schedule(picture) -> bool:
+    return isinstance(picture, dict) and bool(picture.get("expected") or picture.get("got"))
+
+
 def feedback_html(r) -> str:
     """The page of one `pipeline.Result` (``r.pictures`` maps grade_id to a `verdict.schedule_picture`)."""
     e = html.escape
@@ -143,9 +147,11 @@ def feedback_html(r) -> str:
         )
     notes = "".join(f"<li>{e(n)}</li>" for n in r.notes)
     pictures = getattr(r, "pictures", None) or {}
-    # The first failing scenario: the shrunk random trace when there is one, else the first cell in notebook order.
+    # The first failing scenario: the shrunk random trace when there is one, else the first cell in notebook order
+    # whose failing check has a schedule to draw (a visible cell's check may read one field), else the first cell.
+    drawn = [c for c in spec.CELLS if c.grade_id in pictures and _has_schedule(pictures[c.grade_id])]
     first = next((c for c in spec.CELLS if c.grade_id == "hidden_differential" and c.grade_id in pictures),
-                 next((c for c in spec.CELLS if c.grade_id in pictures), None))
+                 next(iter(drawn), next((c for c in spec.CELLS if c.grade_id in pictures), None)))
     picture = _picture_or_note(f"{first.title}: where your schedule goes wrong / 你的调度从哪里开始出错",
                                pictures[first.grade_id]) if first is not None else ""
     return (

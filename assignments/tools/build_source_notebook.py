@@ -291,7 +291,10 @@ HELPER = '''
 def expect_equal(what, got, expected):
     """比较实际值与期望值（类型也必须一致）/ Compare got with expected, types included."""
     if type(got) is not type(expected) or got != expected:
-        raise AssertionError(f"{what}: 期望 expected {expected!r}, 实际 got {got!r}")
+        items = type(got) is tuple and type(expected) is tuple and len(got) == len(expected)
+        i = next((i for i, (g, e) in enumerate(zip(got, expected)) if g != e), None) if items else None
+        where = "" if i is None else f"（第 {i + 1} 项不同 / item {i + 1} differs）"
+        raise AssertionError(f"{what}: 期望 expected {expected!r}, 实际 got {got!r}{where}")
 '''
 
 VISIBLE = {
