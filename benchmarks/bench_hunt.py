@@ -34,6 +34,18 @@ the ratio is the marginal cost's):
   (``decodesched simulate FILE --max-steps 1``) on the same trace as Parquet and CSV, and on 20 rows.
 * ``batch``: `simulate_batch` of many scenarios at 1 and 2 threads against the kernel called in a loop
   (CPU seconds, wall seconds and the 2-thread speed-up; every sampled result checked equal).
+* ``more`` (2026-12-07): every built-in policy, aging at intervals 1, 2, 3, 4, 7, 64, 1,000, n (the trace's
+  requests) and 2**40, and two user policies (on their scan kernel, O(backlog) a step: at n / 10 requests, n / 5
+  for the 50 n shapes, against their own control of that size), on: 50 n requests at one step; bursts of n / 20
+  at one step between idle gaps of 10**7 steps; 3 requests of 10**7 tokens among 50 n of one token; half the
+  requests never servable; round robin by preemption (one priority, 4 blocks each, all preemptible, load 1.5);
+  classes in runs of n / 4 arrivals against alternating at every arrival; deadlines one step after arrival (so
+  past at the first step: the trace format needs ``deadline_step > arrival_step``) at load 1.5 and everyone at
+  step 0; a capacity of exactly the sum of all blocks and one less.  Each cell marginal ns per event and the
+  ratio to its control (the same size at load about 1, 64 blocks; 1-8 or 1 tokens for the 50 n shapes), with
+  preemptions per 1,000 events below (the schedule's own work); then `simulate_batch` over 64 scenarios of 10 to
+  10 n requests and of 4 requests of 10**7 tokens (wall seconds at 1 and 2 threads, the kernel's CPU seconds in
+  a loop).
 
 Usage: ``python benchmarks/bench_hunt.py [--n 20000] [--repeats 2] [--sections victims real ...]`` (the
 victims section about 2 minutes on 2 busy cores, every section about 10; ``--n 100000 --sections setup``
@@ -50,8 +62,9 @@ import time
 from pathlib import Path
 
 import numpy as np
+from numba import njit
 
-from decodesched import Scenario, load_trace, simulate, simulate_batch
+from decodesched import Policy, Scenario, load_trace, simulate, simulate_batch
 from decodesched.convert import bundled_trace_path, read_raw, to_trace
 from decodesched.engine import policy_code, trace_arrays
 from decodesched.kernels import enums as E
@@ -60,7 +73,7 @@ from decodesched.kernels.fast_nb import replay_fast_nb
 POLICIES = ("fixed_priority", "aging", "deadline", "fcfs")
 UNLIMITED = 2**61 // 4
 FEW = 10_000  # events under which a marginal cost is not printed
-SECTIONS = ("victims", "real", "synthetic", "classes", "setup", "batch")
+SECTIONS = ("victims", "real", "synthetic", "classes", "setup", "batch", "more")
 SHARED_TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
 
 
@@ -95,15 +108,17 @@ def tight(m, rising, rng, n_stream=20000):
 
 
 def replay_time(trace, policy, capacity, repeats, max_steps=-1, interval=4):
-    """Best process time of `repeats` warm replays without the event log: (seconds, events, preemptions)."""
+    """Best process time of `repeats` warm replays without the event log: (seconds, events, preemptions).
+    `policy`: a built-in name (the fast kernel) or a user `Policy` (its own scan kernel)."""
     args = trace_arrays(trace)
+    kernel = replay_fast_nb if isinstance(policy, str) else policy.kernel()
     best = float("inf")
     for _ in range(repeats):
         req_out = np.zeros((len(trace), E.RQ_NCOLS), np.int64)
         summary = np.zeros(E.SM_NCOLS, np.int64)
         t = time.process_time()
-        replay_fast_nb(*args, policy_code(policy), capacity, interval, max_steps,
-                       np.zeros((0, E.EV_NCOLS), np.int64), req_out, summary)
+        kernel(*args, policy_code(policy), capacity, interval, max_steps,
+               np.zeros((0, E.EV_NCOLS), np.int64), req_out, summary)
         best = min(best, time.process_time() - t)
     return best, int(summary[E.SM_EVENTS]), int(req_out[:, E.RQ_PREEMPTIONS].sum())
 
@@ -113,11 +128,11 @@ def ns_per_event(trace, policy, capacity, repeats, max_steps=-1, interval=4):
     return best * 1e9 / max(events, 1)
 
 
-def marginal(trace, policy, capacity, repeats, max_steps=-1):
-    """(set-up ns per request, marginal ns per event, preemptions per 1,000 events): the replay's time less
-    that of the same call stopped before its first step."""
-    setup = replay_time(trace, policy, capacity, repeats, 0)[0]
-    t, events, pre = replay_time(trace, policy, capacity, repeats, max_steps)
+def marginal(trace, policy, capacity, repeats, max_steps=-1, interval=4):
+    """(set-up ns per request, marginal ns per event, preemptions per 1,000 events, events): the replay's time
+    less that of the same call stopped before its first step."""
+    setup = replay_time(trace, policy, capacity, repeats, 0, interval)[0]
+    t, events, pre = replay_time(trace, policy, capacity, repeats, max_steps, interval)
     return setup * 1e9 / len(trace), (t - setup) * 1e9 / max(events, 1), 1000 * pre / max(events, 1), events
 
 
@@ -294,6 +309,148 @@ def section_batch(a) -> None:
             cells.append(f"{threads} thread{'s' * (threads > 1)} {cpu:6.2f} s ({cpu / loop_c:4.2f}x) {wall:6.2f} s")
         print(f"  {n_sc:,} scenarios of {n:,} requests: loop {loop_c:6.2f} s {loop_t:6.2f} s | " + " | ".join(cells)
               + f" | speed-up {walls[0] / walls[1]:4.2f}x", flush=True)
+
+
+@njit
+def _sjf_key(r, clock):
+    return (r.phase, r.max_new_tokens - r.generated_len)
+
+
+@njit
+def _business(r, clock):
+    return r.priority
+
+
+@njit
+def _oldest_key(r, clock):
+    return (-r.priority, r.arrival_step)
+
+
+USER_POLICIES = (Policy("sjf", key=_sjf_key, effective_priority=_business),
+                 Policy("oldest", key=_oldest_key, effective_priority=_business))
+
+
+def _more_shapes(n, rng):
+    """The `more` section's shapes: label -> (make(size) -> (trace, capacity), control make, size factor)."""
+    def sized(size, **over):
+        return spread(size, rng, **over)
+
+    def zeros(size):
+        return np.zeros(size, np.int64)
+
+    def plain(size):
+        return sized(size), 64
+
+    def few_tokens(size):
+        return sized(size, max_new_tokens=rng.integers(1, 9, size)), 64
+
+    def one_token(size):
+        return sized(size, max_new_tokens=np.ones(size, np.int64)), 64
+
+    def giants(size):
+        new = np.ones(size, np.int64)
+        new[rng.choice(size, 3, replace=False)] = 10**7
+        return sized(size, max_new_tokens=new), 64
+
+    def bursts(size):
+        burst = max(1, size // 20)
+        return sized(size, arrival_step=np.arange(size) // burst * 10**7), 64
+
+    def unservable(size):
+        return sized(size, required_blocks=np.where(rng.random(size) < 0.5, rng.integers(65, 10**9, size),
+                                                    rng.integers(1, 9, size))), 64
+
+    def round_robin(size):
+        new = rng.integers(1, 401, size)
+        return sized(size, max_new_tokens=new, arrival_step=np.sort(rng.integers(0, int(new.sum()) * 2 // 3, size)),
+                     priority=zeros(size), required_blocks=np.full(size, 4), preemptible=np.ones(size, bool),
+                     has_deadline=np.zeros(size, bool)), 64
+
+    def deadline_next(size):
+        new = rng.integers(1, 401, size)
+        arrival = np.sort(rng.integers(0, int(new.sum()) * 2 // 3, size))
+        return sized(size, max_new_tokens=new, arrival_step=arrival, deadline_step=arrival + 1,
+                     has_deadline=np.ones(size, bool)), 64
+
+    def capacity(short_by, at_zero=False):
+        def make(size):
+            trace = sized(size, arrival_step=zeros(size)) if at_zero else sized(size)
+            return trace, int(trace.required_blocks.sum()) - short_by
+        return make
+
+    return {
+        "50n at one step, 1-8 tokens": (lambda size: (sized(size, arrival_step=zeros(size),
+                                                           max_new_tokens=rng.integers(1, 9, size)), 64),
+                                        few_tokens, 50),
+        "3 of 10**7 tokens among 50n of 1": (giants, one_token, 50),
+        "bursts of n/20, gaps of 10**7": (bursts, plain, 1),
+        "half never servable": (unservable, plain, 1),
+        "round robin: 1 class, 4 blocks": (round_robin, plain, 1),
+        "classes in runs of n/4": (lambda size: (sized(size, priority=4 * np.arange(size) // size), 64), plain, 1),
+        "class alternating every arrival": (lambda size: (sized(size, priority=np.arange(size) % 2), 64), plain, 1),
+        "deadline = arrival + 1, load 1.5": (deadline_next, plain, 1),
+        "all at 0, deadline step 1": (lambda size: (sized(size, arrival_step=zeros(size),
+                                                         deadline_step=np.ones(size, np.int64),
+                                                         has_deadline=np.ones(size, bool)), 64), plain, 1),
+        "capacity = sum of blocks": (capacity(0), plain, 1),
+        "capacity = sum of blocks - 1": (capacity(1), plain, 1),
+        "all at 0, capacity = sum - 1": (capacity(1, True), plain, 1),
+    }
+
+
+def _variants(size):
+    """(label, policy, interval): every built-in policy and aging interval of the `more` section."""
+    return ([("fixed", "fixed_priority", 4)] + [(f"a{k}", "aging", k) for k in (1, 2, 3, 4, 7, 64, 1000)]
+            + [("a=n", "aging", size), ("a2^40", "aging", 2**40), ("deadline", "deadline", 4), ("fcfs", "fcfs", 4)])
+
+
+def section_more(a) -> None:
+    n = a.n
+    print(f"\nshapes not hunted before, n = {n:,}: marginal ns per event, ratio to the control (user policies at "
+          "n / 10 requests against their own control)")
+    user = [(p.name, p, 4) for p in USER_POLICIES]
+    print(f"{'':34s}" + "".join(f"{lab:>11s}" for lab, _, _ in _variants(n) + user))
+    rng = np.random.default_rng(7)
+    controls = {}
+    for label, (make, control, factor) in _more_shapes(n, rng).items():
+        cells, pre = [], []
+        for size, runs in ((factor * n, _variants(factor * n)), (max(n // 10 * min(factor, 2), 10), user)):
+            trace, cap = make(size)
+            if (control, size) not in controls:
+                ctrace, ccap = control(size)
+                controls[control, size] = {lab: marginal(ctrace, p, ccap, a.repeats, interval=k)
+                                           for lab, p, k in runs}
+            for lab, p, k in runs:
+                _, me, pr, ev = marginal(trace, p, cap, a.repeats, interval=k)
+                c = controls[control, size][lab]
+                ratio = f"{me / c[1]:5.1f}x" if c[1] > 0 and c[3] >= FEW else "    ?"  # a control of few events
+                cells.append(f"{me:5.0f}{ratio}" if ev >= FEW else f"{ev:>9,}ev")
+                pre.append(f"{pr:5.0f}/{c[2]:<4.0f}")
+        print(f"{label:34s}" + "".join(f"{c:>11s}" for c in cells), flush=True)
+        print(f"{'  preemptions/1k events (control)':34s}" + "".join(f"{c:>11s}" for c in pre), flush=True)
+    _more_batch(a)
+
+
+def _more_batch(a) -> None:
+    """64 scenarios of very different sizes: simulate_batch's wall seconds at 1 and 2 threads, against the
+    kernel's CPU seconds in a loop (the largest scenario alone bounds the 2-thread time from below)."""
+    rng = np.random.default_rng(8)
+    sizes = np.unique(np.geomspace(10, 10 * a.n, 16).astype(int))
+    traces = [spread(int(s), rng) for s in sizes] + [spread(4, rng, max_new_tokens=np.full(4, 10**7))]
+    scenarios = [Scenario(i % len(traces), POLICIES[i // len(traces) % 4], 64, 4) for i in range(64)]
+    simulate_batch(traces, scenarios[:4], threads=1)
+    loop = [replay_time(traces[s.trace], s.policy, s.free_kv_blocks, 1, interval=s.aging_interval)[0]
+            for s in scenarios]
+    walls, cpus = [], []
+    for threads in (1, 2):
+        t, c = time.perf_counter(), time.process_time()
+        simulate_batch(traces, scenarios, threads=threads)
+        walls.append(time.perf_counter() - t)
+        cpus.append(time.process_time() - c)
+    print(f"  simulate_batch, 64 scenarios of 10 to {int(sizes[-1]):,} requests (3 of 4 requests of 10**7 tokens): "
+          f"loop {sum(loop):6.2f} s CPU (largest {max(loop):5.2f} s); 1 thread {walls[0]:6.2f} s wall "
+          f"({cpus[0]:6.2f} CPU), 2 threads {walls[1]:6.2f} s ({cpus[1]:6.2f}): speed-up {walls[0] / walls[1]:4.2f}x "
+          "(wall: on a busy machine read the CPU seconds)", flush=True)
 
 
 def main() -> None:

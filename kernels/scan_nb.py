@@ -20,7 +20,9 @@ source stamp of that file (`stamp`).  Waits are counted eagerly here, in ``wait_
 
 Per step: the admitted preemptible rows (possible victims) are sorted by effective priority with
 a running maximum of their blocks, which tells in O(log m) whether a challenger has a victim;
-then one pass over the active rows keeps the smallest key among those that can run.
+then one pass over the active rows keeps the smallest key among those that can run.  A row that needs
+more blocks than exist never runs: it is never active (it only waits), so it costs nothing a step, where
+it was keyed at every step to the end of the replay (docs/performance.md, "Shapes outside the table").
 
 All arrays are in trace row order; rows, never request ids, identify requests inside kernels.
 """
@@ -116,7 +118,11 @@ def _make_replay_scan(stamp):
         req = new_requests_nb(n)
         wait = req.wait_final  # counted eagerly from enqueue, so always final
         enqueue_clock = np.zeros(n, np.int64)
-        active = np.empty(n, np.int64)  # unfinished enqueued rows, in no particular order
+        active = np.empty(n, np.int64)  # unfinished enqueued rows that can run, in no particular order
+        # rows needing more blocks than exist (free never exceeds free_kv_blocks): they wait every step from
+        # their enqueue, so `wait` holds the steps run at the enqueue until the end
+        never = np.empty(n, np.int64)
+        n_never = 0
         victims = np.empty(n, np.int64)  # scratch: admitted preemptible rows of this step
         victim_eff = np.empty(n, np.int64)  # their effective priorities
         sorted_eff = np.empty(n, np.int64)  # the same, ascending
@@ -136,10 +142,15 @@ def _make_replay_scan(stamp):
                 r = order[pos]
                 req.enqueued[r] = True
                 enqueue_clock[r] = clock
+                pos += 1
+                if required_blocks[r] > free_kv_blocks:
+                    wait[r] = steps
+                    never[n_never] = r
+                    n_never += 1
+                    continue
                 wait[r] = 0
                 active[n_active] = r
                 n_active += 1
-                pos += 1
 
             # The possible victims of this step, sorted by effective priority, with a running max of
             # their blocks: the largest victim below a challenger's priority, plus the free blocks,
@@ -191,7 +202,7 @@ def _make_replay_scan(stamp):
                 if pos < n:
                     clock = arrival_step[order[pos]]  # idle gap: jump, nobody waits
                     continue
-                stop = E.STOP_DRAINED if n_active == 0 else E.STOP_STUCK
+                stop = E.STOP_DRAINED if n_active + n_never == 0 else E.STOP_STUCK
                 break
 
             chosen = best
@@ -229,6 +240,8 @@ def _make_replay_scan(stamp):
             clock += 1
             steps += 1
 
+        for i in range(n_never):
+            wait[never[i]] = steps - wait[never[i]]
         write_state_nb(req_out, summary, steps, clock, free, stop, req)
 
     return replay_scan_nb
