@@ -16,7 +16,8 @@ The conversion rules (also printed by ``decodesched trace convert --help``):
   the trace needs) and ``span_seconds`` is the time from the first to the last arrival.  The offered
   load is "work steps per step of wall time": at load 1.0 the one-request-per-step server is exactly
   busy on average; above 1.0 a backlog must build up.  (Flooring arrivals makes the realised span, and
-  so the realised load, differ from the target by less than one step.)
+  so the realised load, differ from the target by less than one step.  A product within floating-point
+  rounding of a whole number is that number: 3 ms at 1000 steps per second is step 3.)
 - **Lengths.** ``prompt_len = input tokens`` (at least 1); ``max_new_tokens = output tokens`` (an
   output of 0 tokens, which a request cannot have in the model, counts as 1);
   ``required_blocks = ceil((prompt_len + max_new_tokens) / block_size)`` (``block_size`` 16 by default).
@@ -127,10 +128,11 @@ def detect_format(path: str | os.PathLike) -> str:
     start = start.removeprefix(b"\xef\xbb\xbf").lstrip()  # a UTF-8 BOM (spreadsheets write one)
     if not start:
         raise UserError(f"{path}: empty file (expected an Azure CSV with a TIMESTAMP header or Mooncake JSON lines)")
-    if start.startswith(b"{"):
+    if start.startswith((b"{", b"[")):  # (a JSON array is refused by read_mooncake, with its fix)
         return "mooncake"
-    if start.upper().startswith(b"TIMESTAMP"):
-        return "azure"
+    header = next(csv.reader([start.split(b"\n", 1)[0].decode("utf-8", "replace")]), [])
+    if start.upper().startswith(b"TIMESTAMP") or "TIMESTAMP" in (c.strip() for c in header):
+        return "azure"  # (Azure 2024 and files saved by other tools: other columns, another order)
     raise UserError(f"{path}: cannot tell the trace format (expected an Azure CSV with a TIMESTAMP header "
                     f"or Mooncake JSON lines); give --format azure|mooncake")
 
@@ -209,6 +211,7 @@ def _int_field(text: str, path: Path, lineno: int, col: str) -> int:
     return v
 
 
+MAX_SPAN_SECONDS = 9 * 10**9  # an Azure trace's span, first to last time: nanoseconds in int64 (285 years)
 _ZONE = re.compile(r"T[0-9][0-9:.]*(Z|[+-][0-9][0-9](:?[0-9][0-9])?)$")  # a time zone after the time of day
 
 
@@ -243,7 +246,18 @@ def _parse_timestamps(stamps: list[str], path: Path, lines: list[int]) -> np.nda
     if np.isnat(t).any():
         i = int(np.flatnonzero(np.isnat(t))[0])
         raise UserError(f"{path}: line {lines[i]}, column TIMESTAMP: not a date and time: {show(stamps[i])}")
+    # Nanoseconds since 1970 wrap past int64 outside the years 1678-2262 (NumPy does not say so), but their
+    # differences stay exact while the span fits in int64 (292 years): the span is checked in whole seconds,
+    # which do not wrap (read again only where a year is outside, the zones make it slow), and the times are
+    # taken relative to one within a second of the earliest.
     ns = t.astype(np.int64)
+    sec = ns // 10**9 if all("1678" <= s[:4] <= "2261" and s[4:5] == "-" for s in iso) else \
+        parse(iso, "s").astype(np.int64)
+    first, last = int(sec.argmin()), int(sec.argmax())
+    if int(sec[last]) - int(sec[first]) > MAX_SPAN_SECONDS:
+        raise UserError(f"{path}: line {lines[last]}, column TIMESTAMP: {show(stamps[last])} is more than 285 years "
+                        f"after line {lines[first]}'s {show(stamps[first])}; correct the times")
+    ns = ns - ns[first]  # (wraps back to the exact difference)
     return (ns - ns.min()).astype(np.float64) / 1e9
 
 
@@ -265,13 +279,19 @@ def read_mooncake(path: str | os.PathLike, cache_min_blocks: int = DEFAULT_CACHE
     outputs: list[int] = []
     heads: list[list] = []  # per request, its first cache_min_blocks hash_ids
     blocks_of: list[list] = []  # per request, all its hash_ids
+    decoder = json.JSONDecoder(object_pairs_hook=_unique_keys)
     try:
         with open(path, encoding="utf-8-sig") as fh:
             for lineno, line in enumerate(fh, start=1):
                 if not line.strip():
                     continue
+                if not ms and line.lstrip().startswith("["):
+                    raise UserError(f"{path}: line {lineno}: a JSON array; the reader takes JSON lines, one object a "
+                                    f"line: convert it first (jq -c '.[]' {path.name} > {path.stem}.lines.jsonl)")
                 try:
-                    rec = json.loads(line)
+                    rec = decoder.decode(line)
+                except _DuplicateKey as exc:
+                    raise UserError(f"{path}: line {lineno}: field {show(exc.args[0])} given twice; keep one") from None
                 except json.JSONDecodeError as exc:
                     raise UserError(f"{path}: line {lineno}: not JSON ({exc.msg})") from None
                 except (ValueError, RecursionError):  # e.g. an integer of more than 4,300 digits
@@ -288,15 +308,10 @@ def read_mooncake(path: str | os.PathLike, cache_min_blocks: int = DEFAULT_CACHE
                 ms.append(float(ts))
                 prompts.append(_json_int(rec["input_length"], path, lineno, "input_length"))
                 outputs.append(_json_int(rec["output_length"], path, lineno, "output_length"))
-                blocks = rec.get("hash_ids") or []
-                if not isinstance(blocks, list):
-                    raise UserError(f"{path}: line {lineno}, field hash_ids: expected a list")
-                try:
-                    set(blocks)  # ids that cannot be compared are refused at their line, before the hits
-                    blocks_of.append(blocks)
-                    heads.append(blocks[:cache_min_blocks])
-                except TypeError:
-                    raise UserError(f"{path}: line {lineno}, field hash_ids: ids must be numbers or strings") from None
+                blocks = rec.get("hash_ids")
+                blocks = [] if blocks is None else _block_ids(blocks, path, lineno)
+                blocks_of.append(blocks)
+                heads.append(blocks[:cache_min_blocks])
     except UnicodeDecodeError as exc:
         raise UserError(not_text(path, exc)) from None
     if not ms:
@@ -310,6 +325,37 @@ def read_mooncake(path: str | os.PathLike, cache_min_blocks: int = DEFAULT_CACHE
         seen.update(blocks_of[i])
     return RawTrace((t - t.min()) / 1000.0, np.asarray(prompts, np.int64), np.asarray(outputs, np.int64),
                     hits, str(path), "mooncake")
+
+
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _unique_keys(pairs: list) -> dict:
+    """A JSON object's `pairs` as a dict; `_DuplicateKey` for a key given twice (json keeps the last, silently)."""
+    rec = dict(pairs)
+    if len(rec) != len(pairs):
+        seen: set = set()
+        raise _DuplicateKey(next(k for k, _ in pairs if k in seen or seen.add(k)))
+    return rec
+
+
+def _block_ids(blocks, path: Path, lineno: int) -> list:
+    """A line's hash_ids: a list of whole numbers or strings (a whole float is that number: 3.0 is block 3);
+    UserError for anything else: true would be block 1 and NaN equal to nothing, silently."""
+    if not isinstance(blocks, list):
+        raise UserError(f"{path}: line {lineno}, field hash_ids: expected a list of block ids, got {show(blocks)}")
+    if set(map(type, blocks)) <= {int, str}:
+        return blocks
+    out = []
+    for b in blocks:
+        if isinstance(b, float) and _finite(b) and b.is_integer():
+            b = int(b)
+        elif isinstance(b, bool) or not isinstance(b, (int, str)):
+            raise UserError(f"{path}: line {lineno}, field hash_ids: block ids must be whole numbers or strings, "
+                            f"got {show(b)}")
+        out.append(b)
+    return out
 
 
 def _finite(x) -> bool:
@@ -418,6 +464,15 @@ def _checked_raw(raw) -> RawTrace:
     return RawTrace(**out, source=raw.source, format=raw.format)
 
 
+def _floor(x: np.ndarray) -> np.ndarray:
+    """floor(x) for x = seconds * steps_per_second, where a product within rounding of a whole number is that
+    number: 0.003 s at 1000 steps/s is step 3, though 0.003 * 1000 is 2.9999999999999996 in floating point."""
+    near = np.round(x)
+    with np.errstate(invalid="ignore"):  # (an infinite product, refused by the caller: inf - inf)
+        ulps = 8 * np.spacing(np.abs(x))  # (a few ulps: the seconds and the scale are each rounded once)
+        return np.where((np.abs(x - near) <= ulps) & (ulps < 0.5), near, np.floor(x))
+
+
 def to_trace(
     raw: RawTrace,
     *,
@@ -485,7 +540,7 @@ def to_trace(
                         f"{','.join(map(str, classes.tolist()))}")
 
     n = len(raw)
-    arrival_f = np.floor(raw.arrival_seconds * steps_per_second)
+    arrival_f = _floor(raw.arrival_seconds * steps_per_second)
     last = float(arrival_f.max()) if n else 0.0
     if not last <= MAX_STEP:
         scale = f"--load {load}" if load is not None else f"--steps-per-second {steps_per_second}"
