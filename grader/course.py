@@ -193,6 +193,30 @@ def unsubmitted(gradebook: Path, if_locked=()) -> list[str]:
     return sorted({r[0] for r in rows if isinstance(r[0], str)})
 
 
+def hand_graded(gradebook: Path, students) -> list[str]:
+    """Those of `students` with a score or extra credit of the assignment entered by hand in the gradebook
+    (formgrader), sorted: a grading keeps them there, as nbgrader's autograde does (`outputs.write_gradebook`), so
+    `nbgrader export` gives the score entered by hand where grades.csv gives this grading's. Plain SQL; none where
+    the gradebook cannot be read."""
+    import sqlite3
+    from urllib.request import pathname2url
+
+    students = set(students)
+    try:
+        con = sqlite3.connect(f"file:{pathname2url(str(gradebook))}?mode=ro", uri=True)
+        try:
+            rows = con.execute(
+                "SELECT DISTINCT s.student_id FROM grade AS g JOIN submitted_notebook AS n ON g.notebook_id = n.id "
+                "JOIN submitted_assignment AS s ON n.assignment_id = s.id JOIN assignment AS a ON s.assignment_id = "
+                "a.id WHERE a.name = ? AND (g.manual_score IS NOT NULL OR g.extra_credit IS NOT NULL)",
+                (spec.ASSIGNMENT,)).fetchall()
+        finally:
+            con.close()
+    except sqlite3.DatabaseError:
+        return []
+    return sorted(r[0] for r in rows if r[0] in students)
+
+
 def open_course(course_root=None) -> Course:
     """The built course (release and gradebook present) at `resolve_root(course_root)`."""
     root = resolve_root(course_root)

@@ -70,7 +70,8 @@ def update_gradebook(course: Course, results: list, server=None) -> None:
 
 def write_gradebook(path: str, rows: list, stamps: dict | None = None) -> None:
     """`update_gradebook`'s work: each row's auto scores into the gradebook at `path`, and the time a student
-    submitted where `stamps` has it (nbgrader's timestamp.txt text, `notebook.submitted_at`)."""
+    submitted where `stamps` has it (nbgrader's timestamp.txt text, `notebook.submitted_at`). Scores entered by hand
+    are kept, as nbgrader's autograde keeps them."""
     from nbgrader.api import Gradebook, MissingEntry
     from nbgrader.utils import parse_utc
 
@@ -98,8 +99,8 @@ def write_gradebook(path: str, rows: list, stamps: dict | None = None) -> None:
                     name = names.get(grade.cell_id)
                     if name not in cells:
                         continue
+                    # as nbgrader's autograde: a score or extra credit a grader entered (formgrader) is kept, and
+                    # marked for review (`course.hand_graded` names them on stderr)
                     grade.auto_score = cells[name]
-                    grade.manual_score = None
-                    grade.extra_credit = None
-                    grade.needs_manual_grade = False
+                    grade.needs_manual_grade = grade.manual_score is not None
             gb.db.commit()

@@ -48,7 +48,7 @@ from decodesched.errors import UserError
 
 from . import spec
 from .autograde import build_template, for_nbgrader, kernel_run, warm_server
-from .course import Course, open_course, unsubmitted
+from .course import Course, hand_graded, open_course, unsubmitted
 from .evidence import altered_cells, restore_earlier_release, restore_protected, static_evidence
 from .limits import Limits, load_factor
 from .observe import package_paths
@@ -353,19 +353,24 @@ def grade(submissions, out_dir, *, course=None, options: Options | None = None, 
                     folder.rmdir()
         raise
     if kept:
-        names = ", ".join(r.student_id for r in sorted(kept, key=lambda r: r.student_id)[:10])
-        more = f" and {len(kept) - 10} more" if len(kept) > 10 else ""
+        names = _some_names(sorted(r.student_id for r in kept))
         print(printable(f"decodesched grade: note: {out_dir / 'grades.csv'} keeps the rows of {len(kept)} student(s) "
-                        f"graded before and not in {submissions}: {names}{more} (grade into a new --out for these "
+                        f"graded before and not in {submissions}: {names} (grade into a new --out for these "
                         "submissions alone)"), file=sys.stderr)
     absent = missing_rows(roster_now(course_obj), results, kept)
     if missing is not None:
         missing.extend(absent)
     if absent:
-        names = ", ".join(r.student_id for r in absent[:10])
-        more = f" and {len(absent) - 10} more" if len(absent) > 10 else ""
         print(printable(f"decodesched grade: note: {len(absent)} student(s) of the gradebook's roster handed in "
-                        f"nothing in {submissions}: {names}{more} (rows `missing`, 0 points, in grades.csv)"),
+                        f"nothing in {submissions}: {_some_names([r.student_id for r in absent])} (rows `missing`, 0 "
+                        "points, in grades.csv)"),
+              file=sys.stderr)
+    by_hand = hand_graded(course_obj.gradebook, (r.student_id for r in results))
+    if by_hand:
+        print(printable(f"decodesched grade: note: {len(by_hand)} student(s) have a score entered by hand in the "
+                        "gradebook, kept there as nbgrader autograde keeps it (a manual score is marked for review): "
+                        f"{_some_names(by_hand)} (nbgrader export gives the score entered by hand, grades.csv this "
+                        "grading's)"),
               file=sys.stderr)
     for line in report_lines(skipped, results):
         print(f"decodesched grade: {line}", file=sys.stderr)
@@ -394,6 +399,11 @@ def _linked_course_files(subs: list[Submission], course_root: Path) -> list[Subm
                              f"folder ({printable(str(real))}), not a file the student handed in")
         out.append(sub)
     return out
+
+
+def _some_names(names: list[str], shown: int = 10) -> str:
+    """The first `shown` of `names` for a note, and how many more."""
+    return ", ".join(names[:shown]) + (f" and {len(names) - shown} more" if len(names) > shown else "")
 
 
 def report_lines(skipped: list, results: list) -> list[str]:
