@@ -24,9 +24,14 @@ def _check(trace, policy, capacity, interval=4, max_steps=None):
 
 
 def _trace(rng, n, **over):
-    """n requests at offered load about 1 (1-29 tokens), 3 classes, 1-8 blocks, half with a deadline;
+    """`columns` as a trace."""
+    return load_trace(columns(rng, n, **over))
+
+
+def columns(rng, n, max_tokens=29, **over):
+    """n requests at offered load about 1 (1-`max_tokens` tokens), 3 classes, 1-8 blocks, half with a deadline;
     `over` replaces columns (``has_deadline`` too)."""
-    new = over.pop("max_new_tokens", rng.integers(1, 30, n))
+    new = over.pop("max_new_tokens", rng.integers(1, max_tokens + 1, n))
     arrival = over.pop("arrival_step", np.sort(rng.integers(0, int(new.sum() + n), n)))
     has_deadline = over.pop("has_deadline", rng.random(n) < 0.5)
     cols = {"request_id": rng.permutation(n) - n // 3, "arrival_step": arrival,
@@ -34,8 +39,8 @@ def _trace(rng, n, **over):
             "cache_hit": rng.random(n) < 0.3, "required_blocks": rng.integers(1, 9, n),
             "deadline_step": arrival + (1 + new) * rng.integers(2, 50, n), "preemptible": rng.random(n) < 0.9}
     cols.update(over)
-    cols["deadline_step"] = np.ma.MaskedArray(cols["deadline_step"], mask=~has_deadline)
-    return load_trace(cols)
+    cols["deadline_step"] = np.ma.MaskedArray(cols["deadline_step"], mask=~np.asarray(has_deadline))
+    return cols
 
 
 def _shape(name, rng, n=70):

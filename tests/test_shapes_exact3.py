@@ -17,6 +17,7 @@ import numba
 import numpy as np
 import pytest
 from oracle import assert_matches_model
+from test_shapes_exact2 import columns
 
 from decodesched import Policy, load_trace, simulate
 
@@ -50,18 +51,8 @@ USER = {"sjf": Policy("sjf", key=_sjf_key, effective_priority=_business),
 
 
 def _cols(rng, n, **over):
-    """n requests at offered load about 1 (1-12 tokens), 3 classes, 1-8 blocks, half with a deadline; `over`
-    replaces columns (``has_deadline`` too)."""
-    new = over.pop("max_new_tokens", rng.integers(1, 13, n))
-    arrival = over.pop("arrival_step", np.sort(rng.integers(0, int(new.sum() + n), n)))
-    has_deadline = over.pop("has_deadline", rng.random(n) < 0.5)
-    cols = {"request_id": rng.permutation(n) - n // 3, "arrival_step": arrival,
-            "prompt_len": rng.integers(1, 500, n), "max_new_tokens": new, "priority": rng.integers(0, 3, n),
-            "cache_hit": rng.random(n) < 0.3, "required_blocks": rng.integers(1, 9, n),
-            "deadline_step": arrival + (1 + new) * rng.integers(2, 50, n), "preemptible": rng.random(n) < 0.9}
-    cols.update(over)
-    cols["deadline_step"] = np.ma.MaskedArray(cols["deadline_step"], mask=~np.asarray(has_deadline))
-    return cols
+    """`test_shapes_exact2.columns` of 1-12 tokens."""
+    return columns(rng, n, max_tokens=12, **over)
 
 
 def _shape(name, rng, n=N):
