@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, strategies as st
 
 from decodesched import convert as cv
+from decodesched.errors import UserError
 from decodesched.trace import load_trace
 from test_cli_hostile3 import one_line, run
 
@@ -242,3 +243,12 @@ def test_raw_bytes_convert_to_a_trace_that_loads_and_inspects_or_exit_2_with_one
             assert t.max_new_tokens.tolist() == [max(int(r["output_length"]), 1) for r in recs]
         code, out, err = run(["trace", "inspect", str(d / "out.csv")])
         assert code == 0 and out.startswith(f"rows             {len(t)}\n"), err
+
+
+def test_a_time_scale_past_the_float_range_is_refused_without_a_warning():
+    # Before: NumPy's "overflow encountered in multiply" (an error under -W error) came before the refusal.
+    raw = cv.read_raw(cv.bundled_trace_path())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(UserError, match="give a smaller time scale"):
+            cv.to_trace(raw, steps_per_second=1e306)

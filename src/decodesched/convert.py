@@ -540,7 +540,8 @@ def to_trace(
                         f"{','.join(map(str, classes.tolist()))}")
 
     n = len(raw)
-    arrival_f = _floor(raw.arrival_seconds * steps_per_second)
+    with np.errstate(over="ignore"):  # (a product past the float range is inf: refused below, by its size)
+        arrival_f = _floor(raw.arrival_seconds * steps_per_second)
     last = float(arrival_f.max()) if n else 0.0
     if not last <= MAX_STEP:
         scale = f"--load {load}" if load is not None else f"--steps-per-second {steps_per_second}"
