@@ -37,7 +37,6 @@ import hashlib
 import os
 import shutil
 import sys
-import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -58,7 +57,7 @@ from .feedback import feedback_html
 from .resume import Resume
 from .outputs import grades_csv_text, preload_gradebook, update_gradebook
 from . import sandbox
-from .sandbox import ForkServer, scratch_root
+from .sandbox import ForkServer
 from .status import decide
 from .verdict import verdict_for_source
 
@@ -294,6 +293,10 @@ def marker_prefix(out_dir) -> str:
     return "grade-" + hashlib.sha256(str(Path(out_dir).resolve()).encode()).hexdigest()[:10] + "-"
 
 
+# The private folder of a grading under `sandbox.scratch_root` (its students' work folders, the template course).
+WORKROOT_PREFIX = "decodesched-grade-"
+
+
 def grade(submissions, out_dir, *, course=None, options: Options | None = None, missing: list | None = None
           ) -> list[Result]:
     """Grade the folder `submissions` into `out_dir`: the results of its submissions; `missing`, when given, is
@@ -330,7 +333,8 @@ def grade(submissions, out_dir, *, course=None, options: Options | None = None, 
                         "(--regrade grades all of them again)"), file=sys.stderr)
         done = {r.student_id for r in results}
         subs = [s for s in subs if s.student_id not in done]
-    workroot = Path(tempfile.mkdtemp(prefix="decodesched-grade-", dir=scratch_root())).resolve()
+    sandbox.remove_stale_scratch(WORKROOT_PREFIX)  # (those of gradings killed by SIGKILL)
+    workroot, owner = sandbox.private_scratch(WORKROOT_PREFIX)
     os.chmod(workroot, 0o711)  # private uids must reach their own folder, but list nothing
     rendered: dict = {}
     fb = out_dir / "feedback"
@@ -342,6 +346,7 @@ def grade(submissions, out_dir, *, course=None, options: Options | None = None, 
                                                               roster_now(course_obj), keeper.forget), keeper=keeper)
         finally:
             sandbox.STOPPING.clear()  # every run of this grading has ended (the pools were shut down)
+            os.close(owner)  # (the workroot is removed: `_grade_all`)
         results.sort(key=lambda r: r.student_id)
     except BaseException as exc:
         # a stopped grading leaves its kept gradings for a rerun (a failed one, and one stopped once its outputs

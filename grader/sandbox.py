@@ -157,6 +157,63 @@ def scratch_root() -> str | None:
     return None
 
 
+# In each private scratch folder of a grading (`private_scratch`): a file its grading holds an exclusive flock on
+# for as long as it runs. The kernel drops the lock when the process ends however it ends (SIGKILL, the OOM killer),
+# so a folder whose lock no process holds is one a grading could not remove (`remove_stale_scratch`).
+OWNER_LOCK = ".decodesched-owner.lock"
+
+
+def private_scratch(prefix: str) -> tuple[Path, int]:
+    """A new folder `prefix`... under `scratch_root`, and the descriptor that holds its OWNER_LOCK (close it once the
+    folder is removed). The lock file is locked before it takes its name, so no other grading ever finds it
+    unlocked while this one lives; the descriptor is not inherited by the programs the grading runs."""
+    import tempfile
+
+    folder = Path(tempfile.mkdtemp(prefix=prefix, dir=scratch_root())).resolve()
+    fd, tmp = tempfile.mkstemp(prefix=".owner-", dir=folder)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        os.rename(tmp, folder / OWNER_LOCK)
+    except BaseException:
+        os.close(fd)
+        raise
+    return folder, fd
+
+
+def remove_stale_scratch(prefix: str) -> int:
+    """Remove the private scratch folders `prefix`... under `scratch_root` that a grading killed by a signal it
+    cannot catch left (a few MB each, in /dev/shm: memory): those of this user whose OWNER_LOCK no process holds.
+    A folder without one (made by an older grader, or being made) and anything not a folder of this user is left.
+    Returns how many were removed."""
+    import shutil
+    import tempfile
+
+    removed = 0
+    try:
+        entries = list(os.scandir(scratch_root() or tempfile.gettempdir()))
+    except OSError:
+        return 0
+    for entry in entries:
+        try:
+            if not entry.name.startswith(prefix) or not entry.is_dir(follow_symlinks=False) \
+                    or entry.stat(follow_symlinks=False).st_uid != os.geteuid():
+                continue
+            fd = os.open(os.path.join(entry.path, OWNER_LOCK), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # (held while removed: another cleaner passes over it)
+        except OSError:
+            os.close(fd)
+            continue  # a grading under way
+        try:
+            shutil.rmtree(entry.path, ignore_errors=True)
+            removed += 1
+        finally:
+            os.close(fd)
+    return removed
+
+
 def is_root() -> bool:
     return os.geteuid() == 0
 
