@@ -262,9 +262,14 @@ class Trace:
 
     def to_csv(self, path: str | os.PathLike) -> None:
         """Write the canonical trace CSV atomically (a temporary file renamed into place); a trace built by
-        hand is checked first, so that no file is written that `load_trace` would refuse."""
-        from ._io import atomic_writer, path_argument
+        hand is checked first, so that no file is written that `load_trace` would refuse (nor one named ``.parquet`` or
+        ``.pq``, which it reads as Parquet: `decodesched.frames.to_parquet` writes those)."""
+        from ._io import atomic_writer, extension_said, path_argument
+        from .tables_io import is_parquet
 
+        if is_parquet(path_argument(path)):
+            raise UserError(f"{path}: a CSV trace named {extension_said(path)}, which load_trace would read as "
+                            "Parquet; name it .csv, or write Parquet with decodesched.frames.to_parquet")
         if not self._checked:
             return load_trace(self).to_csv(path)
         with atomic_writer(path_argument(path)) as fh:
@@ -294,11 +299,12 @@ def load_trace(source: Any, *, steps_per_second: float | None = None, name: str 
 
     `source` is a path to a canonical trace CSV (or ``.parquet``), a mapping of column name to
     sequence (``deadline_step`` may hold None, NaN or pandas NA for none, or be a masked array), a pandas
-    DataFrame, a list of row dicts, or a `Trace` (returned unchanged when `load_trace` made it; one made
-    otherwise, by its constructor or `dataclasses.replace`, is checked as a mapping of its columns would
-    be, and a checked copy returned; a `name` or `steps_per_second` given replaces the trace's own, in a
+    DataFrame, a pyarrow Table or RecordBatch (`decodesched.frames.to_arrow`'s: its time scale is read from the
+    schema metadata, as a Parquet file's), a list of row dicts, or a `Trace` (returned unchanged when `load_trace`
+    made it; one made otherwise, by its constructor or `dataclasses.replace`, is checked as a mapping of its
+    columns would be, and a checked copy returned; a `name` or `steps_per_second` given replaces the trace's own, in a
     copy).  Raises `TraceError` naming
-    the row and column.  NumPy integer and boolean columns, and Parquet ones without nulls, are
+    the row and column.  NumPy integer and boolean columns, and Parquet or Arrow ones without nulls, are
     checked column-wise (a million rows in well under a second); other values one by one.
 
     >>> t = load_trace({"request_id": [1, 2], "arrival_step": [0, 3], "prompt_len": [4, 2],
@@ -327,7 +333,7 @@ def load_trace(source: Any, *, steps_per_second: float | None = None, name: str 
         if steps_per_second is None:
             steps_per_second = _sidecar_time_scale(path)
         if path.suffix.lower() in (".parquet", ".pq"):
-            cols, stored = _read_parquet(path)
+            cols, stored = _arrow_columns(read_parquet_table(path, TraceError), str(path))
             trace = _from_columns(cols, str(path), steps_per_second or stored, label)
         else:
             trace = _from_csv(path, steps_per_second, label)
@@ -344,6 +350,9 @@ def load_trace(source: Any, *, steps_per_second: float | None = None, name: str 
                 raise TraceError(f"<rows>: row {i + 1}: columns differ from row 1")
         cols = {k: [r.get(k) for r in source] for k in keys}
         return _from_columns(cols, "<rows>", steps_per_second, name or "trace")
+    if _is_arrow(source, "Table", "RecordBatch"):  # (`decodesched.frames.to_arrow` keeps the time scale)
+        cols, stored = _arrow_columns(source, "<arrow>")
+        return _from_columns(cols, "<arrow>", steps_per_second or stored, name or "trace")
     if hasattr(source, "to_dict") and hasattr(source, "columns"):  # a pandas DataFrame
         attrs = getattr(source, "attrs", None) or {}  # (`frames.trace_frame` keeps the time scale and name there)
         return _from_columns(_frame_columns(source), "<dataframe>", steps_per_second or attrs.get("steps_per_second"),
@@ -483,9 +492,10 @@ def _trace_name(name, where: str) -> str:
     return str(name)  # (a NumPy string as the plain one it holds)
 
 
-def _read_parquet(path: Path) -> tuple[dict[str, Any], float | None]:
-    """The columns, and the time scale `decodesched.frames.to_parquet` stores in the schema metadata."""
-    table = read_parquet_table(path, TraceError)
+def _arrow_columns(table, where: str) -> tuple[dict[str, Any], float | None]:
+    """A Parquet file's or an Arrow table's (or record batch's) columns, and the time scale
+    `decodesched.frames.to_arrow` / `to_parquet` store in the schema metadata."""
+    _check_header(list(table.column_names), where)  # (first: a name twice would hide one column)
     stored = (table.schema.metadata or {}).get(b"decodesched.steps_per_second")
     sps = None
     if stored is not None:
@@ -494,25 +504,31 @@ def _read_parquet(path: Path) -> tuple[dict[str, Any], float | None]:
         except ValueError:
             sps = math.nan
         if not (sps > 0 and math.isfinite(sps)):
-            raise TraceError(f"{path}: steps_per_second in the Parquet metadata must be a positive number, "
+            raise TraceError(f"{where}: steps_per_second in its schema metadata must be a positive number, "
                              f"got {stored.decode(errors='replace')!r}")
-    return {name: _parquet_column(name, table.column(name)) for name in table.column_names}, sps
+    return {name: _arrow_column(name, table.column(i)) for i, name in enumerate(table.column_names)}, sps
 
 
-def _parquet_column(name: str, col):
-    """A Parquet column as `_from_columns` takes it: of its column's type (integers, or booleans for
-    cache_hit and preemptible) and without nulls as a NumPy array (checked column-wise there), deadlines
-    with nulls as a masked array, anything else as Python values (checked one by one, with the row
+def _is_arrow(v, *kinds: str) -> bool:
+    """Whether `v` is one of pyarrow's `kinds` (pyarrow is optional: not loaded, `v` is none of them)."""
+    pa = sys.modules.get("pyarrow")
+    return pa is not None and isinstance(v, tuple(getattr(pa, k) for k in kinds))
+
+
+def _arrow_column(name: str, col):
+    """A Parquet or Arrow column (an Array or a ChunkedArray) as `_from_columns` takes it: of its column's type
+    (integers, or booleans for cache_hit and preemptible) and without nulls as a NumPy array (checked column-wise
+    there), deadlines with nulls as a masked array, anything else as Python values (checked one by one, with the row
     named)."""
     import pyarrow.types as pat
 
     typed = pat.is_boolean(col.type) if name in BOOL_COLUMNS else pat.is_integer(col.type)
     if typed:
         if col.null_count == 0:
-            return col.to_numpy()
+            return col.to_numpy(zero_copy_only=False)  # (an Array's booleans are no NumPy buffer)
         if name == "deadline_step":
             missing = col.is_null().to_numpy(zero_copy_only=False)
-            return np.ma.MaskedArray(col.fill_null(0).to_numpy(), mask=missing)
+            return np.ma.MaskedArray(col.fill_null(0).to_numpy(zero_copy_only=False), mask=missing)
     return col.to_pylist()
 
 
@@ -791,7 +807,7 @@ def _is_pandas(v) -> bool:
 
 
 def _pandas_column(name: str, v):
-    """A pandas column as `_from_columns` takes it, like `_parquet_column`: of its column's type (a NumPy or
+    """A pandas column as `_from_columns` takes it, like `_arrow_column`: of its column's type (a NumPy or
     nullable integer dtype, or boolean for cache_hit and preemptible) and without NAs as a NumPy array, deadlines
     with NAs as a masked array, dates and durations as NumPy arrays (refused whole), anything else as Python values
     with None for NA, NaN and NaT.  Rows are taken by position, never by index label."""
@@ -816,6 +832,8 @@ def _column(name: str, v, where: str):
     is not a 1-D sequence of plain values."""
     if _is_pandas(v):
         v = _pandas_column(name, v)
+    elif _is_arrow(v, "Array", "ChunkedArray"):
+        v = _arrow_column(name, v)
     _one_dim(name, v, where)
     if isinstance(v, (Set, Mapping)) or not hasattr(v, "__getitem__"):
         raise TraceError(f"{where}, column {name}: expected a sequence of {_WANT[name]}, got {type(v).__name__}")
