@@ -108,3 +108,29 @@ def test_a_csv_trace_still_writes_and_reads_back(tmp_path):
     trace.to_csv(tmp_path / "t.csv")
     assert load_trace(tmp_path / "t.csv", name="trace") == trace
     assert decodesched.simulate(tmp_path / "t.csv", "fcfs", 3).n_events == simulate(trace, "fcfs", 3).n_events
+
+
+def test_a_csv_trace_keeps_its_time_scale_and_never_takes_an_older_one(tmp_path):
+    """`to_csv` wrote no sidecar: a trace with a time scale read back in steps only, and a trace written over a
+    converted one read back with the old trace's time scale (and the reports with its source and seed)."""
+    path = tmp_path / "t.csv"
+    load_trace(COLUMNS, steps_per_second=20.0).to_csv(path)
+    assert load_trace(path).steps_per_second == 20.0
+    load_trace(COLUMNS, steps_per_second=0.5).to_csv(path)
+    assert load_trace(path).steps_per_second == 0.5
+    load_trace(COLUMNS).to_csv(path)
+    assert load_trace(path).steps_per_second is None
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.csv"]
+
+
+def test_a_failed_csv_write_leaves_the_older_pair(tmp_path):
+    """The CSV and its sidecar are written together: a sidecar that cannot be written leaves the older CSV whole."""
+    path = tmp_path / "t.csv"
+    load_trace(COLUMNS).to_csv(path)
+    old = path.read_bytes()
+    (tmp_path / "t.csv.meta.json").mkdir()
+    with pytest.raises(UserError) as exc:
+        load_trace(dict(COLUMNS, priority=[5] * len(COLUMNS["priority"])), steps_per_second=3.0).to_csv(path)
+    one_line(exc, "t.csv.meta.json")
+    assert path.read_bytes() == old
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.csv", "t.csv.meta.json"]

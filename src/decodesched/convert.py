@@ -586,7 +586,7 @@ def to_trace(
 def write_trace(trace: Trace, out: str | os.PathLike, meta: dict) -> Path:
     """Write `trace` as canonical CSV and its sidecar, together (`output_group`); returns the sidecar
     path.  A failure leaves neither file (an older pair at the same path stays intact)."""
-    from ._io import atomic_writer, output_group
+    from ._io import atomic_writer, output_group, path_argument
 
     out = Path(out)
     side = meta_path(out)
@@ -598,7 +598,7 @@ def write_trace(trace: Trace, out: str | os.PathLike, meta: dict) -> Path:
             with atomic_writer(side) as fh:
                 json.dump(body, fh, indent=2, sort_keys=True)
                 fh.write("\n")
-            trace.to_csv(out)
+            load_trace(trace)._write_csv(path_argument(out))
     except OutputError:  # already one line naming the file
         raise
     except FileNotFoundError as exc:

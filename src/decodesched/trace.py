@@ -263,16 +263,40 @@ class Trace:
     def to_csv(self, path: str | os.PathLike) -> None:
         """Write the canonical trace CSV atomically (a temporary file renamed into place); a trace built by
         hand is checked first, so that no file is written that `load_trace` would refuse (nor one named ``.parquet`` or
-        ``.pq``, which it reads as Parquet: `decodesched.frames.to_parquet` writes those)."""
-        from ._io import atomic_writer, extension_said, path_argument
+        ``.pq``, which it reads as Parquet: `decodesched.frames.to_parquet` writes those).  The time scale goes
+        beside it, into the ``<path>.meta.json`` sidecar that `load_trace` reads, written together with the CSV; a
+        trace without one removes a sidecar an earlier trace left there (it would lend this one its time scale)."""
+        import json
+
+        from ._io import atomic_writer, extension_said, output_group, path_argument
         from .tables_io import is_parquet
 
-        if is_parquet(path_argument(path)):
+        target = path_argument(path)
+        if is_parquet(target):
             raise UserError(f"{path}: a CSV trace named {extension_said(path)}, which load_trace would read as "
                             "Parquet; name it .csv, or write Parquet with decodesched.frames.to_parquet")
         if not self._checked:
             return load_trace(self).to_csv(path)
-        with atomic_writer(path_argument(path)) as fh:
+        side = meta_path(target)
+        with output_group():
+            if self.steps_per_second is not None:
+                with atomic_writer(side) as fh:
+                    body = {"name": self.name, "requests": len(self), "steps_per_second": self.steps_per_second}
+                    json.dump(body, fh, indent=2, sort_keys=True)
+                    fh.write("\n")
+            self._write_csv(target)
+        if self.steps_per_second is None and side.is_file():
+            try:
+                side.unlink()
+            except OSError as exc:
+                raise UserError(f"{side}: cannot remove the time scale of the trace written before ({exc.strerror})")
+
+    def _write_csv(self, target: Path) -> None:
+        """`to_csv` without the sidecar (for `decodesched.convert.write_trace`, which writes a fuller one);
+        `target` as `_io.path_argument` gives it, of a checked trace."""
+        from ._io import atomic_writer
+
+        with atomic_writer(target) as fh:
             w = csv.writer(fh, lineterminator="\n")
             w.writerow(TRACE_COLUMNS)
             for i in range(len(self)):
