@@ -26,7 +26,8 @@ from . import sandbox, spec
 from .course import Course, assignment_notebook
 from .evidence import CANARY_TAG, _canary_expected, _error_outputs, _inspect_gradebook_copy, canary_cell, cell_outputs
 from .limits import Limits
-from .notebook import Submission, _cell_source, _nbgrader_meta, _plain_file, _safe_source, _safe_text, printable
+from .notebook import (MAX_BIG_NOTEBOOK_ITEMS, Submission, _cell_source, _nbgrader_meta, _plain_file, _safe_source,
+                       _safe_text, big_parse, printable, too_many_values)
 
 MAX_AUTOGRADED_BYTES = 64 * 1024 * 1024
 
@@ -316,12 +317,21 @@ def kernel_run(sub: Submission, nb: dict, template: Path, workroot: Path, marker
     if out.leftovers_killed:
         rep.notes.append("kernel: leftover processes killed after the run")  # (how many: the run's timing)
     graded_nb = course / "autograded" / sub.student_id / spec.ASSIGNMENT / spec.NOTEBOOK
-    executed = None
+    executed, unread = None, "kernel: nbgrader wrote no graded notebook"
     if _plain_file(graded_nb, MAX_AUTOGRADED_BYTES):
         with contextlib.suppress(ValueError, UnicodeDecodeError, RecursionError, OSError):
-            executed = json.loads(graded_nb.read_bytes().decode("utf-8"))
-            if not isinstance(executed, dict) or not isinstance(executed.get("cells"), list):
-                executed = None
+            data = graded_nb.read_bytes()
+            # the file is in the run's folder, the student's code can write it (and keep nbgrader from writing it):
+            # 64 MiB of `[],` parsed took the grading process 1.5 GB
+            items = too_many_values(data)
+            if items:
+                unread = (f"kernel: the graded notebook holds up to {items:,} JSON values (outputs?), over the "
+                          f"{MAX_BIG_NOTEBOOK_ITEMS:,} read; it was not read")
+            else:
+                with big_parse(data):
+                    executed = json.loads(data.decode("utf-8"))
+                if not isinstance(executed, dict) or not isinstance(executed.get("cells"), list):
+                    executed = None
     if executed is not None and rep.status == "graded":
         errors = _error_outputs(executed)
         names = {str(o.get("ename")) for _, o in errors}
@@ -348,7 +358,7 @@ def kernel_run(sub: Submission, nb: dict, template: Path, workroot: Path, marker
             rep.tampered.append("the canary cell was removed from the executed notebook")
     elif executed is None and rep.status == "graded":
         rep.status = "crashed"
-        rep.notes.append("kernel: nbgrader wrote no graded notebook")
+        rep.notes.append(unread)
     rep.tampered += [t for t in _tamper_evidence(out, course, sub) if t not in rep.tampered]
     shutil.rmtree(course, ignore_errors=True)
     return rep

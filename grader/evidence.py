@@ -169,13 +169,20 @@ def nbgrader_checksum(cell: dict) -> str:
 
 
 _AST_LOCK = threading.Lock()
+# The longest cell the grading process parses. ast.parse takes about 800 times a source's length in memory (1 MiB of
+# ``1`` lines: 820 MB), and a notebook may hold 100 MiB: one scratch cell of a few MiB took gigabytes from the grader,
+# outside every limit of the sandbox (honest cells: a few KiB; the reference solution, 10 KiB). A longer cell runs
+# only in the sandbox, whose limits bound it; its static evidence is not read (its effects still are).
+MAX_PARSED_CHARS = 256 * 1024
 
 
 def parse_cell(source: str):
     """A code cell's syntax tree, magics at statement starts made `pass` as the harness and IPython do
-    (`harness.strip_magics`), or None when it does not parse."""
+    (`harness.strip_magics`), or None when it does not parse or is over `MAX_PARSED_CHARS` long."""
     import ast
 
+    if len(source) > MAX_PARSED_CHARS:
+        return None
     try:
         with _AST_LOCK:  # CPython 3.11's ast.parse is not thread-safe ("recursion depth mismatch")
             return ast.parse(strip_magics(source))
@@ -209,13 +216,17 @@ def static_evidence(sources) -> list[str]:
                 names |= {a.asname or a.name for a in node.names if a.name == "builtins"}
 
         def is_builtins(expr) -> bool:
-            if isinstance(expr, ast.Name) and expr.id in names:
-                return True
-            if isinstance(expr, ast.Attribute) and expr.attr == "__dict__":
-                return is_builtins(expr.value)
-            if isinstance(expr, ast.Call) and isinstance(expr.func, ast.Name) and expr.func.id == "vars" and expr.args:
-                return is_builtins(expr.args[0])
-            return False
+            # (a loop: ``builtins.__dict__.__dict__...`` 1,500 deep compiles, and recursion here raised RecursionError)
+            while True:
+                if isinstance(expr, ast.Name):
+                    return expr.id in names
+                if isinstance(expr, ast.Attribute) and expr.attr == "__dict__":
+                    expr = expr.value
+                elif (isinstance(expr, ast.Call) and isinstance(expr.func, ast.Name) and expr.func.id == "vars"
+                      and expr.args):
+                    expr = expr.args[0]
+                else:
+                    return False
 
         for node in ast.walk(tree):
             targets = []
@@ -287,12 +298,26 @@ def _inspect_gradebook_copy(db: Path, student_id: str) -> list[str]:
         return _query_gradebook(db, Path(private) / "inspect.db", student_id)
 
 
+# What the queries of a gradebook copy may cost, in SQLite's virtual-machine steps (a copy of 5,000 graded cells takes
+# about 100,000; nbgrader's copy of one student's run, a few dozen rows): the student's code can write the copy, and a
+# table replaced by a view that never ends (a recursive query) held the whole grading for ever, SIGTERM's stop too
+GRADEBOOK_QUERY_STEPS = 10_000_000
+_STEPS_PER_CALL = 10_000
+
+
 def _query_gradebook(db: Path, snap: Path, student_id: str) -> list[str]:
     evidence = []
+    calls = [0]
+
+    def spent() -> bool:  # a true answer interrupts the running query (sqlite3.OperationalError)
+        calls[0] += 1
+        return calls[0] * _STEPS_PER_CALL > GRADEBOOK_QUERY_STEPS
+
     try:
         shutil.copyfile(db, snap)
         con = sqlite3.connect(f"file:{snap}?mode=ro", uri=True)
         try:
+            con.set_progress_handler(spent, _STEPS_PER_CALL)
             con.execute("PRAGMA trusted_schema=OFF")
             n = con.execute("SELECT count(*) FROM grade WHERE manual_score IS NOT NULL "
                             "OR (extra_credit IS NOT NULL AND extra_credit != 0)").fetchone()[0]
@@ -309,5 +334,8 @@ def _query_gradebook(db: Path, snap: Path, student_id: str) -> list[str]:
         finally:
             con.close()
     except sqlite3.DatabaseError as exc:
-        evidence.append(f"the gradebook copy was damaged ({exc.__class__.__name__})")
+        if calls[0] * _STEPS_PER_CALL > GRADEBOOK_QUERY_STEPS:
+            evidence.append("the gradebook copy was altered: reading it did not end (its tables were replaced)")
+        else:
+            evidence.append(f"the gradebook copy was damaged ({exc.__class__.__name__})")
     return evidence

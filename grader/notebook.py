@@ -285,16 +285,28 @@ def load_notebook(path: Path) -> dict:
         data = fh.read(MAX_NOTEBOOK_BYTES + 1)
     if len(data) > MAX_NOTEBOOK_BYTES:
         raise InvalidSubmission(f"the notebook grew past {MAX_NOTEBOOK_BYTES / 2**20:.0f} MiB while it was read")
-    big = len(data) > BIG_NOTEBOOK_BYTES
-    if big:  # an upper bound on what parsing makes: every quote, brace and bracket, in strings too
-        items = data.count(b'"') // 2 + data.count(b"{") + data.count(b"[")
-        if items > MAX_BIG_NOTEBOOK_ITEMS:
-            raise _too_big(f"{len(data) / 2**20:.0f} MiB of up to {items:,} JSON values "
-                           f"(limit {MAX_BIG_NOTEBOOK_ITEMS:,} above {BIG_NOTEBOOK_BYTES / 2**20:.0f} MiB")
-    with _BIG_PARSE if big else contextlib.nullcontext():
+    items = too_many_values(data)
+    if items:
+        raise _too_big(f"{len(data) / 2**20:.0f} MiB of up to {items:,} JSON values "
+                       f"(limit {MAX_BIG_NOTEBOOK_ITEMS:,} above {BIG_NOTEBOOK_BYTES / 2**20:.0f} MiB")
+    with big_parse(data):
         nb = _parse(data)
         del data
         return _checked(nb)
+
+
+def too_many_values(data: bytes) -> int:
+    """For JSON over BIG_NOTEBOOK_BYTES, an upper bound on the values parsing it makes (every quote, brace and bracket,
+    in strings too) where that is over MAX_BIG_NOTEBOOK_ITEMS; else 0 (it may be parsed)."""
+    if len(data) <= BIG_NOTEBOOK_BYTES:
+        return 0
+    items = data.count(b'"') // 2 + data.count(b"{") + data.count(b"[")
+    return items if items > MAX_BIG_NOTEBOOK_ITEMS else 0
+
+
+def big_parse(data: bytes):
+    """Held while JSON over BIG_NOTEBOOK_BYTES is parsed: one such parse at a time in the grading process."""
+    return _BIG_PARSE if len(data) > BIG_NOTEBOOK_BYTES else contextlib.nullcontext()
 
 
 def _too_big(size: str) -> InvalidSubmission:

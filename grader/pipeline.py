@@ -188,12 +188,29 @@ def grade_one(sub: Submission, course: Course, template: cf.Future, workroot: Pa
 def _same_program(source: str, ref: str) -> bool:
     """Both parse to the same syntax tree: they differ only in what a code formatter changes (quotes, line breaks
     inside brackets, spaces, trailing commas are kept by the tree; comments are dropped)."""
-    import ast
-
     from .evidence import parse_cell
 
     tree, ref_tree = parse_cell(source), parse_cell(ref)
-    return tree is not None and ref_tree is not None and ast.dump(tree) == ast.dump(ref_tree)
+    return tree is not None and ref_tree is not None and list(_tree_items(tree)) == list(_tree_items(ref_tree))
+
+
+def _tree_items(tree):
+    """What ``ast.dump`` shows of a syntax tree (each node's class and its fields, no positions), item by item and
+    without recursion: a test cell replaced by an expression nested 1,000 deep (Python runs it) made ``ast.dump``
+    raise RecursionError in the grader, a traceback and `crashed` where the alteration is tamper evidence."""
+    import ast
+
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.AST):
+            yield type(node).__name__
+            stack.extend(reversed([getattr(node, f, None) for f in node._fields]))
+        elif isinstance(node, list):
+            yield ("list", len(node))
+            stack.extend(reversed(node))
+        else:
+            yield (type(node).__name__, repr(node))
 
 
 def restore_formatting(nb: dict, release: dict) -> tuple[dict, list[str]]:
