@@ -371,5 +371,5 @@ def _tamper_evidence(out: sandbox.Outcome, course: Path, sub: Submission) -> lis
     if out.protected_writes:
         found.append("wrote into protected folders: " + ", ".join(out.protected_writes[:3]))
     if not out.memory_exceeded and not out.timed_out:
-        found += _inspect_gradebook_copy(course / "gradebook.db", sub.student_id)
+        found += _inspect_gradebook_copy(course / "gradebook.db", sub.student_id, course.parent)  # (workroot)
     return found

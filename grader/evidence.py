@@ -23,7 +23,6 @@ from pathlib import Path
 
 from . import spec
 from .harness import strip_magics
-from .sandbox import scratch_root
 from .notebook import _cell_source, _nbgrader_meta, _plain_file, norm_source
 
 CANARY_TAG = "decodesched-grader-canary"
@@ -288,13 +287,15 @@ def _error_outputs(nb) -> list[tuple[int, dict]]:
             for o in cell_outputs(cell) if o.get("output_type") == "error"]
 
 
-def _inspect_gradebook_copy(db: Path, student_id: str) -> list[str]:
-    """Evidence that code other than nbgrader wrote to the private gradebook copy."""
+def _inspect_gradebook_copy(db: Path, student_id: str, scratch: Path) -> list[str]:
+    """Evidence that code other than nbgrader wrote to the private gradebook copy.  The snapshot it reads goes to a
+    new folder of the grader's own in `scratch` (the grading's workroot: a grading killed by SIGKILL leaves it there,
+    for the next grading to remove with the workroot)."""
     if not _plain_file(db, 256 * 1024 * 1024):
         return ["the gradebook copy was deleted or replaced"]
-    # The snapshot goes to a folder of the grader's own: the run's folder is the student's, and a link planted
-    # there under the snapshot's name would have root write the gradebook wherever it points.
-    with tempfile.TemporaryDirectory(prefix="dsched-inspect-", dir=scratch_root()) as private:
+    # The run's folder is the student's, and a link planted there under the snapshot's name would have root write
+    # the gradebook wherever it points.
+    with tempfile.TemporaryDirectory(prefix="inspect-", dir=scratch) as private:
         return _query_gradebook(db, Path(private) / "inspect.db", student_id)
 
 

@@ -83,7 +83,7 @@ def test_the_gradebook_snapshot_never_follows_a_planted_link(tmp_path):
     victim = tmp_path / "victim.txt"
     victim.write_text("someone else's file")
     (run / "inspect.db").symlink_to(victim)
-    evidence._inspect_gradebook_copy(db, "student")
+    evidence._inspect_gradebook_copy(db, "student", tmp_path)
     assert victim.read_text() == "someone else's file"
 
 

@@ -56,7 +56,7 @@ DEEP = "-" * 1500 + "1"  # compiles (CPython refuses from about 3,000); ast.dump
 def _inspect_in_child(db: Path) -> list:
     """`evidence._inspect_gradebook_copy` in a child process, so that a query that never ends fails the test."""
     code = ("import json, sys\nfrom pathlib import Path\nfrom decodesched.grader import evidence\n"
-            "print(json.dumps(evidence._inspect_gradebook_copy(Path(sys.argv[1]), 'alice')))\n")
+            "print(json.dumps(evidence._inspect_gradebook_copy(Path(sys.argv[1]), 'alice', Path(sys.argv[1]).parent)))\n")
     try:
         proc = subprocess.run([sys.executable, "-c", code, str(db)], capture_output=True, text=True, timeout=60)
     except subprocess.TimeoutExpired:
@@ -248,3 +248,21 @@ def test_hostile_gradebooks_and_deep_cells_are_tamper_evidence_and_the_grading_e
         assert rows[sid]["status"] == "tampered", (sid, page[-2000:])
         assert why in page, (sid, page[-2000:])
     assert float(rows["swaps_gradebook"]["score"]) == honest  # its verdict is its honest code's
+
+
+def test_the_gradebook_snapshot_lives_in_the_gradings_workroot(tmp_path, monkeypatch):
+    """The snapshot's folder was `dsched-inspect-*` in /dev/shm itself: a grading killed by SIGKILL while it read
+    the copy left it there for good. Now it is made in the folder given (the grading's workroot, which the next
+    grading removes when no process holds its lock) and removed after."""
+    seen = []
+    monkeypatch.setattr(evidence, "_query_gradebook", lambda db, snap, sid: seen.append(snap) or [])
+    db = tmp_path / "run" / "gradebook.db"
+    db.parent.mkdir()
+    with sqlite3.connect(db) as con:
+        con.execute("CREATE TABLE grade (x)")
+    con.close()
+    work = tmp_path / "workroot"
+    work.mkdir()
+    assert evidence._inspect_gradebook_copy(db, "alice", work) == []
+    assert len(seen) == 1 and seen[0].parent.parent == work and seen[0].parent.name.startswith("inspect-")
+    assert list(work.iterdir()) == []
