@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import html
 import math
 import re
@@ -86,7 +87,7 @@ def test_every_plot_renders_with_units_and_is_linked(sweep_dir, tmp_path):
 def test_steps_when_the_trace_has_no_time_scale(tmp_path):
     raw = cv.read_azure(cv.bundled_trace_path()).head(10)
     trace = cv.to_trace(raw, load=1.0)
-    trace.to_csv(tmp_path / "plain.csv")  # no sidecar: no time scale
+    dataclasses.replace(trace, steps_per_second=None).to_csv(tmp_path / "plain.csv")  # no time scale, no sidecar
     plots = build_report(tmp_path / "r", trace=tmp_path / "plain.csv", kv_blocks=200, policies=["fcfs", "aging"])
     by_name = {p.name: p for p in plots}
     assert set(by_name) == SCENARIO_PLOTS

@@ -5,7 +5,8 @@ pandas and pyarrow are not needed by the simulator itself; install them with
 
 - `requests_frame(result)`: one row per request (the requests CSV columns of SPEC section 4, plus
   ``has_deadline``, ``generated_len`` and ``unservable``); steps that never happened and
-  ``deadline_step`` without a deadline are ``<NA>`` (nullable ``Int64``), latencies NaN.
+  ``deadline_step`` without a deadline are ``<NA>`` (nullable ``Int64``), latencies NaN, and
+  ``deadline_met`` without a deadline is ``<NA>`` (nullable ``boolean``), as in the requests file.
 - `events_frame(result)`: the event log (SPEC section 4 columns); ``preempted_request_id`` is ``<NA>``
   when the step preempted no one.
 - `trace_frame(trace)`: a trace's canonical columns, with its ``steps_per_second`` and ``name`` in the
@@ -72,6 +73,9 @@ def requests_frame(result) -> "Any":
             data[name][values < 0] = pd.NA
         elif name == "deadline_step":
             data[name] = pd.array([None if v is None else int(v) for v in values.tolist()], dtype="Int64")
+        elif name == "deadline_met":  # (no deadline: not met, not missed; `result.requests` has False there)
+            data[name] = pd.array(values, dtype="boolean")
+            data[name][~np.asarray(req["has_deadline"])] = pd.NA
         else:
             data[name] = values
     return pd.DataFrame(data)

@@ -133,16 +133,16 @@ def _suptitle(fig, text: str, fontsize: float) -> None:
 
 
 def _count_axis(ax) -> None:
-    """A y axis of request counts: whole-number ticks, none below 0 (with every count 0 matplotlib
-    centred the line in -0.04..0.04, ticks at -0.02 requests)."""
+    """A y axis of counts: whole-number ticks, none below 0 (with every count 0 matplotlib centred the
+    line in -0.04..0.04, ticks at -0.02 requests; with every count 1, in 0.95..1.05, ticks at 1.005)."""
     from matplotlib.ticker import MaxNLocator
 
     ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     lo, hi = ax.get_ylim()
     if hi < 1:
         ax.set_ylim(-0.05, 1)
-    elif lo < 0:
-        ax.set_ylim(bottom=-0.05 * hi)
+    elif lo < 0 or math.floor(hi) <= math.ceil(lo):  # (below 0, or one whole number in view: from 0 then)
+        ax.set_ylim(-0.05 * hi, hi)
 
 
 def _plain_log_ticks(ax) -> None:
@@ -499,11 +499,16 @@ def _draw(ax, x, y, lo, hi, *, policy: str, view: SweepView, scale: float = 1.0)
     if spread.any():
         ax.errorbar(x[spread], y[spread], yerr=[y[spread] - lo[spread], hi[spread] - y[spread]], fmt="none",
                     ecolor=color, elinewidth=1, capsize=3)
+    return [float(v) for v in np.concatenate([y[finite], lo[spread], hi[spread]])], _censored_marks(ax, x, y, color)
+
+
+def _censored_marks(ax, x, y, color) -> bool:
+    """Censored (inf) points of a line as triangles at the panel's top edge; whether there was one."""
     censored = np.isinf(y) & (y > 0)
     if censored.any():
         ax.plot(x[censored], np.full(censored.sum(), 0.97), ls="", marker="^", ms=8, color=color,
                 transform=ax.get_xaxis_transform(), clip_on=False)
-    return [float(v) for v in np.concatenate([y[finite], lo[spread], hi[spread]])], bool(censored.any())
+    return bool(censored.any())
 
 
 def _panel(ax, view: SweepView, series, key: str, scale: float = 1.0) -> list[float]:
@@ -515,13 +520,18 @@ def _panel(ax, view: SweepView, series, key: str, scale: float = 1.0) -> list[fl
         seen += values
         if censored:
             names.append(p)
-    if names:
-        ax.text(0.02, 0.86, "\u25b2 inf (censored): " + ", ".join(names), transform=ax.transAxes, fontsize=7,
-                va="top", color="0.25")
+    _censored_note(ax, names)
     if not seen:
         ax.set_yticks([])
     _no_column(ax, view, key, empty=not seen and not names)
     return seen
+
+
+def _censored_note(ax, names: list[str]) -> None:
+    """Name the lines with a censored point in the panel (their triangles may overlap)."""
+    if names:
+        ax.text(0.02, 0.86, "\u25b2 inf (censored): " + ", ".join(names), transform=ax.transAxes, fontsize=7,
+                va="top", color="0.25")
 
 
 def _no_column(ax, view: SweepView, key: str, empty: bool) -> None:
@@ -713,19 +723,28 @@ def _interval_figure(view: SweepView, out: Path, policy: str, classes: list[int]
         shades = colormaps["viridis"](np.linspace(0.0, 0.85, len(names)))
         for i, (key, label, time) in enumerate(rows):
             ax = axes[i][j]
-            seen = []
+            seen, censored = [], []
             for name, shade in zip(names, shades):
                 y = []
                 for k in intervals:
                     vals = [float(r.get(key, math.nan)) * (view.scale(r) if time else 1.0)
                             for r in view.group(policy, name, view.kv_blocks) if r["aging_interval"] == k]
                     y.append(view._spread(vals)[0])
-                y = np.asarray(y, dtype=float)
+                x, y = np.asarray(intervals, dtype=float), np.asarray(y, dtype=float)
                 ok = np.isfinite(y)
-                ax.plot(np.asarray(intervals, dtype=float)[ok], y[ok], marker="o", ms=4, color=shade,
+                ax.plot(x[ok], y[ok], marker="o", ms=4, color=shade,
                         label=f"load {view.info[name].load:g}" if len(names) > 1 else name)
+                if _censored_marks(ax, x, y, shade):
+                    censored.append(name)
                 seen += y[ok].tolist()
-            _log_if_wide(ax, seen)
+            _censored_note(ax, censored)
+            if not seen:
+                ax.set_yticks([])
+            _no_column(ax, view, key, empty=not seen and not censored)
+            if key == "preemptions":
+                _count_axis(ax)
+            else:
+                _log_if_wide(ax, seen)
             if len(intervals) > 1 and intervals[-1] / max(intervals[0], 1) >= 8:
                 ax.set_xscale("log", base=2)
             ax.grid(True, alpha=0.3)
@@ -740,7 +759,7 @@ def _interval_figure(view: SweepView, out: Path, policy: str, classes: list[int]
     return _save(fig, out, Plot(f"interval_{policy}",
                                 f"{policy} at {view.kv_blocks} KV blocks: P99 TTFT of the top and bottom classes, "
                                 "starvation and preemptions against the aging interval, one line per trace (by "
-                                "load); medians over replicates; censored (inf) points are left out."))
+                                "load); medians over replicates. " + CENSORED_NOTE))
 
 
 def _capacity_figure(view: SweepView, out: Path, names: list[str]) -> Plot:
@@ -886,8 +905,11 @@ def _per_class_plot(results: dict, order: list[str], colors: dict, out: Path, sc
     for ax, (key, label, mult) in zip(axes[0], panels):
         for k, p in enumerate(order):
             per = results[p].metrics["per_class"]
-            vals = [float(per[c][key]) * mult for c in classes]
-            ax.bar(xs + (k - (len(order) - 1) / 2) * width, np.nan_to_num(vals), width, color=colors[p], label=p)
+            vals = np.array([float(per[c][key]) * mult for c in classes])
+            at = xs + (k - (len(order) - 1) / 2) * width
+            ax.bar(at, np.nan_to_num(vals), width, color=colors[p], label=p)
+            for x in at[np.isnan(vals)]:  # (no value is not 0: no request of the class ran, or had a deadline)
+                ax.text(x, 0, "n/a", rotation=90, ha="center", va="bottom", fontsize=7, color=colors[p])
         ax.set_xticks(xs, [str(c) for c in classes])
         ax.set_xlabel("priority class (larger runs first)")
         ax.set_ylabel(label)
@@ -898,7 +920,9 @@ def _per_class_plot(results: dict, order: list[str], colors: dict, out: Path, sc
     axes[0][0].legend(fontsize=8)
     _suptitle(fig, f"Per priority class ({cfg})", fontsize=10)
     return _save(fig, out, Plot("per_class", "Per priority class: starvation (the longest wait of a request that "
-                                             "ran), preemptions suffered, and deadline attainment, per policy."))
+                                             "ran), preemptions suffered, and deadline attainment, per policy; "
+                                             "n/a where no request of the class ran (starvation) or had a "
+                                             "deadline (attainment)."))
 
 
 def _cdf_plot(results: dict, order: list[str], colors: dict, out: Path, scale: float, u: str, cfg: str) -> Plot:
@@ -919,8 +943,7 @@ def _cdf_plot(results: dict, order: list[str], colors: dict, out: Path, scale: f
                     continue
                 missing = n - v.size
                 label = f"{p} ({missing} unfinished)" if missing else p
-                ax.step(v, np.arange(1, v.size + 1) / n, where="post", color=colors[p], ls=policy_style(p),
-                        lw=1.4, label=label)
+                ax.step(*cdf_steps(v, n), where="post", color=colors[p], ls=policy_style(p), lw=1.4, label=label)
             if i == 0:
                 logs = _log_if_wide(ax, pooled, axis="x")
                 ax.set_ylim(0, 1.02)
@@ -945,6 +968,13 @@ def _cdf_plot(results: dict, order: list[str], colors: dict, out: Path, scale: f
                                 "the values span decades); below, the slowest 5% (dotted: P99). Every request "
                                 "counts: a curve that ends below 1 has requests that never finished (the legend "
                                 "says how many)."))
+
+
+def cdf_steps(values: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """The empirical CDF of the sorted finite `values` out of `n` requests (those without a value count, so
+    it ends below 1), as points for ``ax.step(x, y, where="post")``: it starts at 0 on the first value, so that
+    a single value is a visible rise and not a lone point, which `step` draws as nothing."""
+    return np.r_[values[:1], values], np.arange(values.size + 1) / n
 
 
 def _thin(n: int, limit: int = 20000) -> slice:
@@ -977,6 +1007,8 @@ def _occupancy_plot(r, out: Path, kv_blocks: int, scale: float, u: str) -> Plot:
     ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel(f"time ({u})")
     ax.grid(True, alpha=0.3)
+    if step.size:  # (the steps that ran, not 0 onwards: a trace may start late, at 10**15)
+        ax.set_xlim(step[0] * scale, (step[-1] + 1) * scale)
     _suptitle(fig, f"KV occupancy and queue length over time ({r.policy}, {r.trace.name})", fontsize=10)
     return _save(fig, out, Plot("kv_queue_timeline",
                                 f"KV blocks held after each step, and requests arrived but unfinished and not "
@@ -1002,13 +1034,15 @@ def _gantt_plot(r, out: Path, n_requests: int, scale: float, u: str) -> Plot:
     ax = axes[0][0]
     victims = np.asarray(ev["preempted_request_id"])[np.asarray(ev["has_victim"])]
     victim_steps = ev_step[np.asarray(ev["has_victim"])]
-    end = 0
+    start = int(trace.arrival_step[rows].min()) if rows.size else 0
+    end = start
     for y, row in enumerate(rows):
         rid = trace.request_id[row]
         arrival = int(trace.arrival_step[row])
         mine = ev_rid == rid
         steps = ev_step[mine]
-        last = int(req["finish_step"][row]) if req["finish_step"][row] >= 0 else (int(steps[-1]) if steps.size else arrival)
+        # (unfinished: in the system until the replay ended, not until it last ran, nor a step if it never ran)
+        last = int(req["finish_step"][row]) if req["finish_step"][row] >= 0 else max(int(r.clock) - 1, arrival)
         end = max(end, last + 1)
         ax.broken_barh([(arrival * scale, (last + 1 - arrival) * scale)], (y - 0.3, 0.6), color="#dddddd")
         if steps.size:
@@ -1023,7 +1057,7 @@ def _gantt_plot(r, out: Path, n_requests: int, scale: float, u: str) -> Plot:
             ax.plot(trace.deadline_step[row] * scale, y, marker=">", color="#555555", ms=4)
     ax.set_yticks(range(len(rows)), [str(trace.request_id[i]) for i in rows], fontsize=7)
     ax.invert_yaxis()
-    ax.set_xlim(0, end * scale * 1.02)
+    ax.set_xlim(start * scale, (end + 0.02 * (end - start)) * scale)  # (from the first arrival shown, not 0)
     ax.set_ylabel("request id (in arrival order)")
     ax.set_xlabel(f"time ({u})")
     handles = [Patch(color="#dddddd", label="in system, not running")]

@@ -182,7 +182,9 @@ def render_ttft_cdf(ttft: dict[str, np.ndarray], steps_per_second: float | None,
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
+    from ..metrics import percentiles_censored
     from ..palette import policy_colors, policy_style
+    from ..report import cdf_steps
 
     scale = steps_per_second or 1.0
     unit = "seconds" if steps_per_second else "steps"
@@ -197,12 +199,12 @@ def render_ttft_cdf(ttft: dict[str, np.ndarray], steps_per_second: float | None,
         v = np.sort(values[~np.isnan(values)]) / scale
         if v.size == 0:
             continue
-        y = np.arange(1, v.size + 1) / values.size
-        p99 = float(np.percentile(v, 99))
+        # (the P99 of every request, those without a first token censored at +inf, as in the table: SPEC 9)
+        p99 = percentiles_censored(v, values.size - v.size, (99,))[0]
         color, ls = styles.get(policy, (None, "-"))
         plotted += 1
         for ax in (ax_all, ax_tail):
-            ax.step(v, y, where="post", color=color, linestyle=ls, linewidth=1.6,
+            ax.step(*cdf_steps(v, values.size), where="post", color=color, linestyle=ls, linewidth=1.6,
                     label=f"{policy} (P99 {p99:.3g} {short})")
         if np.any(v > 0):
             lo = min(lo, float(v[v > 0].min()))

@@ -325,7 +325,7 @@ def _cell(v) -> str:
     if isinstance(v, float):
         if v.is_integer():
             return str(int(v))
-        return f"{v:.3f}" if abs(v) < 1 else f"{v:.1f}"
+        return f"{v:.3g}" if abs(v) < 1 else f"{v:.1f}"  # (3 places wrote one step at 5,000 steps/s, 0.0002 s, "0.000")
     return str(v)
 
 
