@@ -668,11 +668,24 @@ def _cost(traces, sc_trace, sc_max_steps) -> np.ndarray:
 
 def _run_custom(traces, scenarios, order, arrays, threads: int, req_start, event_start, events, req_out, summary,
                 bar: Progress) -> None:
-    """Run the scenarios of user policies (`order`), each with its Policy's kernel, on `threads`
-    threads (the kernels release the GIL); every scenario has its own output slices."""
+    """Run the scenarios of user policies (`order`), each with its Policy's kernel, on `threads` workers (the
+    kernels release the GIL) that take the next scenario from a shared queue; every scenario has its own output
+    slices.  The workers run behind `_io.interruptible`, as the built-in batch kernel does, so Ctrl-C acts at once:
+    no worker starts another scenario, those under way finish in the background (they ran to their end first, the
+    whole batch with a thread pool, whose threads Python also waits for at exit).  A scenario that fails is
+    raised once every worker stopped: the first of them in `order`, whatever the thread count."""
+    import threading
+
+    from ._io import interruptible
+
     *cols, trace_start, sc_trace, sc_policy, sc_capacity, sc_interval, sc_max_steps = arrays
     # each policy's kernel once, before any scenario runs (compiled, and checked against its code)
     kernels = {id(scenarios[s].policy): scenarios[s].policy.kernel() for s in order.tolist()}
+    queue = iter(enumerate(order.tolist()))
+    lock = threading.Lock()
+    stopped = threading.Event()
+    finished = [0]
+    failures: list[tuple[int, BaseException]] = []
 
     def one(s):
         a, b = trace_start[sc_trace[s]], trace_start[sc_trace[s] + 1]
@@ -686,16 +699,35 @@ def _run_custom(traces, scenarios, order, arrays, threads: int, req_start, event
                     f"{sc.aging_interval}"
             raise ScenarioError(str(exc), s, where) from exc.__cause__
 
-    if threads <= 1 or len(order) <= 1:
-        for s in order.tolist():
-            one(s)
-            bar.advance(1)
-        return
-    from concurrent.futures import ThreadPoolExecutor
+    def worker():
+        while not stopped.is_set():
+            with lock:
+                position, s = next(queue, (None, None))
+            if s is None:
+                return
+            try:
+                one(s)
+            except BaseException as exc:  # noqa: BLE001 - raised by `work`, in the caller's thread
+                with lock:
+                    failures.append((position, exc))
+                continue
+            with lock:
+                finished[0] += 1
 
-    with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="decodesched-policy") as pool:
-        for _ in pool.map(one, order.tolist()):
-            bar.advance(1)
+    def work():
+        workers = [threading.Thread(target=worker, name="decodesched-policy", daemon=True)
+                   for _ in range(max(1, min(threads, len(order))))]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+        if failures:
+            raise min(failures, key=lambda f: f[0])[1]
+
+    start = bar.done
+    interruptible(work, tick=lambda: bar.advance(start + finished[0] - bar.done), on_interrupt=stopped.set,
+                  name="decodesched-policy")
+    bar.advance(start + finished[0] - bar.done)
 
 
 def _run_order(traces, sc_trace, sc_policy, sc_interval, sc_max_steps) -> np.ndarray:

@@ -154,11 +154,27 @@ class DecodeSchedulerSim:
     def _effective_priority(self, req: RequestState) -> int:
         """Business priority, plus one level per `aging_interval` waited steps under ``aging``."""
         if self._priority is not None:
-            return self._priority(self._view(req), self.clock)
+            return self._policy_value("effective_priority", req, self._priority(self._view(req), self.clock))
         effective_priority = req.priority
         if self.policy == "aging":
             effective_priority += req.wait_steps // self.aging_interval
         return effective_priority
+
+    def _policy_value(self, what: str, req: RequestState, value):
+        """`value`, what a `Policy` function returned in Python for `req`: a tuple of integers (`key`) or an integer;
+        anything else is a `UserError`.  The compiled function returns integers there (`Policy` checks its type), so
+        a float or bool that only the Python version gives (``2 ** -1``: 0.5, where compiled code gives 0) would
+        make the model and the replay disagree without a word."""
+        items = value if what == "key" and isinstance(value, tuple) else (value,) if what != "key" else None
+        if items is None or not all(isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in items):
+            from .errors import UserError
+
+            want = "a tuple of integers" if what == "key" else "an integer"
+            raise UserError(f"policy {self.policy.name!r}: {what}(r, clock) returned {value!r} in Python (the model) "
+                            f"for request {req.request_id} at clock {self.clock}, not {want}; the compiled function "
+                            "returns integers, so the replay would differ (an integer power with a negative "
+                            "exponent is a float in Python: keep to +, -, *, // and %)")
+        return value
 
     def _remaining_steps(self, req: RequestState) -> int:
         return (1 if req.phase == "prefill" else 0) + max(req.max_new_tokens - req.generated_len, 0)
@@ -166,7 +182,7 @@ class DecodeSchedulerSim:
     def _schedule_key(self, req: RequestState) -> tuple:
         """The sort key, smallest first: slack, phase, cache, -effective priority, length, id."""
         if self._key is not None:
-            return tuple(self._key(self._view(req), self.clock)) + (req.request_id,)
+            return self._policy_value("key", req, self._key(self._view(req), self.clock)) + (req.request_id,)
         phase_rank = 0 if req.phase == "prefill" else 1
         if self.policy == "fcfs":
             return (phase_rank, req.enqueue_clock, req.request_id)

@@ -271,8 +271,11 @@ class Policy:
         if builtin_code is None and name in POLICY_NAMES:
             raise UserError(f"policy name {name!r} is a built-in's; choose another name "
                             f"(built-ins: {', '.join(POLICY_NAMES)}; decodesched.policy.builtin gives them as Policy)")
-        for what, fn in (("key", key), ("effective_priority", effective_priority)):
-            _check_function(name, what, fn)
+        if builtin_code is None:
+            _check_user_functions(name, key, effective_priority)
+        else:
+            for what, fn in (("key", key), ("effective_priority", effective_priority)):
+                _check_function(name, what, fn)
         self.name = name
         self.key = key
         self.effective_priority = effective_priority
@@ -283,20 +286,24 @@ class Policy:
         self._kernel = None
         self._lock = threading.Lock()
         self.spec = None  # "module:attr" or "path.py:attr" when `resolve_policy` imported it
-        if builtin_code is None:
-            _check_user_code(name, key, effective_priority)
-            values = _check_results(self)
-            _check_not_stale(self)  # (before comparing with Python: a stale global differs there too)
-            for what, fn in (("key", key), ("effective_priority", effective_priority)):
-                _check_like_python(name, what, fn, values[what])
 
     def __setattr__(self, attr, value):
         """A `key` or `effective_priority` set by hand is the one the next replay runs: the kernel compiled around the
-        former one is dropped (it ran on, while `fingerprint`, and so a sweep's checkpoint, followed the new one)."""
-        object.__setattr__(self, attr, value)
-        if attr in ("key", "effective_priority") and getattr(self, "_lock", None) is not None:
+        former one is dropped (it ran on, while `fingerprint`, and so a sweep's checkpoint, followed the new one).  It
+        is checked first as `Policy(...)` checks it (a refused one leaves the policy as it was); a built-in's are
+        its name's (the built-in kernels never call them), so setting one is refused, as is renaming a policy."""
+        if attr in ("name", "key", "effective_priority") and getattr(self, "_lock", None) is not None:
+            if attr == "name" or self._code is not None:
+                raise UserError(f"policy {self.name!r}: its {attr} cannot be set (results know a policy by its name, "
+                                "and a built-in's functions are its name's): make a Policy of your own, "
+                                "Policy(name, key=..., effective_priority=...)")
+            functions = {"key": self.key, "effective_priority": self.effective_priority, attr: value}
+            _check_user_functions(self.name, functions["key"], functions["effective_priority"])
             with self._lock:
+                object.__setattr__(self, attr, value)
                 object.__setattr__(self, "_kernel", None)
+            return
+        object.__setattr__(self, attr, value)
 
     def __reduce__(self):
         """A Policy travels (to Dask workers, say) as what names it: a built-in as its name and interval,
@@ -347,7 +354,7 @@ class Policy:
         """The replay kernel of this user policy (common replay signature), compiled on first use."""
         if self._code is not None:
             raise ValueError(f"built-in policy {self.name!r} runs on the built-in kernels")
-        _check_not_stale(self)
+        _check_not_stale(self.name, self.key, self.effective_priority)
         with self._lock:
             if self._kernel is None:
                 from numba import njit
@@ -398,6 +405,19 @@ class Policy:
 
     def __str__(self) -> str:
         return self.name
+
+
+def _check_user_functions(name: str, key, effective_priority) -> None:
+    """Every check of a user policy's two functions (`Policy`'s docstring): both ``@numba.njit`` functions of
+    ``(r, clock)``, without recursion, compiling and returning what they must on a sample request, as their
+    Python versions do there, and not compiled with stale globals; else one `UserError` naming the policy."""
+    for what, fn in (("key", key), ("effective_priority", effective_priority)):
+        _check_function(name, what, fn)
+    _check_user_code(name, key, effective_priority)
+    values = _check_results(name, key, effective_priority)
+    _check_not_stale(name, key, effective_priority)  # (before comparing with Python: a stale global differs there too)
+    for what, fn in (("key", key), ("effective_priority", effective_priority)):
+        _check_like_python(name, what, fn, values[what])
 
 
 def _check_function(name, what, fn):
@@ -545,7 +565,7 @@ def _stamp_disk_caches(functions) -> None:
             continue
 
 
-def _check_results(policy: Policy) -> dict:
+def _check_results(name: str, key, effective_priority) -> dict:
     """Compile both functions for a `RequestView` and check what they return on a sample request; return
     those values by function ("key", "effective_priority")."""
     import numpy as np
@@ -555,8 +575,8 @@ def _check_results(policy: Policy) -> dict:
 
     r = _sample_view()
     values = {}
-    for what, fn, want in (("key", policy.key, "a tuple of integers"),
-                           ("effective_priority", policy.effective_priority, "an integer")):
+    for what, fn, want in (("key", key, "a tuple of integers"),
+                           ("effective_priority", effective_priority, "an integer")):
         try:
             if fn._can_compile:  # (not with explicit signatures: the call below picks one)
                 fn.compile(tuple(fn.typeof_pyval(a) for a in (r, np.int64(0))))
@@ -564,12 +584,12 @@ def _check_results(policy: Policy) -> dict:
                 value = fn(r, np.int64(0))
         except Exception as exc:
             line = _numba_line(exc) if isinstance(exc, NumbaError) else _first_line(exc)
-            raise UserError(f"policy {policy.name!r}: {what}(r, clock) failed on a sample request: {line}"
+            raise UserError(f"policy {name!r}: {what}(r, clock) failed on a sample request: {line}"
                             f"{_compile_hint(what, exc)}") from None
         if _runs_parallel_region(fn):
             # The kernel calls the function once per request and step; a parfor there gains nothing, and
             # run from the threads of a batch Numba's workqueue threading layer aborts the process.
-            raise UserError(f"policy {policy.name!r}: {what}(r, clock) uses parallel=True (itself or in a function "
+            raise UserError(f"policy {name!r}: {what}(r, clock) uses parallel=True (itself or in a function "
                             "it calls): a replay calls it per request, and a batch on threads would abort the "
                             "process; drop parallel=True")
         if what == "effective_priority" and _returns_uint64(fn, (r, np.int64(0))):
@@ -577,17 +597,17 @@ def _check_results(policy: Policy) -> dict:
             # unifies int64 with uint64 into float64, which rounds values above 2**53, and the schedule
             # would then differ from the model's.  Key elements are only compared with the same
             # element of another key, of the same type, so a uint64 there is exact and allowed.
-            raise UserError(f"policy {policy.name!r}: effective_priority(r, clock) returns an unsigned 64-bit "
+            raise UserError(f"policy {name!r}: effective_priority(r, clock) returns an unsigned 64-bit "
                             "integer; return a signed integer: uint64 mixes with int64 into a float in Numba "
                             "(e.g. wrap it in np.int64(...))")
         integer = (int, np.integer)
         ok = (isinstance(value, tuple) and all(isinstance(v, integer) and not isinstance(v, bool) for v in value)
               if what == "key" else isinstance(value, integer) and not isinstance(value, bool))
         if not ok:
-            raise UserError(f"policy {policy.name!r}: {what}(r, clock) must return {want}, got {value!r}"
+            raise UserError(f"policy {name!r}: {what}(r, clock) must return {want}, got {value!r}"
                             f"{_value_hint(what, value)}")
         if what == "key" and type(value) is not tuple:  # the kernel appends the id: `key + (id,)`
-            raise UserError(f"policy {policy.name!r}: key(r, clock) must return a plain tuple, not a "
+            raise UserError(f"policy {name!r}: key(r, clock) must return a plain tuple, not a "
                             f"{type(value).__name__} (a named tuple does not compile in the replay kernel: "
                             "return (a, b, ...))")
         values[what] = value
@@ -603,14 +623,14 @@ def _check_like_python(name: str, what: str, fn, value) -> None:
         expected = fn.py_func(r._replace(**{k: int(v) for k, v in r._asdict().items()}), 0)
     except Exception:  # noqa: BLE001 - the user's code; the model reports it where it matters
         return
+    hint = "keep every value inside int64, where compiled integers wrap around"
     try:
         same = _plain(value) == _plain(expected)
-    except (TypeError, ValueError):  # (not integers in Python: the model's own checks say so)
-        return
+    except (TypeError, ValueError):  # not integers in Python (the model would refuse it: `model._policy_value`)
+        same, hint = False, "return integers in Python too (2 ** -1 is 0.5 there, 0 compiled)"
     if not same:
         raise UserError(f"policy {name!r}: {what}(r, clock) gives {_plain(value)} compiled but {expected!r} in "
-                        "Python (the model) on a sample request: keep every value inside int64, where "
-                        "compiled integers wrap around")
+                        f"Python (the model) on a sample request: {hint}")
 
 
 def _plain(value):
@@ -704,14 +724,14 @@ def _stale_global(fn, depth: int = 0, seen: set | None = None) -> tuple[str, str
     return None
 
 
-def _check_not_stale(policy: Policy) -> None:
-    for what, fn in (("key", policy.key), ("effective_priority", policy.effective_priority)):
+def _check_not_stale(name: str, key, effective_priority) -> None:
+    for what, fn in (("key", key), ("effective_priority", effective_priority)):
         try:
             found = _stale_global(fn)
         except Exception:  # noqa: BLE001 - Numba internals: a version without them is not inspected
             found = None
         if found is not None:
-            raise UserError(f"policy {policy.name!r}: {what}: {found[0]} was compiled with an earlier "
+            raise UserError(f"policy {name!r}: {what}: {found[0]} was compiled with an earlier "
                             f"{found[1]!r} than the one defined now (Numba keeps the old one; the model would "
                             f"use the new): define {found[0]} and the functions that call it again")
 
