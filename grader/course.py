@@ -99,7 +99,7 @@ def init_course(target) -> list[Path]:
 
     The files are copied from the package's own course template, which is only ever read.
     """
-    from decodesched._io import atomic_writer
+    from decodesched._io import atomic_writer, folders_made, output_group
 
     if not str(target).strip():
         raise UserError("the course folder's name is empty")
@@ -113,16 +113,15 @@ def init_course(target) -> list[Path]:
     template = spec.COURSE_ROOT
     files = {CONFIG: (template / CONFIG).read_bytes(),
              f"source/{spec.ASSIGNMENT}/{spec.NOTEBOOK}": spec.SOURCE_NOTEBOOK.read_bytes()}
-    root.mkdir(parents=True, exist_ok=True)
-    root = root.resolve()
-    files["README.md"] = README.format(assignment=spec.ASSIGNMENT, notebook=spec.NOTEBOOK, root=root).encode()
     written = []
-    for rel, data in files.items():
-        path = root / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with atomic_writer(path, mode="wb") as fh:
-            fh.write(data)
-        written.append(path)
+    # Every file or none, and no folder left behind by a failure (a full disk, Ctrl-C): a rerun finds DIR as it was.
+    with folders_made({(root / rel).parent for rel in files}), output_group():
+        resolved = root.resolve()
+        files["README.md"] = README.format(assignment=spec.ASSIGNMENT, notebook=spec.NOTEBOOK, root=resolved).encode()
+        for rel, data in files.items():
+            with atomic_writer(root / rel, mode="wb") as fh:  # (an error names the folder as given)
+                fh.write(data)
+            written.append(resolved / rel)
     return written
 
 

@@ -531,6 +531,24 @@ def replace_together(moves) -> None:
                 raise OutputError(f"{path}: cannot write ({_describe(exc)})") from None
 
 
+@contextlib.contextmanager
+def folders_made(folders):
+    """Make each of `folders` (with its missing parents) for the block; a failure or Ctrl-C in the block, or in the
+    making, removes the folders it made, innermost first (each only while empty), and leaves those that were there:
+    an output folder that a command failing on a full disk made is not left behind, half-filled."""
+    made: list[Path] = []
+    try:
+        for folder in map(Path, folders):
+            made[:0] = [p for p in (folder, *folder.parents) if not p.exists() and not p.is_symlink()]
+            folder.mkdir(parents=True, exist_ok=True)
+        yield
+    except BaseException:
+        for p in made:
+            with contextlib.suppress(OSError):
+                p.rmdir()
+        raise
+
+
 _FOLDERS_HELD: dict[tuple[int, int, int], int] = {}  # (st_dev, st_ino, thread) -> blocks of `folders_locked` in it
 
 

@@ -435,16 +435,22 @@ class BatchResult:
 def trace_labels(traces: Sequence[Trace], scenarios: Sequence[Scenario]) -> list[str]:
     """A name per trace, made unique with ``#index`` where names repeat among the traces of one
     replicate (the replicates of a trace share its name; a trace's replicate is that of the first
-    scenario that uses it)."""
+    scenario that uses it).  An index is skipped where ``name#index`` is another trace's own name
+    (``t.csv t.csv t#0.csv``: ``t#1``, ``t#2``, ``t#0``), so that no two traces share a label."""
     rep = {}
     for sc in scenarios:
         rep.setdefault(sc.trace, sc.replicate)
     keys = [(t.name, rep.get(i, 0)) for i, t in enumerate(traces)]
-    count, before = Counter(keys), Counter()
+    count, after = Counter(keys), Counter()
+    taken = {key for key in keys if count[key] == 1}  # (label, replicate) of the names kept as they are
     labels = []
-    for key in keys:
-        labels.append(f"{key[0]}#{before[key]}" if count[key] > 1 else key[0])
-        before[key] += 1
+    for name, r in keys:
+        label = name
+        while count[name, r] > 1 and (label == name or (label, r) in taken):
+            label = f"{name}#{after[name, r]}"
+            after[name, r] += 1
+        taken.add((label, r))
+        labels.append(label)
     return labels
 
 

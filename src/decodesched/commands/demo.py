@@ -7,7 +7,6 @@ KV capacity, prints a summary table and writes ``DIR/ttft_cdf.png`` and ``DIR/su
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import io
 import math
@@ -131,23 +130,16 @@ def run(args) -> int:
     png = render_ttft_cdf({p: r.requests["ttft"] for p, r in results.items()}, sps, title)
     summary = summary_csv(metrics, seconds, sps)
 
-    from .._io import atomic_writer, check_outputs, output_group
+    from .._io import atomic_writer, check_outputs, folders_made, output_group
 
     png_path, csv_path = out / "ttft_cdf.png", out / "summary.csv"
-    created = [p for p in (out, *out.parents) if not p.exists()]
-    out.mkdir(parents=True, exist_ok=True)
-    try:
+    with folders_made([out]):  # (the folders this run made go again if it fails)
         check_outputs([png_path, csv_path])
         with output_group():  # both files or neither
             with atomic_writer(png_path, "wb") as fh:
                 fh.write(png)
             with atomic_writer(csv_path) as fh:
                 fh.write(summary)
-    except BaseException:
-        for p in created:  # the folders this run made, innermost first
-            with contextlib.suppress(OSError):
-                p.rmdir()
-        raise
 
     print(title + (f"; times in seconds ({sps:.4g} steps/s)" if sps else "; times in steps"))
     print(format_table(metrics))

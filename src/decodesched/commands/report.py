@@ -82,6 +82,8 @@ def _loads(text: str) -> dict[str, float]:
         name, sep, value = item.rpartition("=")
         if not sep or not name:
             raise argparse.ArgumentTypeError(f"expected NAME=LOAD, got {item!r}")
+        if name in out:  # (the last one counted, unsaid; a sweep's value or a policy given twice is refused)
+            raise argparse.ArgumentTypeError(f"{name!r} is given twice in {text!r}; give each trace's load once")
         try:
             out[name] = positive_float_arg(value)
         except argparse.ArgumentTypeError:
