@@ -4,8 +4,10 @@ Same inputs and outputs as `batch_nb.replay_batch_nb` (bit-identical results), m
 every scenario gets its own thread.  Device code uses scalars only (no tuples, no allocation), so
 the per-scenario state lives in global memory: the scenario's own rows of ``req_out`` hold phase,
 status, tokens, waits, preemptions, admission and first/finish steps while it runs (they are its
-final state when it stops), and three host-allocated int64 scratch arrays of shape
-(n_scenarios, longest trace) hold the active list, the victim list and each request's enqueue clock.
+final state when it stops), and three int64 scratch arrays laid out as ``req_out``'s rows (a
+scenario's own rows ``req_start[s]:req_start[s + 1]``, one per request of its trace) hold the active
+list, the victim list and each request's enqueue clock: the GPU memory a batch takes grows with its
+scenarios' trace lengths, never with the number of scenarios times the longest trace.
 
 Runs under Numba's CUDA simulator (``NUMBA_ENABLE_CUDASIM=1`` set before Numba is imported), which
 is how CI tests it; it is slow there (every thread is interpreted Python).
@@ -17,6 +19,7 @@ from numba import cuda
 from . import enums as E
 
 THREADS_PER_BLOCK = 64
+SCRATCH_ARRAYS = 3  # active, victims, enqueue_clock
 
 
 @cuda.jit(device=True)
@@ -43,13 +46,13 @@ def effective_priority_cuda(priority, wait, policy, aging_interval):
 
 
 @cuda.jit(device=True)
-def find_victim_cuda(need, c_eff, victims, s, n_victims, free, policy, aging_interval, a, priority,
+def find_victim_cuda(need, c_eff, victims, n_victims, free, policy, aging_interval, a, priority,
                      required_blocks, request_id, req_out, base):
-    """`scan_nb.find_victim_nb` for scenario `s`: the single victim row, or E.NO_ROW."""
+    """`scan_nb.find_victim_nb` for the scenario whose rows start at `base`: the single victim row, or E.NO_ROW."""
     best = E.NO_ROW
     best_eff = 0
     for i in range(n_victims):
-        v = victims[s, i]
+        v = victims[base + i]
         if free + required_blocks[a + v] < need:
             continue
         eff = effective_priority_cuda(priority[a + v], req_out[base + v, E.RQ_WAIT], policy, aging_interval)
@@ -70,7 +73,7 @@ def replay_batch_cuda_kernel(request_id, arrival_step, prompt_len, max_new_token
                              active, victims, enqueue_clock):
     """One scenario per thread; arrays as in `batch_nb.replay_batch_nb` (no lanes) plus scratch.
 
-    Scratch: ``active``, ``victims``, ``enqueue_clock`` int64 (n_scenarios, longest trace).
+    Scratch: ``active``, ``victims``, ``enqueue_clock`` int64, one element per row of ``req_out``.
     """
     s = cuda.grid(1)
     if s >= sc_trace.shape[0]:
@@ -108,17 +111,17 @@ def replay_batch_cuda_kernel(request_id, arrival_step, prompt_len, max_new_token
         while pos < n and arrival_step[a + order[a + pos]] <= clock:
             r = order[a + pos]
             req_out[base + r, E.RQ_ENQUEUED] = 1
-            enqueue_clock[s, r] = clock
-            active[s, n_active] = r
+            enqueue_clock[base + r] = clock
+            active[base + n_active] = r
             n_active += 1
             pos += 1
 
         n_victims = 0
         max_victim_blocks = 0
         for i in range(n_active):
-            r = active[s, i]
+            r = active[base + i]
             if req_out[base + r, E.RQ_ADMITTED] != 0 and preemptible[a + r]:
-                victims[s, n_victims] = r
+                victims[base + n_victims] = r
                 n_victims += 1
                 if required_blocks[a + r] > max_victim_blocks:
                     max_victim_blocks = required_blocks[a + r]
@@ -132,13 +135,13 @@ def replay_batch_cuda_kernel(request_id, arrival_step, prompt_len, max_new_token
         b4 = 0
         b5 = 0
         for i in range(n_active):
-            r = active[s, i]
+            r = active[base + i]
             phase = req_out[base + r, E.RQ_PHASE]
             generated = req_out[base + r, E.RQ_GENERATED]
             wait = req_out[base + r, E.RQ_WAIT]
             if policy == E.POLICY_FCFS:
                 k0 = phase
-                k1 = enqueue_clock[s, r]
+                k1 = enqueue_clock[base + r]
                 k2 = request_id[a + r]
                 k3 = 0
                 k4 = 0
@@ -163,7 +166,7 @@ def replay_batch_cuda_kernel(request_id, arrival_step, prompt_len, max_new_token
                 if need > free + max_victim_blocks:
                     continue
                 c_eff = effective_priority_cuda(priority[a + r], wait, policy, aging_interval)
-                victim = find_victim_cuda(need, c_eff, victims, s, n_victims, free, policy, aging_interval, a,
+                victim = find_victim_cuda(need, c_eff, victims, n_victims, free, policy, aging_interval, a,
                                           priority, required_blocks, request_id, req_out, base)
                 if victim == E.NO_ROW:
                     continue
@@ -195,7 +198,7 @@ def replay_batch_cuda_kernel(request_id, arrival_step, prompt_len, max_new_token
         req_out[base + chosen, E.RQ_STATUS] = E.STATUS_RUNNING
 
         for i in range(n_active):
-            r = active[s, i]
+            r = active[base + i]
             if r != chosen:
                 req_out[base + r, E.RQ_WAIT] += 1
 
@@ -215,8 +218,8 @@ def replay_batch_cuda_kernel(request_id, arrival_step, prompt_len, max_new_token
                 req_out[base + chosen, E.RQ_STATUS] = E.STATUS_FINISHED
                 req_out[base + chosen, E.RQ_FINISH_STEP] = clock
                 for i in range(n_active):
-                    if active[s, i] == chosen:
-                        active[s, i] = active[s, n_active - 1]
+                    if active[base + i] == chosen:
+                        active[base + i] = active[base + n_active - 1]
                         break
                 n_active -= 1
             else:
@@ -251,19 +254,17 @@ def replay_batch_cuda(request_id, arrival_step, prompt_len, max_new_tokens, prio
                       sc_trace, sc_policy, sc_capacity, sc_interval, sc_max_steps,
                       req_start, event_start, events, req_out, summary):
     """Host side: copy to the GPU, launch one thread per scenario, copy ``events``, ``req_out`` and
-    ``summary`` back in place.  Arrays as in `batch_nb.replay_batch_nb` (without the lanes)."""
+    ``summary`` back in place.  Arrays as in `batch_nb.replay_batch_nb` (without the lanes); the GPU
+    memory it takes is `device_bytes` of the same arguments."""
     n_sc = sc_trace.shape[0]
-    lengths = trace_start[1:] - trace_start[:-1]
-    longest = max(int(lengths.max()), 1)
     inputs = [cuda.to_device(np.ascontiguousarray(x)) for x in (
         request_id, arrival_step, prompt_len, max_new_tokens, priority, cache_hit, required_blocks, deadline_step,
         has_deadline, preemptible, order, trace_start, sc_trace, sc_policy, sc_capacity, sc_interval, sc_max_steps,
         req_start, event_start)]
-    # A zero-length device array cannot be indexed, so the event log gets at least one (unused) row.
-    d_events = cuda.to_device(events if events.shape[0] else np.zeros((1, events.shape[1]), np.int64))
+    d_events = cuda.to_device(events if events.shape[0] else np.zeros(_log_shape(events), np.int64))
     d_req = cuda.device_array(req_out.shape, np.int64)
     d_summary = cuda.device_array(summary.shape, np.int64)
-    scratch = [cuda.device_array((n_sc, longest), np.int64) for _ in range(3)]
+    scratch = [cuda.device_array(_scratch_rows(req_out), np.int64) for _ in range(SCRATCH_ARRAYS)]
     tpb = min(THREADS_PER_BLOCK, n_sc)
     blocks = (n_sc + tpb - 1) // tpb
     replay_batch_cuda_kernel[blocks, tpb](*inputs, d_events, d_req, d_summary, *scratch)
@@ -271,3 +272,22 @@ def replay_batch_cuda(request_id, arrival_step, prompt_len, max_new_tokens, prio
         d_events.copy_to_host(events)
     d_req.copy_to_host(req_out)
     d_summary.copy_to_host(summary)
+
+
+def device_bytes(*args) -> int:
+    """The GPU memory `replay_batch_cuda` takes for these arguments (the same ones, in its order)."""
+    *inputs, events, req_out, summary = args
+    log_rows, log_cols = _log_shape(events)
+    scratch = SCRATCH_ARRAYS * _scratch_rows(req_out)
+    outputs = 8 * (log_rows * log_cols + scratch) + req_out.nbytes + summary.nbytes
+    return sum(np.asarray(x).nbytes for x in inputs) + outputs
+
+
+def _log_shape(events) -> tuple[int, int]:
+    """The device event log's shape: a zero-length device array cannot be indexed, so at least one (unused) row."""
+    return max(events.shape[0], 1), events.shape[1]
+
+
+def _scratch_rows(req_out) -> int:
+    """Each scratch array's length: one element per row of ``req_out`` (at least one, as for the log)."""
+    return max(req_out.shape[0], 1)

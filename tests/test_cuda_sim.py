@@ -122,7 +122,7 @@ PTX_SCRIPT = textwrap.dedent(
     from decodesched.kernels import cuda_nb
 
     i64, b1, i64_2 = types.int64[::1], types.boolean[::1], types.int64[:, ::1]
-    sig = (i64,) * 5 + (b1, i64, i64, b1, b1, i64, i64) + (i64,) * 7 + (i64_2,) * 6
+    sig = (i64,) * 5 + (b1, i64, i64, b1, b1, i64, i64) + (i64,) * 7 + (i64_2,) * 3 + (i64,) * 3
     ptx, restype = cuda.compile_ptx(cuda_nb.replay_batch_cuda_kernel.py_func, sig, cc=(9, 0))
     assert ".entry" in ptx and "st.global" in ptx
     print("OK", len(ptx))

@@ -473,11 +473,22 @@ def _check_backend(backend: str) -> None:
             from numba import cuda
         except Exception as exc:  # pragma: no cover - numba without its cuda package
             raise UserError(f"backend 'cuda' needs numba.cuda, which failed to import: {exc}") from None
-        simulated = os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0")
-        if not simulated and not cuda.is_available():
+        # (asked of numba.cuda as imported, not of the environment: Numba reads NUMBA_ENABLE_CUDASIM once, at its own
+        # import, as an integer; its simulator is always available)
+        if not cuda.is_available():
             raise UserError("backend 'cuda' needs an NVIDIA GPU with a working CUDA driver, and none was found "
-                            "(use --backend cpu, or set NUMBA_ENABLE_CUDASIM=1 before starting Python to run the "
-                            "CUDA code in Numba's slow simulator)")
+                            f"({_simulator_hint()})")
+
+
+def _simulator_hint() -> str:
+    """What to do without a GPU: the CPU backend or Numba's simulator, whose variable, where it is set but was not
+    taken (a value Numba does not read as an integer, or set after Numba was imported), is said to be so."""
+    value = os.environ.get("NUMBA_ENABLE_CUDASIM", "")
+    if value.strip() not in ("", "0"):
+        return (f"NUMBA_ENABLE_CUDASIM={show(value)} did not switch Numba's simulator on: it takes 1, set before "
+                "Python starts; or use --backend cpu")
+    return ("use --backend cpu, or set NUMBA_ENABLE_CUDASIM=1 before starting Python to run the CUDA code in Numba's "
+            "slow simulator")
 
 
 def check_scenarios(scenarios: Sequence[Scenario], n_traces: int) -> list[tuple[int, int, int, int, int]]:
@@ -571,9 +582,7 @@ def simulate_batch(traces, scenarios: Sequence[Scenario], *, record_events: bool
         used = numba.get_num_threads()
         with progress_bar(n_sc, "sweep", progress) as bar:
             if backend == "cuda":
-                from .kernels.cuda_nb import replay_batch_cuda
-
-                replay_batch_cuda(*arrays, req_start, event_start, events, req_out, summary)
+                _run_cuda((*arrays, req_start, event_start, events, req_out, summary))
                 bar.advance(n_sc)
             else:
                 builtin_order = run_order[~custom[run_order]]
@@ -630,6 +639,33 @@ def progress_bar(total: int, label: str, enabled: bool | None) -> Progress:
 
 def _user_policy(policy) -> bool:
     return isinstance(policy, Policy) and not policy.is_builtin
+
+
+def _run_cuda(call: tuple) -> None:
+    """Run the CUDA batch kernel on `call` (`kernels.cuda_nb.replay_batch_cuda`'s arguments); a batch whose arrays
+    cannot fit in the GPU's free memory is refused first (UserError), rather than failing in a CUDA allocation."""
+    from numba import cuda
+
+    from .kernels.cuda_nb import device_bytes, replay_batch_cuda
+
+    need, free = device_bytes(*call), _gpu_free_bytes(cuda.current_context())
+    if free is not None and need > free:
+        raise UserError(f"backend 'cuda' needs {need / 2**30:.3g} GiB of GPU memory for this batch, and the GPU has "
+                        f"{free / 2**30:.3g} GiB free; run fewer scenarios at a time (sweep: --chunk-size), record "
+                        "fewer events, or use backend 'cpu'")
+    replay_batch_cuda(*call)
+
+
+def _gpu_free_bytes(context) -> int | None:
+    """The free memory of a numba.cuda context, once the arrays Numba only queued for release are released; None
+    where its memory manager cannot say (a pool allocator plugin).  (The simulator says infinity.)"""
+    pending = getattr(getattr(context, "memory_manager", None), "deallocations", None)  # (none in the simulator)
+    if pending is not None:
+        pending.clear()
+    try:
+        return context.get_memory_info().free
+    except NotImplementedError:
+        return None
 
 
 def _cpu_kernel(engine: str):
