@@ -217,3 +217,24 @@ def test_cuda_without_a_gpu_when_the_simulator_variable_was_not_taken_is_one_cle
     assert last.startswith("decodesched sweep: error: backend 'cuda' needs an NVIDIA GPU"), last
     assert "NUMBA_ENABLE_CUDASIM='true' did not switch" in last and "CudaSupportError" not in proc.stderr
     assert not out.exists()
+
+    proc = subprocess.run([sys.executable, "-m", "decodesched.cli", "warmup", "--cuda"], env=env, capture_output=True,
+                          text=True, timeout=120, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 2 and proc.stdout == "", proc.stderr[-2000:]
+    last = proc.stderr.strip()
+    assert "\n" not in last and last.startswith("decodesched warmup: error: --cuda needs an NVIDIA GPU"), last
+    assert "NUMBA_ENABLE_CUDASIM='true' did not switch" in last and "leave out --cuda" in last
+    assert "--backend" not in last
+
+
+def test_a_cuda_sweep_names_no_cpu_threads(tmp_path):
+    """A sweep on the CUDA backend said "(cuda, 2 threads)": CPU threads play no part there."""
+    trace = tmp_path / "t.csv"
+    trace.write_text(TRACE)
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
+    out = tmp_path / "out.csv"
+    proc = subprocess.run([sys.executable, "-m", "decodesched.cli", "sweep", str(trace), "--policy", "fcfs",
+                           "--kv-blocks", "4", "--backend", "cuda", "--threads", "2", "--out", str(out)], env=env,
+                          capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "(cuda)" in proc.stdout + proc.stderr and "thread" not in proc.stdout, proc.stdout

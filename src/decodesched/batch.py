@@ -480,14 +480,14 @@ def _check_backend(backend: str) -> None:
                             f"({_simulator_hint()})")
 
 
-def _simulator_hint() -> str:
-    """What to do without a GPU: the CPU backend or Numba's simulator, whose variable, where it is set but was not
-    taken (a value Numba does not read as an integer, or set after Numba was imported), is said to be so."""
+def _simulator_hint(instead: str = "use --backend cpu") -> str:
+    """What to do without a GPU: `instead` or Numba's simulator, whose variable, where it is set but was not taken (a
+    value Numba does not read as an integer, or set after Numba was imported), is said to be so."""
     value = os.environ.get("NUMBA_ENABLE_CUDASIM", "")
     if value.strip() not in ("", "0"):
         return (f"NUMBA_ENABLE_CUDASIM={show(value)} did not switch Numba's simulator on: it takes 1, set before "
-                "Python starts; or use --backend cpu")
-    return ("use --backend cpu, or set NUMBA_ENABLE_CUDASIM=1 before starting Python to run the CUDA code in Numba's "
+                f"Python starts; or {instead}")
+    return (f"{instead}, or set NUMBA_ENABLE_CUDASIM=1 before starting Python to run the CUDA code in Numba's "
             "slow simulator")
 
 

@@ -300,7 +300,7 @@ def _run_local(args, traces, scenarios, checkpoint):
         compile_notice(_cpu_kernel(args.engine), "the batch replay kernel")  # (built-in policies run there)
     rows = run_local(traces, scenarios, chunk_size=chunk, checkpoint_path=checkpoint, threads=threads,
                      engine=args.engine, backend=args.backend, progress=_progress(args), keep_checkpoint=True)
-    return rows, f"{args.backend}, {threads} thread{'s' if threads != 1 else ''}"
+    return rows, "cuda" if args.backend == "cuda" else f"cpu, {threads} thread{'s' if threads != 1 else ''}"
 
 
 def _run_dask(args, traces, scenarios, checkpoint):

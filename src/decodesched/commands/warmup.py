@@ -7,7 +7,6 @@ whether it was compiled or loaded from the cache, and how long that took.
 
 from __future__ import annotations
 
-import os
 import time
 
 TINY_TRACE = {
@@ -110,14 +109,14 @@ def run(args) -> int:
     import numba
 
     if args.cuda:  # no GPU: said before the CPU kernels compile for minutes, and with warmup's own option
-        from ..batch import _check_backend
+        from ..batch import _check_backend, _simulator_hint
         from ..errors import UserError
 
         try:
             _check_backend("cuda")
         except UserError:
-            raise UserError("--cuda needs an NVIDIA GPU with a working CUDA driver, and none was found; leave out "
-                            "--cuda, or set NUMBA_ENABLE_CUDASIM=1 to run it in Numba's simulator") from None
+            raise UserError("--cuda needs an NVIDIA GPU with a working CUDA driver, and none was found "
+                            f"({_simulator_hint('leave out --cuda')})") from None
     print(f"Numba {numba.__version__}, cache in {cache_location()}")
     total = time.perf_counter()
     for label, dispatchers, thunk in tasks(args.cuda):
@@ -130,7 +129,7 @@ def run(args) -> int:
         elif dispatchers:
             what = _what(dispatchers, before)
         else:
-            what = "ran in the simulator" if os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0") else "compiled"
+            what = "ran in the simulator" if numba.config.ENABLE_CUDASIM else "compiled"  # (as Numba read it)
         print(f"  {label:42s} {what:22s} {seconds:7.2f} s")
     print(f"warmup done in {time.perf_counter() - total:.2f} s")
     return 0
