@@ -705,6 +705,7 @@ def interruptible(work, *, tick=None, on_interrupt=None, name: str = "decodesche
     try:
         while worker.is_alive():
             worker.join(0.1)
+            stop_if_signalled()  # (a signal that C code called back from dropped: acted on within a slice)
             if tick is not None:
                 tick()
     except BaseException:
@@ -741,6 +742,9 @@ def immediate_interrupt():
         if not _exit_on_signals(ours):
             for sig in ours:
                 signal.signal(sig, signal.SIG_DFL)
+        # (again: loading the handler's kernel calls back through ctypes, where a signal is dropped, and from here on
+        # the replay runs to its end before Python looks: CI saw 9.5 minutes of `--engine scan` pass so)
+        stop_if_signalled()
         yield
     finally:
         _immediate.pop()
