@@ -13,8 +13,11 @@ Runs under Numba's CUDA simulator (``NUMBA_ENABLE_CUDASIM=1`` set before Numba i
 is how CI tests it; it is slow there (every thread is interpreted Python).
 """
 
+import warnings
+
 import numpy as np
 from numba import cuda
+from numba.core.errors import NumbaPerformanceWarning
 
 from . import enums as E
 
@@ -267,7 +270,11 @@ def replay_batch_cuda(request_id, arrival_step, prompt_len, max_new_tokens, prio
     scratch = [cuda.device_array(_scratch_rows(req_out), np.int64) for _ in range(SCRATCH_ARRAYS)]
     tpb = min(THREADS_PER_BLOCK, n_sc)
     blocks = (n_sc + tpb - 1) // tpb
-    replay_batch_cuda_kernel[blocks, tpb](*inputs, d_events, d_req, d_summary, *scratch)
+    # One thread per scenario: a sweep of fewer than 128 x 64 scenarios is a grid under 128 blocks, which Numba's GPU
+    # launch reports every time as a NumbaPerformanceWarning on stderr (a traceback under PYTHONWARNINGS=error).
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "Grid size", NumbaPerformanceWarning)
+        replay_batch_cuda_kernel[blocks, tpb](*inputs, d_events, d_req, d_summary, *scratch)
     if events.shape[0]:
         d_events.copy_to_host(events)
     d_req.copy_to_host(req_out)
