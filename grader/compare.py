@@ -7,7 +7,7 @@ fields another TODO keeps (`scenarios.NOT_COMPARED`). `setup_text` and `trace_ta
 
 from __future__ import annotations
 
-from . import harness as _harness
+from . import harness as _harness, spec
 from .scenarios import ENQ_ORDER, NOT_COMPARED
 
 def _fmt(v) -> str:
@@ -54,8 +54,12 @@ def _is_error(x) -> bool:
 
 def _describe_got(got) -> str:
     if isinstance(got, dict) and "raised" in got:
-        msg = got.get("msg")
-        return f"{got['raised']}: {msg}" if isinstance(msg, str) and msg else f"{got['raised']}"
+        msg, where = got.get("msg"), got.get("in")
+        text = f"{got['raised']}: {msg}" if isinstance(msg, str) and msg else f"{got['raised']}"
+        if isinstance(where, str) and where:
+            todo = spec.TODO_OF_METHOD.get(where)
+            text += f" (raised in {where}" + (f", {todo}" if todo else "") + ")"
+        return text
     if isinstance(got, dict) and got.get("timeout"):
         return "a timeout (the step did not return)"
     if got is None:

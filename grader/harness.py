@@ -465,7 +465,30 @@ def _error(exc):
             msg = args[0][:MAX_STR]
     except _BaseException:
         pass
-    return {"raised": name[:60], "msg": msg}
+    where = _raised_in(exc)
+    return {"raised": name[:60], "msg": msg, **({"in": where} if where else {})}
+
+
+SOLUTION_FILE = "<solution cell>"
+_TRACEBACK_OF = BaseException.__traceback__  # (the real one: a class of the solution's may override the attribute)
+
+
+def _raised_in(exc):
+    """The name of the solution cell's function in which `exc` was raised (its innermost frame there), or None:
+    the feedback names the method, and so the TODO, of a stub's bare NotImplementedError."""
+    found = None
+    try:
+        tb = _TRACEBACK_OF.__get__(exc)
+        for _ in _range(1000):
+            if _type(tb) is not types.TracebackType:
+                break
+            code = tb.tb_frame.f_code
+            if code.co_filename == SOLUTION_FILE and _type(code.co_name) is _str:
+                found = code.co_name[:60]
+            tb = tb.tb_next
+    except _BaseException:
+        return None
+    return found
 
 
 def state_of(sim):
@@ -783,7 +806,7 @@ def load_solution(source, namespace, budget_s, skip_lines=(), timed_out_lines=No
         errors.append("the cell magic line %s hands the rest of the cell to that magic instead of running it as Python "
                       "(as IPython does), so nothing in it was defined: delete that line" % magic[:60])
     try:
-        tree = ast.parse(strip_magics(source), "<solution cell>")
+        tree = ast.parse(strip_magics(source), SOLUTION_FILE)
     except SyntaxError as exc:
         return ["SyntaxError: %s (line %s)" % (exc.msg, exc.lineno)]
     except _BaseException as exc:  # noqa: BLE001
@@ -801,7 +824,7 @@ def load_solution(source, namespace, budget_s, skip_lines=(), timed_out_lines=No
             errors.append("line %s was skipped (it timed out before)" % node.lineno)
             continue
         try:
-            code = compile(ast.Module(body=[node], type_ignores=[]), "<solution cell>", "exec", flags=flags,
+            code = compile(ast.Module(body=[node], type_ignores=[]), SOLUTION_FILE, "exec", flags=flags,
                            dont_inherit=True)
             _arm(budget_s)
             try:
@@ -879,7 +902,7 @@ def main(argv):
     sys.stdout = devnull  # the student's prints go nowhere (the sandbox caps direct writes anyway)
 
     module = types.ModuleType("solution")
-    module.__file__ = "<solution cell>"
+    module.__file__ = SOLUTION_FILE
     module.__dict__["get_ipython"] = _Anything  # IPython hooks in a cell do nothing here
     module.__dict__["display"] = _Anything()
     module.__dict__["help"] = _Anything()  # what `site` adds and `python -S` lacks; in a notebook it only prints

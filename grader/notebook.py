@@ -125,6 +125,11 @@ def _plain_id(name: str) -> tuple[str, str | None]:
     return sid, id_problem(sid)
 
 
+def submissions_root(folder: Path) -> Path:
+    """The folder whose entries are the students' (`folder` itself, or nbgrader's ``submitted/`` in it)."""
+    return folder / "submitted" if (folder / "submitted").is_dir() else folder
+
+
 def collect_submissions(folder, skipped: list | None = None) -> list[Submission]:
     """The submissions in `folder`, in either layout, sorted by student id.
 
@@ -135,7 +140,7 @@ def collect_submissions(folder, skipped: list | None = None) -> list[Submission]
         raise UserError(f"{folder}: not a folder of submissions")
     from .course import CONFIG
 
-    root = folder / "submitted" if (folder / "submitted").is_dir() else folder
+    root = submissions_root(folder)
     if root == folder and (folder / CONFIG).is_file():  # its source/ and release/ are no students
         raise UserError(f"{folder}: a course folder without a submitted/ folder; give the folder that holds the "
                         "submissions")

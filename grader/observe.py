@@ -417,9 +417,9 @@ class _Prepared:
 
 def _prepare(source: str, scenarios: list[dict], limits: Limits, skip_lines, serve: bool,
              timeouts_before: int = 0, allowance_s: float | None = None, hang_rules: bool = True) -> _Prepared:
-    from .sandbox import scratch_root
+    from .sandbox import process_scratch
 
-    tmp = tempfile.mkdtemp(prefix="dsched-verdict-", dir=scratch_root())
+    tmp = tempfile.mkdtemp(prefix="dsched-verdict-", dir=process_scratch())
     os.chmod(tmp, 0o700)
     shutil.copyfile(HARNESS, os.path.join(tmp, "harness.py"))
     sys_path = []

@@ -52,7 +52,7 @@ from .evidence import altered_cells, restore_earlier_release, restore_protected,
 from .limits import Limits, load_factor
 from .observe import package_paths
 from .notebook import (InvalidSubmission, Submission, collect_submissions, find_solution, is_plain_id, load_notebook,
-                       printable, student_code_cells, submitted_at)
+                       printable, student_code_cells, submissions_root, submitted_at)
 from .feedback import feedback_html
 from .resume import Resume
 from .outputs import grades_csv_text, preload_gradebook, update_gradebook
@@ -325,7 +325,8 @@ def grade(submissions, out_dir, *, course=None, options: Options | None = None, 
         print(printable(f"decodesched grade: note: {course_obj.gradebook} is locked by another program (formgrader, "
                         "nbgrader); its roster is read again as the grades are written into it"), file=sys.stderr)
     skipped: list = []
-    subs = _linked_course_files(collect_submissions(submissions, skipped), course_obj.root)
+    subs = _links_to_others(_linked_course_files(collect_submissions(submissions, skipped), course_obj.root),
+                            submissions_root(Path(submissions)))
     out_dir = Path(out_dir)
     made_out_dir = not out_dir.exists()
     kept: list[Result] = []
@@ -421,6 +422,42 @@ def _linked_course_files(subs: list[Submission], course_root: Path) -> list[Subm
                              f"folder ({printable(str(real))}), not a file the student handed in")
         out.append(sub)
     return out
+
+
+def _links_to_others(subs: list[Submission], root: Path) -> list[Submission]:
+    """`subs` with each notebook that is not the student's own file made an `invalid` row saying so: one that a
+    symbolic link inside the student's folder (`root`/<id>/, unpacked from the student's archive) takes out of
+    that folder, and one that is, through a link, the very file of another student's submission
+    (``erin.ipynb -> dave.ipynb``): it would be graded as the peer's work. A file that two or more submissions
+    share is left to the one that reaches it without a link, if exactly one does. Links that are the student's
+    entry itself (an instructor's folder of links to ``submitted/``) are followed as before."""
+    ident: dict[str, tuple] = {}  # student id -> (device, inode) of the notebook
+    out: dict[str, Submission] = {}
+    for sub in subs:
+        out[sub.student_id] = sub
+        if sub.path is None or sub.problem:
+            continue
+        path = Path(os.path.abspath(sub.path))
+        real = Path(os.path.realpath(path))
+        entry = root / path.relative_to(os.path.abspath(root)).parts[0]
+        if not real.is_relative_to(os.path.realpath(entry)):
+            out[sub.student_id] = Submission(sub.student_id, None, f"the notebook is a link out of the student's "
+                                             f"folder {entry.name}/ (to {printable(str(real))}), not a file the student handed in")
+            continue
+        with contextlib.suppress(OSError):
+            st = os.stat(path)
+            ident[sub.student_id] = (st.st_dev, st.st_ino)
+    sharing: dict[tuple, list[str]] = {}
+    for sid, key in ident.items():
+        sharing.setdefault(key, []).append(sid)
+    for group in (g for g in sharing.values() if len(g) > 1):
+        own = [sid for sid in group if os.path.realpath(out[sid].path) == os.path.abspath(out[sid].path)]
+        for sid in group:
+            if own != [sid]:
+                others = ", ".join(o for o in (own if len(own) == 1 else group) if o != sid)
+                out[sid] = Submission(sid, None, f"the notebook is the file of {others}'s submission (a link or a "
+                                      "second name of it), not a file the student handed in")
+    return list(out.values())
 
 
 def _some_names(names: list[str], shown: int = 10) -> str:

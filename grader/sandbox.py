@@ -214,6 +214,44 @@ def remove_stale_scratch(prefix: str) -> int:
     return removed
 
 
+# The folder of one process's sandboxed verdict runs (`process_scratch`), under `scratch_root`.
+RUNS_PREFIX = "decodesched-runs-"
+_runs_folder: tuple | None = None  # (pid, folder) of this process's `process_scratch`
+_runs_lock = threading.Lock()
+
+
+def process_scratch() -> Path:
+    """This process's private scratch folder (`private_scratch`), made on its first use, removed as it exits: the
+    folders of its sandboxed runs go in it, so a process killed by a signal it cannot catch leaves one folder that
+    holds its OWNER_LOCK, which the next process to make one removes (`remove_stale_scratch`)."""
+    import atexit
+    import shutil
+
+    global _runs_folder
+    with _runs_lock:
+        if _runs_folder is None or _runs_folder[0] != os.getpid():  # (a forked child makes its own)
+            remove_stale_scratch(RUNS_PREFIX)
+            folder, fd = private_scratch(RUNS_PREFIX)
+            os.chmod(folder, 0o711)  # private uids must reach their own folder in it, but list nothing
+            _runs_folder = (os.getpid(), folder)
+
+            def remove(pid=os.getpid()):
+                if pid == os.getpid():
+                    shutil.rmtree(folder, ignore_errors=True)
+                    os.close(fd)
+
+            atexit.register(remove)
+        return _runs_folder[1]
+
+
+def _new_runs_lock() -> None:
+    global _runs_lock
+    _runs_lock = threading.Lock()  # in a forked child: a thread of the parent may have held it at the fork
+
+
+os.register_at_fork(after_in_child=_new_runs_lock)
+
+
 def is_root() -> bool:
     return os.geteuid() == 0
 

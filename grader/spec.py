@@ -48,6 +48,10 @@ CELLS: list[Cell] = [
          "random traces against the reference engine / 随机轨迹与参考引擎逐事件对照"),
 ]
 
+# The method of the solution cell in which each TODO is done (the feedback names the TODO of an error raised there,
+# such as the bare NotImplementedError of a stub left in place).
+TODO_OF_METHOD = {"enqueue": "TODO 1", "_schedule_key": "TODO 2", "_ensure_capacity": "TODO 3", "step": "TODO 4"}
+
 CELL_IDS = [c.grade_id for c in CELLS]
 CELLS_BY_ID = {c.grade_id: c for c in CELLS}
 MAX_SCORE = sum(c.points for c in CELLS)
