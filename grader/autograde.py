@@ -23,7 +23,7 @@ from pathlib import Path
 from decodesched.errors import UserError
 
 from . import sandbox, spec
-from .course import Course, assignment_notebook
+from .course import Course, assignment_notebook, build_locked
 from .evidence import CANARY_TAG, _canary_expected, _error_outputs, _inspect_gradebook_copy, canary_cell, cell_outputs
 from .limits import Limits
 from .notebook import (MAX_BIG_NOTEBOOK_ITEMS, Submission, _cell_source, _nbgrader_meta, _plain_file, _safe_source,
@@ -52,13 +52,16 @@ def build_template(course: Course, workroot: Path, cell_timeout: int) -> Path:
 
     It starts from a copy of the instructor's gradebook (made by `nbgrader generate_assignment`),
     removes every student, and replaces every stored cell source with the release version, so the
-    hidden tests that nbgrader keeps in the gradebook never reach a student's kernel.
+    hidden tests that nbgrader keeps in the gradebook never reach a student's kernel. The copy is made under the
+    course's build lock (`course.build_locked`): a build started since the course was read stops the grading with
+    one line, never a copy of a gradebook its nbgrader is writing.
     """
     tpl = workroot / "template"
     (tpl / "source" / spec.ASSIGNMENT).mkdir(parents=True)
     (tpl / "nbgrader_config.py").write_text(NBGRADER_CONFIG.format(root=".", cell_timeout=cell_timeout))
     db = tpl / "gradebook.db"
-    shutil.copyfile(course.gradebook, db)
+    with build_locked(course.root, exclusive=False):  # (not while `assignment build` rewrites it)
+        shutil.copyfile(course.gradebook, db)
     release_cells = {}
     for cell in course.release["cells"]:
         gid = _nbgrader_meta(cell).get("grade_id")

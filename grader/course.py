@@ -7,7 +7,10 @@ ever written into the installed package.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,6 +34,9 @@ CONFIG = "nbgrader_config.py"
 # Every release `assignment build` made, kept by content (`remember_release`): students who downloaded one before the
 # instructor rebuilt it (a typo fixed in a test or the task) hand in its test and locked cells.
 RELEASES = Path(".decodesched") / "releases"
+# Held by `assignment build` (exclusively) while it replaces and checks the release, and by a grading (shared) while it
+# reads the course (`build_locked`).
+BUILD_LOCK = Path(".decodesched") / "build.lock"
 INIT_HINT = "run `decodesched assignment init DIR` to make a course folder, then pass --course DIR or cd into it"
 
 README = """\
@@ -216,9 +222,55 @@ def hand_graded(gradebook: Path, students) -> list[str]:
     return sorted(r[0] for r in rows if r[0] in students)
 
 
+@contextlib.contextmanager
+def build_locked(root: Path, *, exclusive: bool, wait_s: float = 10.0):
+    """The course's BUILD_LOCK (an flock) for the block: `assignment build` holds it exclusively while it moves the
+    release aside, makes a new one and checks it (a minute), a grading shares it while it reads the release, the
+    earlier releases and the roster (`open_course`). A grading started during a build read no release ("the
+    assignment is not built") or the new one before its checks, and two builds at once each put the other's release
+    aside and removed it. A grading finding a build under way is a `UserError` at once; a build waits `wait_s` for
+    the others (a grading reads for a moment) before it is one. The build makes the lock file; a grading writes
+    nothing into the course and reads one without it (built before it was made, or read-only here) unlocked."""
+    import fcntl
+
+    path = Path(root) / BUILD_LOCK
+    try:
+        if exclusive:
+            path.parent.mkdir(exist_ok=True)
+        fd = os.open(path, (os.O_RDWR | os.O_CREAT if exclusive else os.O_RDONLY) | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    except OSError:
+        fd = None
+    try:
+        deadline = time.monotonic() + (wait_s if exclusive else 0.0)
+        while fd is not None:
+            try:
+                fcntl.flock(fd, (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    what = ("another `decodesched assignment build` of this course (or a grading reading it) is under "
+                            "way; build once it has finished" if exclusive else
+                            "`decodesched assignment build` is rebuilding this course's release; grade once it has "
+                            "finished")
+                    raise UserError(f"{root}: {what}") from None
+                time.sleep(0.1)
+            except OSError:  # a file system without flock: as before
+                break
+        yield
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+
 def open_course(course_root=None) -> Course:
-    """The built course (release and gradebook present) at `resolve_root(course_root)`."""
+    """The built course (release and gradebook present) at `resolve_root(course_root)`, read under its build lock
+    (`build_locked`): the release, the earlier releases and the roster of one build."""
     root = resolve_root(course_root)
+    with build_locked(root, exclusive=False):
+        return _read_course(root)
+
+
+def _read_course(root: Path) -> Course:
     release = root / "release" / spec.ASSIGNMENT / spec.NOTEBOOK
     gradebook = root / "gradebook.db"
     if not (root / "nbgrader_config.py").is_file():

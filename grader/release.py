@@ -215,10 +215,15 @@ def tests_not_graded_as_written(source_nb: dict) -> list[str]:
 
 def build_release(course=None, *, force: bool = False, judge_release: bool = True) -> BuildReport:
     start = time.monotonic()
-    from .course import require_nbgrader, resolve_root
+    from .course import build_locked, require_nbgrader, resolve_root
 
     require_nbgrader("decodesched assignment build")
     course = resolve_root(course)
+    with build_locked(course, exclusive=True):
+        return _build(course, force, judge_release, start)
+
+
+def _build(course: Path, force: bool, judge_release: bool, start: float) -> BuildReport:
     source = course / "source" / spec.ASSIGNMENT / spec.NOTEBOOK
     if not source.is_file():
         raise UserError(f"{source}: no source notebook")
