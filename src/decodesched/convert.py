@@ -130,7 +130,7 @@ def detect_format(path: str | os.PathLike) -> str:
         raise UserError(f"{path}: empty file (expected an Azure CSV with a TIMESTAMP header or Mooncake JSON lines)")
     if start.startswith((b"{", b"[")):  # (a JSON array is refused by read_mooncake, with its fix)
         return "mooncake"
-    header = next(csv.reader([start.split(b"\n", 1)[0].decode("utf-8", "replace")]), [])
+    header = next(csv.reader([start.splitlines()[0].decode("utf-8", "replace")]), [])  # (a lone CR ends it too)
     if start.upper().startswith(b"TIMESTAMP") or "TIMESTAMP" in (c.strip() for c in header):
         return "azure"  # (Azure 2024 and files saved by other tools: other columns, another order)
     raise UserError(f"{path}: cannot tell the trace format (expected an Azure CSV with a TIMESTAMP header "
@@ -155,8 +155,9 @@ def read_azure(path: str | os.PathLike) -> RawTrace:
     """Read an Azure LLM inference 2023 CSV (``TIMESTAMP,ContextTokens,GeneratedTokens``).
 
     TIMESTAMP is a wall-clock time such as ``2023-11-16 18:15:46.6805900`` (any number of fractional
-    digits, nanosecond precision kept; a zone, ``Z`` or ``+05:00``, on every time or on none); arrivals are
-    seconds after the earliest one.  Read by the CSV rules of docs/files.md (quoted fields, CRLF line ends).
+    digits, nanosecond precision kept; a zone, ``Z``, ``+05:00`` or `` UTC``, on every time or on none); arrivals
+    are seconds after the earliest one.  A token count may be written as a whole decimal (``12.0``).  Read by the
+    CSV rules of docs/files.md (quoted fields, CRLF line ends).
     """
     path = Path(path)
     _check_file(path)
@@ -196,9 +197,15 @@ def read_azure(path: str | os.PathLike) -> RawTrace:
     return RawTrace(seconds, np.asarray(prompts, np.int64), np.asarray(outputs, np.int64), None, str(path), "azure")
 
 
+_WHOLE_DECIMAL = re.compile(r"\s*(-?[0-9]+)\.0*\s*")  # 12.0: how pandas writes a float column's whole numbers
+
+
 def _int_field(text: str, path: Path, lineno: int, col: str) -> int:
+    """A token count: a decimal integer, or one written as a whole decimal (``12.0``, as a float column saved by
+    pandas has it); UserError naming the line and column for anything else (``12.5``, ``1e3``, a word)."""
+    whole = _WHOLE_DECIMAL.fullmatch(text)
     try:
-        v = parse_decimal(text)
+        v = parse_decimal(whole.group(1) if whole else text)
     except ValueError as exc:
         if str(exc) == "too many digits":
             raise UserError(f"{path}: line {lineno}, column {col}: token count {show(text.strip())} is too large") from None
@@ -213,13 +220,18 @@ def _int_field(text: str, path: Path, lineno: int, col: str) -> int:
 
 MAX_SPAN_SECONDS = 9 * 10**9  # an Azure trace's span, first to last time: nanoseconds in int64 (285 years)
 _ZONE = re.compile(r"T[0-9][0-9:.]*(Z|[+-][0-9][0-9](:?[0-9][0-9])?)$")  # a time zone after the time of day
+_DATE_START = re.compile(r"[-+]?[0-9]")  # a date starts with its year's digits
+_UTC_WORD = re.compile(r"\s*(UTC|GMT)$", re.IGNORECASE)  # `18:15:46.680590 UTC` (as SQL exports write it): Z
 
 
 def _parse_timestamps(stamps: list[str], path: Path, lines: list[int]) -> np.ndarray:
     """Seconds after the earliest of `stamps`; `lines` are their lines in `path`, for the messages.  Times with
-    a zone (``Z``, ``+05:00``) are read as UTC; a mix of times with and without one is refused (NumPy would read
-    the others as UTC too, hours off, and warn)."""
-    iso = [s.replace(" ", "T", 1) for s in stamps]
+    a zone (``Z``, ``+05:00``, `` UTC``) are read as UTC; a mix of times with and without one is refused (NumPy
+    would read the others as UTC too, hours off, and warn)."""
+    iso = [_UTC_WORD.sub("Z", s.replace(" ", "T", 1)) for s in stamps]
+    word = next((i for i, s in enumerate(iso) if not _DATE_START.match(s)), None)
+    if word is not None:  # (NumPy reads "now" and "today" as the clock's time: a trace that changes every run)
+        raise UserError(f"{path}: line {lines[word]}, column TIMESTAMP: not a date and time: {show(stamps[word])}")
     zoned = [_ZONE.search(s) is not None for s in iso]
     if any(zoned) and not all(zoned):
         i = zoned.index(not zoned[0])
@@ -243,9 +255,6 @@ def _parse_timestamps(stamps: list[str], path: Path, lines: list[int]) -> np.nda
                 raise UserError(f"{path}: line {lines[i]}, column TIMESTAMP: not a date and time: "
                                 f"{show(stamps[i])}") from None
         raise UserError(f"{path}: unreadable TIMESTAMP column") from None  # pragma: no cover
-    if np.isnat(t).any():
-        i = int(np.flatnonzero(np.isnat(t))[0])
-        raise UserError(f"{path}: line {lines[i]}, column TIMESTAMP: not a date and time: {show(stamps[i])}")
     # Nanoseconds since 1970 wrap past int64 outside the years 1678-2262 (NumPy does not say so), but their
     # differences stay exact while the span fits in int64 (292 years): the span is checked in whole seconds,
     # which do not wrap (read again only where a year is outside, the zones make it slow), and the times are
@@ -268,7 +277,8 @@ def read_mooncake(path: str | os.PathLike, cache_min_blocks: int = DEFAULT_CACHE
     that every request of the conversation trace shares, see the module docstring); a request with
     fewer blocks than that, or none, is a miss.  "Earlier" is by arrival (timestamp, then line for equal
     timestamps), not by line alone: in a file whose timestamps are not sorted, the request that arrives
-    first cannot hit on a prefix that only arrives later.  The rows stay in file order.
+    first cannot hit on a prefix that only arrives later.  The rows stay in file order.  The file is read line by
+    line, keeping each block id once (with the request that brought it first), not every line's list.
     """
     path = Path(path)
     _check_file(path)
@@ -277,8 +287,11 @@ def read_mooncake(path: str | os.PathLike, cache_min_blocks: int = DEFAULT_CACHE
     ms: list[float] = []
     prompts: list[int] = []
     outputs: list[int] = []
-    heads: list[list] = []  # per request, its first cache_min_blocks hash_ids
-    blocks_of: list[list] = []  # per request, all its hash_ids
+    heads: list[list | None] = []  # per request, its first cache_min_blocks hash_ids (None: fewer, a miss)
+    hits: list[bool] = []  # per request, its head seen on earlier lines: its hit while the lines arrive in order
+    first: dict = {}  # each block id seen: the request that brought it first by arrival (streamed: bounded memory)
+    latest = -math.inf  # the latest timestamp so far
+    in_order = True  # every line so far arrives after the lines before it
     decoder = json.JSONDecoder(object_pairs_hook=_unique_keys)
     try:
         with open(path, encoding="utf-8-sig") as fh:
@@ -305,26 +318,43 @@ def read_mooncake(path: str | os.PathLike, cache_min_blocks: int = DEFAULT_CACHE
                 ts = rec["timestamp"]
                 if isinstance(ts, bool) or not isinstance(ts, (int, float)) or not _finite(ts):
                     raise UserError(f"{path}: line {lineno}, field timestamp: expected milliseconds, got {show(ts)}")
-                ms.append(float(ts))
+                ts = float(ts)
                 prompts.append(_json_int(rec["input_length"], path, lineno, "input_length"))
                 outputs.append(_json_int(rec["output_length"], path, lineno, "output_length"))
                 blocks = rec.get("hash_ids")
                 blocks = [] if blocks is None else _block_ids(blocks, path, lineno)
-                blocks_of.append(blocks)
-                heads.append(blocks[:cache_min_blocks])
+                head = blocks[:cache_min_blocks] if len(blocks) >= cache_min_blocks else None
+                heads.append(head)
+                hits.append(head is not None and all(b in first for b in head))
+                ms.append(ts)
+                in_order = in_order and ts >= latest
+                _first_arrivals(first, blocks, len(ms) - 1, ms, ts < latest)
+                latest = max(latest, ts)
     except UnicodeDecodeError as exc:
         raise UserError(not_text(path, exc)) from None
     if not ms:
         raise UserError(f"{path}: no requests (empty file)")
+    if not in_order:  # (a line arrived before an earlier one: a block it was first to bring may be on a later line)
+        hits = [head is not None and all(_arrives_before(first[b], i, ms) for b in head)
+                for i, head in enumerate(heads)]
     t = np.asarray(ms, np.float64)
-    hits = np.zeros(len(ms), np.bool_)
-    seen: set = set()
-    for i in np.argsort(t, kind="stable"):  # arrival order; equal timestamps keep their line order
-        head = heads[i]
-        hits[i] = len(head) == cache_min_blocks and all(b in seen for b in head)
-        seen.update(blocks_of[i])
     return RawTrace((t - t.min()) / 1000.0, np.asarray(prompts, np.int64), np.asarray(outputs, np.int64),
-                    hits, str(path), "mooncake")
+                    np.asarray(hits, np.bool_), str(path), "mooncake")
+
+
+def _first_arrivals(first: dict, blocks: list, i: int, ms: list, early: bool) -> None:
+    """Record request `i` (at timestamp ``ms[i]``) in `first`, each block id's first request by arrival
+    (timestamp, then line): the blocks not seen before, and, when `early` (``ms[i]`` is before an earlier line's
+    timestamp), those whose first request so far arrives after it (an equal timestamp keeps the earlier line)."""
+    for b in blocks:
+        j = first.setdefault(b, i)
+        if early and ms[i] < ms[j]:
+            first[b] = i
+
+
+def _arrives_before(j: int, i: int, ms: list) -> bool:
+    """Whether request `j` arrives before request `i`: by timestamp, then by line."""
+    return (ms[j], j) < (ms[i], i)
 
 
 class _DuplicateKey(ValueError):

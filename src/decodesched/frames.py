@@ -37,7 +37,7 @@ import numpy as np
 from ._io import atomic_writer, check_outputs, extension_said, path_argument
 from .errors import UserError
 from .tables_io import is_parquet
-from .trace import show
+from .trace import NAME_KEY, STEPS_PER_SECOND_KEY, Trace, show
 
 INSTALL_HINT = "pip install 'decodesched[data]'"
 
@@ -149,19 +149,17 @@ def to_frame(obj, table: str | None = None) -> "Any":
     return metrics_frame(obj)
 
 
-# Schema metadata key of a trace's time scale, read back by `decodesched.load_trace`.
-STEPS_PER_SECOND_KEY = b"decodesched.steps_per_second"
-
-
 def to_arrow(obj, table: str | None = None) -> "Any":
-    """`to_frame(obj, table)` as a ``pyarrow.Table``.  A trace's (or a result's trace's) time scale,
-    when it has one, travels in the schema metadata under ``decodesched.steps_per_second``."""
+    """`to_frame(obj, table)` as a ``pyarrow.Table``.  A trace's (or a result's trace's) name and time scale,
+    when it has one, travel in the schema metadata under ``decodesched.name`` and ``decodesched.steps_per_second``,
+    which `decodesched.load_trace` of the table reads back."""
     pa, _ = _pyarrow()
     arrow = pa.Table.from_pandas(to_frame(obj, table), preserve_index=False)
     trace = getattr(obj, "trace", obj)
-    sps = getattr(trace, "steps_per_second", None)
-    if sps:
-        arrow = arrow.replace_schema_metadata({**(arrow.schema.metadata or {}), STEPS_PER_SECOND_KEY: repr(float(sps))})
+    if isinstance(trace, Trace):
+        sps = trace.steps_per_second
+        arrow = arrow.replace_schema_metadata({**(arrow.schema.metadata or {}), NAME_KEY: trace.name.encode(),
+                                               **({STEPS_PER_SECOND_KEY: repr(float(sps))} if sps else {})})
     return arrow
 
 

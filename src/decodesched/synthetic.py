@@ -9,7 +9,24 @@ from __future__ import annotations
 
 import numpy as np
 
-from .trace import Trace, load_trace
+from .errors import UserError
+from .trace import MAX_LENGTH, MAX_STEP, Trace, load_trace, show
+
+
+def _whole(value, what: str, low: int, high: int) -> int:
+    """`value` as an int from `low` to `high`; UserError naming `what` otherwise (a bool, 2.5, "5")."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or not low <= value <= high:
+        top = f"2**{high.bit_length() - 1}" if high & (high - 1) == 0 else f"2**{high.bit_length()} - 1"
+        raise UserError(f"backlog_trace: {what} must be a whole number from {low} to {top}, got {show(value)}")
+    return int(value)
+
+
+def _fraction(value, what: str) -> float:
+    """`value` as a float from 0 to 1; UserError naming `what` otherwise (NaN, None, 1.5)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)) \
+            or not 0 <= value <= 1:
+        raise UserError(f"backlog_trace: {what} must be a number from 0 to 1, got {show(value)}")
+    return float(value)
 
 
 def backlog_trace(n_requests: int, *, seed: int = 0, arrival_span: int | None = None, max_prompt: int = 64,
@@ -19,8 +36,19 @@ def backlog_trace(n_requests: int, *, seed: int = 0, arrival_span: int | None = 
     they can be served, so almost all of them wait: a backlog of about `n_requests`.
 
     Lengths, priorities, cache hits, deadlines (``arrival + 2..4 x the request's own work``) and
-    preemptibility are drawn from a seeded `numpy.random.Generator`.
+    preemptibility are drawn from a seeded `numpy.random.Generator`.  Counts and maxima are whole numbers
+    (``n_requests``, the maxima and ``priorities`` at least 1, ``arrival_span`` at least 0: 0 and 1 both put
+    every arrival at step 0), fractions from 0 to 1; `UserError` (a ValueError) names any other argument.
     """
+    n_requests = _whole(n_requests, "n_requests", 1, MAX_STEP)
+    seed = _whole(seed, "seed", 0, 2**128 - 1)
+    arrival_span = None if arrival_span is None else _whole(arrival_span, "arrival_span", 0, MAX_STEP)
+    max_prompt, max_new_tokens, max_blocks = (_whole(v, k, 1, MAX_LENGTH) for k, v in (
+        ("max_prompt", max_prompt), ("max_new_tokens", max_new_tokens), ("max_blocks", max_blocks)))
+    priorities = _whole(priorities, "priorities", 1, MAX_STEP)
+    deadline_fraction, non_preemptible_fraction, cache_fraction = (_fraction(v, k) for k, v in (
+        ("deadline_fraction", deadline_fraction), ("non_preemptible_fraction", non_preemptible_fraction),
+        ("cache_fraction", cache_fraction)))
     rng = np.random.default_rng(seed)
     span = max(1, n_requests // 10) if arrival_span is None else max(1, arrival_span)
     arrival = np.sort(rng.integers(0, span, n_requests))

@@ -389,8 +389,9 @@ def read_table(path) -> dict[str, np.ndarray]:
             out[name] = _parse_column(values, kind)
         except ValueError:
             i = next((i for i, v in enumerate(values) if not _cell_ok(v, kind)), 0)
-            raise UserError(f"{path}: line {lines[i]}, column {name}: not a {_KIND_WORDS[kind.rstrip('?')]}"
-                            f"{' or empty' if kind.endswith('?') else ''}: {show(values[i])}") from None
+            what = "a NUL byte (a damaged file?)" if "\0" in values[i] else \
+                f"not a {_KIND_WORDS[kind.rstrip('?')]}{' or empty' if kind.endswith('?') else ''}"
+            raise UserError(f"{path}: line {lines[i]}, column {name}: {what}: {show(values[i])}") from None
     return out
 
 
@@ -399,7 +400,7 @@ def _blank(rec: list[str]) -> bool:
     return not any(x.strip() for x in rec)
 
 
-_KIND_WORDS = {"int": "whole number", "bool": "true/false", "float": "number", "str": "text"}
+_KIND_WORDS = {"int": "whole number", "bool": "true/false", "float": "number"}
 _PARQUET_TYPES = {  # what a Parquet column of each kind may be (uint64 could overflow int64)
     "int": ("integers", lambda t: str(t) in ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32")),
     "bool": ("booleans", lambda t: str(t) == "bool"),
@@ -414,6 +415,8 @@ def _cell_ok(x: str, kind: str) -> bool:
     x = x.strip()
     if x == "":
         return kind.endswith("?") or kind == "str"
+    if "\0" in x:  # (a damaged file's NUL byte: no column's value holds one)
+        return False
     kind = kind.rstrip("?")
     if kind == "int":
         try:
@@ -441,7 +444,10 @@ def _schema_of(header: list[str], path) -> tuple:
 def _parse_column(values: list[str], kind: str):
     """One CSV column as an array, converted whole (NumPy); ValueError when a cell does not fit
     (then `_cell_ok`, cell by cell, finds which).  NumPy alone would read Python's spellings of a
-    number (``1_0`` as 10, ``+1``, digits of other scripts), so the cells are checked first."""
+    number (``1_0`` as 10, ``+1``, digits of other scripts), so the cells are checked first; and NumPy's text
+    arrays drop trailing NUL bytes (``5\\0`` would be 5), so a NUL anywhere is refused first."""
+    if "\0" in "".join(values):
+        raise ValueError(kind)
     a = np.char.strip(np.array(values, dtype=str))
     missing = a == ""
     if kind == "str":

@@ -323,13 +323,13 @@ def load_trace(source: Any, *, steps_per_second: float | None = None, name: str 
 
     `source` is a path to a canonical trace CSV (or ``.parquet``), a mapping of column name to
     sequence (``deadline_step`` may hold None, NaN or pandas NA for none, or be a masked array), a pandas
-    DataFrame, a pyarrow Table or RecordBatch (`decodesched.frames.to_arrow`'s: its time scale is read from the
-    schema metadata, as a Parquet file's), a list of row dicts, or a `Trace` (returned unchanged when `load_trace`
-    made it; one made otherwise, by its constructor or `dataclasses.replace`, is checked as a mapping of its
-    columns would be, and a checked copy returned; a `name` or `steps_per_second` given replaces the trace's own, in a
-    copy).  Raises `TraceError` naming
-    the row and column.  NumPy integer and boolean columns, and Parquet or Arrow ones without nulls, are
-    checked column-wise (a million rows in well under a second); other values one by one.
+    DataFrame, a pyarrow Table or RecordBatch (`decodesched.frames.to_arrow`'s: its time scale and name are read
+    from the schema metadata; a Parquet file's time scale too, its name is the file's), a list of row dicts, or a
+    `Trace` (returned unchanged when `load_trace` made it; one made otherwise, by its constructor or
+    `dataclasses.replace`, is checked as a mapping of its columns would be, and a checked copy returned; a `name` or
+    `steps_per_second` given replaces the trace's own, in a copy).  Raises `TraceError` naming the row and column.
+    NumPy integer and boolean columns, and Parquet or Arrow ones without nulls, are checked column-wise (a million
+    rows in well under a second); other values one by one.
 
     >>> t = load_trace({"request_id": [1, 2], "arrival_step": [0, 3], "prompt_len": [4, 2],
     ...                 "max_new_tokens": [2, 1], "priority": [0, 5], "cache_hit": [False, True],
@@ -374,9 +374,9 @@ def load_trace(source: Any, *, steps_per_second: float | None = None, name: str 
                 raise TraceError(f"<rows>: row {i + 1}: columns differ from row 1")
         cols = {k: [r.get(k) for r in source] for k in keys}
         return _from_columns(cols, "<rows>", steps_per_second, name or "trace")
-    if _is_arrow(source, "Table", "RecordBatch"):  # (`decodesched.frames.to_arrow` keeps the time scale)
+    if _is_arrow(source, "Table", "RecordBatch"):  # (`decodesched.frames.to_arrow` keeps the time scale and name)
         cols, stored = _arrow_columns(source, "<arrow>")
-        return _from_columns(cols, "<arrow>", steps_per_second or stored, name or "trace")
+        return _from_columns(cols, "<arrow>", steps_per_second or stored, name or _arrow_name(source) or "trace")
     if hasattr(source, "to_dict") and hasattr(source, "columns"):  # a pandas DataFrame
         attrs = getattr(source, "attrs", None) or {}  # (`frames.trace_frame` keeps the time scale and name there)
         return _from_columns(_frame_columns(source), "<dataframe>", steps_per_second or attrs.get("steps_per_second"),
@@ -516,11 +516,22 @@ def _trace_name(name, where: str) -> str:
     return str(name)  # (a NumPy string as the plain one it holds)
 
 
+# Schema metadata keys of an Arrow table's or a Parquet file's trace (`decodesched.frames.to_arrow` writes them).
+STEPS_PER_SECOND_KEY = b"decodesched.steps_per_second"
+NAME_KEY = b"decodesched.name"
+
+
+def _arrow_name(table) -> str | None:
+    """The trace name `decodesched.frames.to_arrow` stores in an Arrow table's schema metadata (None: none)."""
+    stored = (table.schema.metadata or {}).get(NAME_KEY)
+    return None if stored is None else stored.decode("utf-8", "backslashreplace")
+
+
 def _arrow_columns(table, where: str) -> tuple[dict[str, Any], float | None]:
     """A Parquet file's or an Arrow table's (or record batch's) columns, and the time scale
     `decodesched.frames.to_arrow` / `to_parquet` store in the schema metadata."""
     _check_header(list(table.column_names), where)  # (first: a name twice would hide one column)
-    stored = (table.schema.metadata or {}).get(b"decodesched.steps_per_second")
+    stored = (table.schema.metadata or {}).get(STEPS_PER_SECOND_KEY)
     sps = None
     if stored is not None:
         try:
