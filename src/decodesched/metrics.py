@@ -17,6 +17,11 @@ import numpy as np
 from .kernels import enums as E
 from .trace import TRACE_COLUMNS, Trace
 
+# A request's status word in the requests table: the kernel's, or UNSERVABLE for one left unfinished when nothing
+# could run any more (docs/files.md).
+UNSERVABLE = "unservable"
+STATUS_WORDS = (*E.STATUS_NAMES, UNSERVABLE)
+
 LATENCIES = ("queue_wait", "ttft", "tpot", "e2e")
 PERCENTILES = (50, 95, 99)
 
@@ -38,7 +43,7 @@ def request_table(trace: Trace, state: np.ndarray, stop_reason: str) -> dict[str
     unfinished = status_code != E.STATUS_FINISHED
     enqueued = state[:, E.RQ_ENQUEUED].astype(bool)
     unservable = unfinished & enqueued & (stop_reason == "stuck")
-    status[unservable] = "unservable"
+    status[unservable] = UNSERVABLE
     out = {c: v for c, v in trace.columns().items()}
     out.update(
         {

@@ -24,6 +24,7 @@ import numpy as np
 from ._io import atomic_writer, extension_said, input_file, not_text, read_parquet_table
 from .errors import UserError
 from .kernels import enums as E
+from .metrics import STATUS_WORDS
 from .trace import _FALSE, _TRUE, INT64_MAX, INT64_MIN, parse_decimal, show
 
 CHUNK_ROWS = 1 << 15  # CSV rows per chunk: its byte matrix (about 3 MB) stays in the CPU caches
@@ -44,6 +45,10 @@ REQUEST_SCHEMA = (
     ("wait_steps", "int"), ("preemptions", "int"), ("status", "str"), ("queue_wait", "float?"),
     ("ttft", "float?"), ("tpot", "float?"), ("e2e", "float?"), ("deadline_met", "bool?"),
 )
+
+
+# The words a "str" column may hold (the readers refuse any other: a damaged or hand-made file).
+WORDS = {"phase": E.PHASE_NAMES, "action": E.ACTION_NAMES, "status": STATUS_WORDS}
 
 
 def is_parquet(path) -> bool:
@@ -106,8 +111,8 @@ def _event_chunk(event_log: np.ndarray, trace, lo: int, hi: int) -> list[Col]:
     return [
         Col("int", ev[:, E.EV_STEP]),
         Col("int", trace.request_id[rows]),
-        Col("str", (action != E.ACTION_PREFILL_TO_DECODE).astype(np.int64), vocab=("prefill", "decode")),
-        Col("str", action, vocab=tuple(E.ACTION_NAMES)),
+        Col("str", (action != E.ACTION_PREFILL_TO_DECODE).astype(np.int64), vocab=WORDS["phase"]),
+        Col("str", action, vocab=WORDS["action"]),
         Col("int", trace.prompt_len[rows]),
         Col("int", ev[:, E.EV_GENERATED]),
         Col("int", trace.max_new_tokens[rows]),
@@ -392,7 +397,19 @@ def read_table(path) -> dict[str, np.ndarray]:
             what = "a NUL byte (a damaged file?)" if "\0" in values[i] else \
                 f"not a {_KIND_WORDS[kind.rstrip('?')]}{' or empty' if kind.endswith('?') else ''}"
             raise UserError(f"{path}: line {lines[i]}, column {name}: {what}: {show(values[i])}") from None
+    _check_words(out, path, lambda i: f"line {lines[i]}")
     return out
+
+
+def _check_words(table: dict, path, where) -> None:
+    """UserError naming the first cell of a word column (`WORDS`) that holds another word; `where(i)` names row i."""
+    for name, words in WORDS.items():
+        if name in table:
+            bad = ~np.isin(table[name], words)
+            if bad.any():
+                i = int(np.argmax(bad))
+                raise UserError(f"{path}: {where(i)}, column {name}: not one of {', '.join(words)}: "
+                                f"{show(str(table[name][i]))}")
 
 
 def _blank(rec: list[str]) -> bool:
@@ -500,6 +517,7 @@ def _read_parquet(path: Path) -> dict[str, np.ndarray]:
             filled = col.fill_null(0 if dtype is np.int64 else False)
             values = np.asarray(filled.to_numpy(zero_copy_only=False), dtype=dtype)
             out[name] = np.ma.MaskedArray(values, mask=missing) if kind.endswith("?") else values
+    _check_words(out, path, lambda i: f"row {i + 1}")
     return out
 
 
