@@ -380,7 +380,7 @@ class BatchResult:
             a = int(self.event_start[i])
             events = self.event_log[a:a + int(summary[E.SM_EVENTS])]
         return SimulationResult(self.traces[sc.trace], policy_name(sc.policy), int(sc.free_kv_blocks),
-                                int(sc.aging_interval), sc.max_steps, events, state, summary)
+                                int(sc.aging_interval), plain_value(sc.max_steps), events, state, summary)
 
     def _index(self, i) -> int:
         """`i` as a scenario index from 0, or a TypeError or IndexError that says what the batch holds."""
@@ -400,7 +400,7 @@ class BatchResult:
     def _kept_metrics(self, i: int) -> dict:
         i = self._index(i)
         if i not in self._metrics:
-            self._metrics[i] = self.result(i).metrics
+            self._metrics[i] = self.result(i)._kept_metrics
         return self._metrics[i]
 
     def trace_labels(self) -> list[str]:

@@ -201,7 +201,9 @@ def code_digest() -> str:
 def sweep_key(traces, scenarios) -> str:
     """A hash of the simulator's code (`code_digest`), the traces (every column, name and time scale) and the
     scenarios, in order (a user policy by its `Policy.fingerprint`: its name and all the code and constants its
-    functions use)."""
+    functions use).  Each setting counts as the replay takes it (`engine.check_config`): ``np.int64(5)`` steps as
+    ``5``, ``2**70`` as ``2**61`` (no replay is longer), so that a resumed sweep finds the rows it wrote."""
+    from .engine import check_config
     from .trace import ARRAY_FIELDS
 
     h = hashlib.sha256(code_digest().encode())
@@ -212,13 +214,13 @@ def sweep_key(traces, scenarios) -> str:
     fingerprints: dict[int, str] = {}  # one per Policy object: it follows every helper of the policy
     for s in scenarios:
         if isinstance(s.policy, str):
-            policy = s.policy
+            policy = str(s.policy)  # (a NumPy string as the plain one it holds)
         else:
             if id(s.policy) not in fingerprints:
                 fingerprints[id(s.policy)] = s.policy.fingerprint()
             policy = fingerprints[id(s.policy)]
-        h.update(repr((int(s.trace), policy, int(s.free_kv_blocks), int(s.aging_interval), s.max_steps,
-                       int(s.replicate))).encode())
+        settings = check_config(s.policy, s.free_kv_blocks, s.aging_interval, s.max_steps)[1:]
+        h.update(repr((int(s.trace), policy, *settings, int(s.replicate))).encode())
     return h.hexdigest()
 
 

@@ -6,6 +6,7 @@ allocates the outputs, and turns them into tables, metrics and files.
 
 from __future__ import annotations
 
+import copy
 import math
 import os
 from dataclasses import dataclass, field
@@ -198,7 +199,7 @@ def simulate(trace, policy="fixed_priority", free_kv_blocks: int = 1_000_000, ag
     interruptible(lambda: kernel(*trace_arrays(trace), code, capacity, interval, limit, events, req_out, summary))
     if record_events:
         events = events[: summary[E.SM_EVENTS]]
-    return SimulationResult(trace, policy_name(policy), capacity, interval, max_steps,
+    return SimulationResult(trace, policy_name(policy), capacity, interval, plain_value(max_steps),
                             events if record_events else None, req_out, summary)
 
 
@@ -287,9 +288,9 @@ class SimulationResult:
         """Jupyter's display: the summary table (`metrics.summary_rows`), computed here only for a trace of at
         most `HTML_METRICS_MAX_REQUESTS` requests (else once `result.metrics` has been asked for)."""
         caption = f"SimulationResult: {self._describe()}"
-        if "metrics" not in self.__dict__ and len(self.trace) > HTML_METRICS_MAX_REQUESTS:
+        if "_kept_metrics" not in self.__dict__ and len(self.trace) > HTML_METRICS_MAX_REQUESTS:
             return _metrics.html_table(["metrics"], [["not computed yet: result.metrics computes them"]], caption)
-        return _metrics.html_table(["metric", "value"], [list(r) for r in _metrics.summary_rows(self.metrics)],
+        return _metrics.html_table(["metric", "value"], [list(r) for r in _metrics.summary_rows(self._kept_metrics)],
                                    caption)
 
     def _need_events(self) -> np.ndarray:
@@ -346,7 +347,13 @@ class SimulationResult:
 
     @cached_property
     def metrics(self) -> dict:
-        """Aggregates of SPEC section 6 (in steps; see ``metrics["steps_per_second"]``)."""
+        """Aggregates of SPEC section 6 (in steps; see ``metrics["steps_per_second"]``): a copy of one's own, as
+        `BatchResult.metrics` gives; the result's display (`_repr_html_`) and a batch's tables read the one kept,
+        which an edit of this dict (a notebook flattening ``m["ttft"] = m["ttft"]["p50"]``) changed, or broke."""
+        return copy.deepcopy(self._kept_metrics)
+
+    @cached_property
+    def _kept_metrics(self) -> dict:
         return _metrics.aggregate(self.trace, self.requests, self.n_events, self.clock)
 
     def write_events(self, path: str | os.PathLike) -> None:

@@ -251,9 +251,29 @@ def write_request_table(path, req: dict) -> None:
 def _fmt(v: float, scale: float | None) -> str:
     if v is None or (isinstance(v, float) and math.isnan(v)):
         return "-"
-    if scale:
-        return f"{v / scale:.3g}"
+    if scale:  # (3 digits, but never "1.19e+03" for 1,192 s: in full from 1,000 on, as steps from 100 on)
+        v /= scale
+        return f"{v:.3g}" if abs(v) < 1000 else f"{v:.0f}"
     return f"{v:.0f}" if abs(v) >= 100 or float(v).is_integer() else f"{v:.2f}"
+
+
+def share_text(v: float, spec: str = ".2f", scale: float = 1.0) -> str:
+    """A share `v` (0 to 1; times `scale`, 100 for a percentage) in format `spec` (".2f", ".0f", ".3g"), with
+    more digits where `spec` would round a share strictly between 0 and 1 to none or to all: attainment
+    0.996 is "99.6" percent, not "100" (read: every deadline met), Jain's 0.996 "0.996", not "1.00"."""
+    kind, digits, x = spec[-1], int(spec[1:-1]), v * scale
+    text = f"{x:.{digits}{kind}}"
+    while 0 < x < scale and float(text) in (0.0, float(scale)):
+        digits += 1
+        text = f"{x:.{digits}{kind}}"
+    return text
+
+
+def _share(v: float) -> str:
+    """A share in the summary table: "-" for none (NaN), "1" for exactly 1, else `share_text`."""
+    if math.isnan(v):
+        return "-"
+    return _fmt(v, None) if float(v).is_integer() else share_text(v)
 
 
 def summary_rows(metrics: dict) -> list[tuple[str, str]]:
@@ -270,7 +290,7 @@ def summary_rows(metrics: dict) -> list[tuple[str, str]]:
         ("deadline misses", f"{metrics['deadline_misses']} / {metrics['with_deadline']}"),
         ("unservable", str(metrics["unservable"])),
         ("unfinished", str(metrics["unfinished"])),
-        ("fairness (Jain, classes)", _fmt(metrics["fairness_jain"], None) if not math.isnan(metrics["fairness_jain"]) else "-"),
+        ("fairness (Jain, classes)", _share(metrics["fairness_jain"])),
         ("events", str(metrics["events"])),
     ]
     return rows

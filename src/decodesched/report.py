@@ -53,7 +53,7 @@ import numpy as np
 from ._io import (META_SUFFIX, _describe, _same_file, input_file, input_label, meta_path, not_text, output_folder,
                   path_argument, replace_together, temp_prefix)
 from .errors import UserError
-from .metrics import MAX_CLASS_COLUMNS, offered_load
+from .metrics import MAX_CLASS_COLUMNS, offered_load, share_text
 from .palette import POLICY_ORDER, policy_colors, policy_marker, policy_style, sorted_policies
 from .tables_io import is_parquet
 from .trace import INT64_MAX, MAX_INT_DIGITS, show
@@ -794,7 +794,7 @@ def _capacity_figure(view: SweepView, out: Path, names: list[str]) -> Plot:
 def _fmt(v: float) -> str:
     if math.isnan(v):
         return "-"
-    return "inf" if math.isinf(v) else f"{v:.4g}"
+    return f"{v:.4g}" if abs(v) < 10_000 else f"{v:.0f}"  # (12,345 steps as "12345", not "1.235e+04"; inf)
 
 
 def _tables(view: SweepView) -> str:
@@ -828,7 +828,7 @@ def _table(view: SweepView, key: str, share: str, count: str, caption: str) -> s
                 text = _fmt(med)
                 if view.replicates > 1 and not math.isnan(med) and hi > lo:
                     text += f" [{_fmt(lo)}..{_fmt(hi)}]"
-                extra = [f"{100 * att:.0f}%" if not math.isnan(att) else None,
+                extra = [f"{share_text(att, '.0f', 100)}%" if not math.isnan(att) else None,
                          f"{unf:.0f} unfinished" if not math.isnan(unf) and unf > 0 else None]
                 extra = ", ".join(e for e in extra if e)
                 cells[p] = (med, text + (f" ({extra})" if extra else ""))
