@@ -164,18 +164,18 @@ def compile_message(what: str) -> str:
     return f"compiling {what} (first run only, about {COMPILE_SECONDS}; `decodesched warmup` does it ahead)..."
 
 
+def in_cache(kernel) -> bool:
+    """True when `kernel` (a dispatcher or C function) has machine code in its cache folder."""
+    cache_file = getattr(getattr(kernel, "_cache", None), "_cache_file", None)
+    try:
+        return bool(cache_file is not None and cache_file._load_index())
+    except Exception:
+        return False
+
+
 def dispatcher_cold(dispatcher) -> bool:
     """True when `dispatcher` has no machine code in this process and none in its cache (it will compile)."""
-    if getattr(dispatcher, "overloads", None):
-        return False
-    cache = getattr(dispatcher, "_cache", None)
-    cache_file = getattr(cache, "_cache_file", None)
-    if cache_file is None:
-        return True
-    try:
-        return not cache_file._load_index()
-    except Exception:
-        return True
+    return not getattr(dispatcher, "overloads", None) and not in_cache(dispatcher)
 
 
 def compile_notice(dispatcher, what: str = "the replay kernel") -> bool:

@@ -2,7 +2,8 @@
 
 `install()` puts `PackageCacheLocator` first in Numba's locator list; for the package's own kernel
 files it picks the folder by the rules in `_numba_cache`, and returns None for every other file
-(Numba's own locators then decide).  A read-only locator loads but never saves.
+(Numba's own locators then decide).  A read-only locator loads but never saves.  A kernel's cache file that
+cannot be read back is a miss, and a cache folder that takes no file costs only the cache, one notice each.
 """
 
 from __future__ import annotations
@@ -63,13 +64,9 @@ class PackageCacheLocator(_caching._CacheLocator):
 
     @classmethod
     def from_function(cls, py_func, py_file):
-        try:
-            src = Path(py_file).resolve()
-        except OSError:
-            return None
-        kernels = _kernels_dir()
-        if src.parent != kernels:
+        if not _kernel_file(py_file):
             return None  # not ours: Numba's own locators decide
+        src = Path(py_file).resolve()
         from numba.core import config
 
         if config.CACHE_DIR:
@@ -97,30 +94,98 @@ class PackageCacheLocator(_caching._CacheLocator):
         raise NotImplementedError
 
 
+def _kernel_file(py_file: str) -> bool:
+    """Whether `py_file` is one of decodesched's kernel sources (whose cache folder and files this module handles)."""
+    try:
+        return Path(py_file).resolve().parent == _kernels_dir()
+    except (OSError, TypeError):
+        return False
+
+
+def _ours(cache) -> bool:
+    """Whether `cache` (a Numba `Cache`) is a decodesched kernel's."""
+    return _kernel_file(getattr(cache._impl.locator, "_py_file", None))
+
+
+class _TolerantCacheFile(_caching.IndexDataCacheFile):
+    """Numba's index and data files of a kernel, except that one that cannot be read back (cut short or garbled: a
+    crash or a full disk while it was copied or synced, a folder in its place) is a cache miss with one notice, and
+    the kernel compiles and its save writes the files afresh.  Numba's raised from the unpickler, and every command
+    that used the kernel ended in its traceback (or "invalid literal for int()"), until the file was deleted."""
+
+    def _load_index(self):
+        try:
+            return super()._load_index()
+        except Exception as exc:
+            _unreadable(f"file {self._index_path}", exc)
+            return {}
+
+    def _load_data(self, name):
+        try:
+            return super()._load_data(name)
+        except Exception as exc:
+            _unreadable(f"file {self._data_path(name)}", exc)
+            return None  # (`load`'s miss)
+
+
+def _unreadable(what: str, exc: Exception) -> None:
+    from ._io import _describe, from_interrupt
+
+    if from_interrupt(exc):  # (Ctrl-C while the unpickler imported a module: the command's to act on)
+        raise exc
+    why = _describe(exc) if isinstance(exc, OSError) else "damaged"
+    _notice(f"cannot read the kernel cache {what} ({why}); compiling that kernel again")
+
+
+_original_init = _caching.Cache.__init__
+_original_load = _caching.Cache.load_overload
 _original_save = _caching.Cache.save_overload
 
 
+def _cache_init(self, py_func):
+    """Numba's, except that a kernel's cache reads its files through `_TolerantCacheFile`."""
+    _original_init(self, py_func)
+    if _ours(self):
+        self._cache_file = _TolerantCacheFile(self._cache_path, self._impl.filename_base,
+                                              self._impl.locator.get_source_stamp())
+
+
+def _load_overload(self, sig, target_context):
+    """Numba's load, except that a kernel's cached code that reads back but does not rebuild (a garbled file that
+    still unpickles: "LLVM bitcode parsing error") is a miss, as an unreadable file is (`_TolerantCacheFile`)."""
+    if not _ours(self):
+        return _original_load(self, sig, target_context)
+    try:
+        return _original_load(self, sig, target_context)
+    except Exception as exc:
+        _unreadable(f"of {self._impl.filename_base} in {self._cache_path}", exc)
+        return None
+
+
 def _save_overload(self, sig, data):
-    """Numba's save, except: read-only locators save nothing, and our cache folders failing to take
-    a file (full disk, removed folder) costs only the cache, with one notice, not the run."""
+    """Numba's save, except for the kernels: read-only locators save nothing, and a cache folder failing to take a
+    file (full disk, removed folder; NUMBA_CACHE_DIR's too) costs only the cache, with one notice, not the run."""
     locator = self._impl.locator
+    if not _ours(self):
+        return _original_save(self, sig, data)
     if isinstance(locator, _NowhereLocator):
         _notice("no writable cache folder (set NUMBA_CACHE_DIR to one); the kernels compile in every run")
     if isinstance(locator, _ReadOnlyLocator):
         return None
-    if not isinstance(locator, _Located):
-        return _original_save(self, sig, data)
     try:
         return _original_save(self, sig, data)
     except OSError as exc:
-        _notice(f"cannot write the kernel cache in {locator.get_cache_path()} ({exc.strerror or exc}); "
-                "running uncached")
+        from ._io import _describe
+
+        _notice(f"cannot write the kernel cache in {locator.get_cache_path()} ({_describe(exc)}); running uncached")
         return None
 
 
 def install() -> None:
-    """Put `PackageCacheLocator` first in Numba's locator list, and guard saving (once)."""
+    """Put `PackageCacheLocator` first in Numba's locator list, and guard the kernels' cache files (once)."""
     classes = _caching.CacheImpl._locator_classes
     if PackageCacheLocator not in classes:
         _caching.CacheImpl._locator_classes = [PackageCacheLocator, *classes]
+        _caching.Cache.__init__ = _cache_init
+        _caching.Cache.load_overload = _load_overload
         _caching.Cache.save_overload = _save_overload

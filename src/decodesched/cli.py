@@ -97,7 +97,41 @@ from .errors import UserError  # noqa: E402
 def _parser_class():
     import argparse
 
+    class _Once(argparse._StoreAction):
+        """argparse's store, except that an option given a second time is refused: argparse kept the last one unsaid
+        (``sweep --policy fcfs --policy aging`` swept aging alone), where a value given twice inside one option is
+        refused too."""
+
+        namespace = None  # the one the option was stored into (each parse makes its own)
+
+        def __call__(self, parser, namespace, values, option_string=None):
+            if self.option_strings and namespace is self.namespace:
+                parser.error(f"argument {'/'.join(self.option_strings)}: given more than once; give it once"
+                             + (", with its values comma-separated" if "," in (self.metavar or "") else ""))
+            self.namespace = namespace
+            super().__call__(parser, namespace, values, option_string)
+
     class _Parser(argparse.ArgumentParser):
+        _intermixing = False
+
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            for name in (None, "store"):
+                self.register("action", name, _Once)
+
+        def parse_known_args(self, args=None, namespace=None):
+            """argparse's, except that a command whose operand takes many values (``sweep TRACE...``) takes them
+            among its options too, as GNU tools do: ``sweep a.csv --policy fcfs b.csv`` said "unrecognized
+            arguments: b.csv".  After ``--`` every word is an operand, as before."""
+            many = any(action.nargs in ("+", "*") for action in self._get_positional_actions())
+            if self._intermixing or not many or "--" in (sys.argv[1:] if args is None else args):
+                return super().parse_known_args(args, namespace)
+            self._intermixing = True  # (argparse's intermixed parse calls this method for its two passes)
+            try:
+                return self.parse_known_intermixed_args(args, namespace)
+            finally:
+                self._intermixing = False
+
         def error(self, message):  # one line, exit 2 (argparse prints the usage block too by default)
             usage_error(self.prog, message)
 

@@ -36,10 +36,11 @@ def build_course(root: Path) -> tuple[Path, Path]:
 
 
 def grade_folder(subs: Path, course: Path, out: Path, *extra: str) -> dict:
-    """A real `decodesched grade` of the folder `subs` (``--jobs 2``, `extra` options), which must exit 0:
+    """A real `decodesched grade` of the folder `subs` (``--jobs 2`` unless `extra` says, `extra` options; an option
+    given twice is refused), which must exit 0:
     ``{"rows": grades.csv by student id, "out": out, "stderr": what it printed there, "stdout": its summary}``."""
     proc = subprocess.run([sys.executable, "-m", "decodesched.cli", "grade", str(subs), "--out", str(out), "--course",
-                           str(course), "--jobs", "2", "--no-progress", *extra],
+                           str(course), *([] if "--jobs" in extra else ["--jobs", "2"]), "--no-progress", *extra],
                           capture_output=True, text=True, env=tool_env(), cwd=REPO, timeout=1500)
     assert proc.returncode == 0, proc.stderr[-3000:]
     with open(Path(out) / "grades.csv", newline="", encoding="utf-8") as fh:

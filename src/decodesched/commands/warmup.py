@@ -31,12 +31,19 @@ def add_parser(sub) -> None:
     p.set_defaults(func=run)
 
 
+def _compiled(kernels) -> str:
+    """What a compile did: cached it, or not (a cache folder that took no file, with its notice: a full disk)."""
+    from .._numba_cache import in_cache
+
+    return "compiled (now cached)" if all(map(in_cache, kernels)) else "compiled (not cached)"
+
+
 def _what(dispatchers, before: dict) -> str:
     """'compiled', 'loaded from cache', or 'already loaded', from the dispatchers' cache counters."""
     hits = sum(sum(d.stats.cache_hits.values()) for d in dispatchers) - before["hits"]
     misses = sum(sum(d.stats.cache_misses.values()) for d in dispatchers) - before["misses"]
     if misses:
-        return "compiled (now cached)"
+        return _compiled(dispatchers)
     if hits:
         return "loaded from cache"
     return "already loaded"
@@ -82,7 +89,7 @@ def _signal_handler() -> str:
 
     if not fresh:
         return "already loaded"
-    return "loaded from cache" if exit_on_signal_nb.cache_hits else "compiled (now cached)"
+    return "loaded from cache" if exit_on_signal_nb.cache_hits else _compiled([exit_on_signal_nb])
 
 
 def cache_location() -> str:
