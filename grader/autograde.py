@@ -143,8 +143,9 @@ def for_nbgrader(nb: dict, release: dict) -> tuple[dict, list[str]]:
     converted notebooks), a cell id that nbformat's schema refuses (a space in it, over 64 characters), a cell
     carrying nbgrader metadata the release does not have (copied from another assignment's notebook: "Cell ... does
     not exist in the database", then "the nbgrader metadata may be corrupted"), and grading metadata of a released
-    cell that lost a key or has another ``schema_version`` ("nbgrader update"), and what nbformat's schema refuses (a
-    key a notebook or cell has not, ``prompt_number``; ``kernelspec``, ``tags`` or ``collapsed`` of another shape:
+    cell that lost a key, has another ``schema_version`` ("nbgrader update") or other flags or points ("Inconsistent
+    checksums" for a test cell made a solution cell: the copy gets the release's), and what nbformat's schema refuses
+    (a key a notebook or cell has not, ``prompt_number``; ``kernelspec``, ``tags`` or ``collapsed`` of another shape:
     "NotebookValidationError: 'python3' is not of type 'object'"); cells' attachments are left out. What the student
     wrote, the cells' sources, stays as it is; the evidence was taken from the notebook as submitted
     (`grader.evidence`); only this copy is repaired."""
@@ -206,9 +207,12 @@ def for_nbgrader(nb: dict, release: dict) -> tuple[dict, list[str]]:
                 if gid is not None or nbg.get("grade") or nbg.get("solution") or nbg.get("locked"):
                     unknown.append(printable(str(gid))[:64])
             else:
+                # the release's grading metadata, flags and points included: nbgrader puts back only some (a
+                # test cell made a solution, the solution cell made a graded one, stopped it: `crashed`); its
+                # checksum is the release's too (nbgrader's `OverwriteCells` writes it), the student's is kept
                 ref = release_meta[gid]
-                fixed = {**{k: v for k, v in ref.items() if k != "checksum"}, **nbg,
-                         "schema_version": ref.get("schema_version", nbg.get("schema_version"))}
+                fixed = {**{k: v for k, v in ref.items() if k != "checksum"},
+                         **{k: nbg[k] for k in ("checksum",) if k in nbg}}
                 if fixed != nbg:
                     repaired.append(gid)
                 meta["nbgrader"] = fixed
@@ -221,8 +225,9 @@ def for_nbgrader(nb: dict, release: dict) -> tuple[dict, list[str]]:
         notes.append("cells with nbgrader metadata that the release does not have (copied from another notebook?) "
                      "ran as ordinary cells: grade_id " + ", ".join(sorted(set(unknown))))
     if repaired:
-        notes.append("the nbgrader metadata of these cells lacked keys or had another schema version; nbgrader got "
-                     "the release's: " + ", ".join(sorted(set(repaired))))
+        notes.append("the nbgrader metadata of these cells differed from the release's (a key lost, another schema "
+                     "version, a flag or points changed); nbgrader got the release's: "
+                     + ", ".join(sorted(set(repaired))))
     if renamed:
         notes.append(f"{renamed} cell id(s) nbformat does not accept (1-64 letters, digits, - or _) were renamed in "
                      "nbgrader's copy")

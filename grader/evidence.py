@@ -45,7 +45,7 @@ def _same_but_whitespace(cell: dict, ref: dict) -> bool:
             and norm_source(_cell_source(cell)) == norm_source(_cell_source(ref))
             and bool(meta.get("grade")) == bool(rmeta.get("grade"))
             and meta.get("points") == rmeta.get("points")
-            and bool(meta.get("locked")) == bool(rmeta.get("locked")))
+            and all(bool(meta.get(k)) == bool(rmeta.get(k)) for k in ("locked", "solution", "task")))
 
 
 def restore_protected(nb: dict, release: dict) -> tuple[dict, list[str]]:

@@ -343,8 +343,34 @@ _TOO_DEEP = (f"not a readable notebook (its JSON is nested too deep: over {MAX_N
              "its outputs; a generated or damaged file, not one Jupyter saved)")
 
 
+# The first bytes of the compressed files and archives a notebook is handed in as (a browser's download of a
+# `.ipynb.gz`, a zip renamed): what they are, never "invalid JSON" ("the file is not UTF-8 text" said a gzip file).
+_PACKED = ((b"\x1f\x8b", "a gzip file"), (b"PK\x03\x04", "a zip archive"), (b"BZh", "a bzip2 file"),
+           (b"\xfd7zXZ\x00", "an xz file"), (b"7z\xbc\xaf\x27\x1c", "a 7-Zip archive"),
+           (b"Rar!\x1a\x07", "a RAR archive"))
+
+
+def _packed(data: bytes) -> str | None:
+    """What compressed file or archive `data` is (see _PACKED; a tar archive by its ``ustar`` mark), or None."""
+    if data[257:262] == b"ustar":
+        return "a tar archive"
+    return next((what for magic, what in _PACKED if data.startswith(magic)), None)
+
+
 def _parse(data: bytes):
-    """The JSON of a notebook file's bytes, or InvalidSubmission saying where it breaks."""
+    """The JSON of a notebook file's bytes, or InvalidSubmission saying where it breaks (or what packed file it is:
+    asked only of bytes that are no JSON, so no notebook is ever taken for one)."""
+    try:
+        return _parse_json(data)
+    except InvalidSubmission:
+        packed = _packed(data)
+        if not packed:
+            raise
+    raise InvalidSubmission(f"not a readable notebook (the file is {packed}, not a notebook's JSON: unpack it and "
+                            "hand in the .ipynb inside)")
+
+
+def _parse_json(data: bytes):
     text = _decode(data)
     try:
         return json.loads(text)
