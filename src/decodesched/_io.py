@@ -123,7 +123,9 @@ def input_file(path, what: str = "file") -> Path:
 _NOT_TEXT = ((b"\x1f\x8b", "is gzip-compressed; decompress it first (gunzip -k)"),
              (b"PK\x03\x04", "is a zip archive; extract the file from it first"),
              (b"\xff\xfe", "is UTF-16 text; save it as UTF-8"),
-             (b"\xfe\xff", "is UTF-16 text; save it as UTF-8"))
+             (b"\xfe\xff", "is UTF-16 text; save it as UTF-8"),
+             (b"PAR1", "is a Parquet file, not text (a trace or a table is read as Parquet when its name ends in "
+                       ".parquet)"))
 
 
 def binary_input(path) -> str | None:

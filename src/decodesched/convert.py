@@ -63,8 +63,8 @@ import numpy as np
 
 from ._io import binary_input, input_file, meta_path, not_text
 from .errors import OutputError, UserError
-from .trace import (MAX_LENGTH, MAX_STEP, Trace, TraceError, _next_record, load_trace, parse_decimal,
-                    plain_value, positive_float, show)
+from .trace import (MAX_LENGTH, MAX_STEP, TRACE_COLUMNS, Trace, TraceError, _next_record, excel_separator, load_trace,
+                    next_header, parse_decimal, plain_value, positive_float, separator_hint, show)
 
 FORMATS = ("azure", "mooncake")
 DEFAULT_PRIORITY_CLASSES = (0, 1, 2)
@@ -130,15 +130,24 @@ def detect_format(path: str | os.PathLike) -> str:
         raise UserError(f"{path}: empty file (expected an Azure CSV with a TIMESTAMP header or Mooncake JSON lines)")
     if start.startswith((b"{", b"[")):  # (a JSON array is refused by read_mooncake, with its fix)
         return "mooncake"
-    header = next(csv.reader([start.splitlines()[0].decode("utf-8", "replace")]), [])  # (a lone CR ends it too)
-    if start.upper().startswith(b"TIMESTAMP") or "TIMESTAMP" in (c.strip() for c in header):
+    lines = [line.decode("utf-8", "replace") for line in start.splitlines() if line.strip()]  # (a lone CR ends one)
+    header = next(csv.reader(lines[:1]))
+    first = lines[1] if excel_separator(header, path, UserError) and len(lines) > 1 else lines[0]  # (Excel's `sep=,`)
+    header = [c.strip() for c in next(csv.reader([first]), [])]
+    if first.lstrip().upper().startswith("TIMESTAMP") or "TIMESTAMP" in header:
         return "azure"  # (Azure 2024 and files saved by other tools: other columns, another order)
+    if set(TRACE_COLUMNS) <= set(header):
+        raise UserError(f"{path}: already a canonical trace, nothing to convert: simulate, sweep and trace inspect "
+                        "read it as it is")
     raise UserError(f"{path}: cannot tell the trace format (expected an Azure CSV with a TIMESTAMP header "
                     f"or Mooncake JSON lines); give --format azure|mooncake")
 
 
 def _check_file(path: Path) -> None:
     input_file(path, "trace file")
+    if path.suffix.lower() in (".parquet", ".pq"):
+        raise UserError(f"{path}: a Parquet file; trace convert reads an Azure CSV or Mooncake JSON lines (a "
+                        "canonical trace in Parquet needs no converting: simulate and trace inspect read it)")
 
 
 def read_raw(path: str | os.PathLike, fmt: str | None = None) -> RawTrace:
@@ -169,14 +178,14 @@ def read_azure(path: str | os.PathLike) -> RawTrace:
     try:
         with open(path, encoding="utf-8-sig", newline="") as fh:  # (the CSV rules of docs/files.md: quotes, CRLF)
             reader = csv.reader(fh)
-            header = _next_record(reader, path)
+            header = next_header(reader, path)
             if header is None:
                 raise UserError(f"{path}: empty file (expected the header {','.join(want)})")
             cols = [c.strip() for c in header]
             missing = [c for c in want if c not in cols]
             if missing:
-                raise UserError(f"{path}: not an Azure LLM trace: missing column(s) {', '.join(missing)} "
-                                f"(header {show(','.join(cols), 80)})")
+                raise UserError(f"{path}: not an Azure LLM trace: missing column(s) {', '.join(missing)}"
+                                + (separator_hint(cols, "an Azure CSV") or f" (header {show(','.join(cols), 80)})"))
             dup = [c for c in want if cols.count(c) > 1]  # (which one holds the data?)
             if dup:
                 raise UserError(f"{path}: duplicate column(s) {', '.join(dup)}")

@@ -170,12 +170,12 @@ def to_parquet(obj, path: str | os.PathLike, table: str | None = None) -> None:
     `decodesched.load_trace`, time scale included.  A result's or a batch's table never replaces a file
     one of its traces was read from, nor such a file's sidecar (`UserError`, before any work).
     """
-    if not is_parquet(path_argument(path)):  # (a name that the readers would take for CSV)
-        raise UserError(f"{path}: a Parquet file is named .parquet or .pq; got {extension_said(path)}")
-    _, pq = _pyarrow()
     batch = getattr(obj, "traces", None)  # (a BatchResult's list; a frame's attribute may be a column)
     traces = [getattr(obj, "trace", None), *(batch if isinstance(batch, list) else ())]
-    check_outputs([path], inputs=[getattr(t, "source", None) for t in traces])
+    check_outputs([path_argument(path)], inputs=[getattr(t, "source", None) for t in traces])  # (first: '' is named)
+    if not is_parquet(path):  # (a name that the readers would take for CSV)
+        raise UserError(f"{path}: a Parquet file is named .parquet or .pq; got {extension_said(path)}")
+    _, pq = _pyarrow()
     arrow = to_arrow(obj, table)
     with atomic_writer(path, "wb") as fh:
         pq.write_table(arrow, fh)

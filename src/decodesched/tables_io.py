@@ -25,7 +25,8 @@ from ._io import atomic_writer, extension_said, input_file, not_text, read_parqu
 from .errors import UserError
 from .kernels import enums as E
 from .metrics import STATUS_WORDS
-from .trace import _FALSE, _TRUE, INT64_MAX, INT64_MIN, parse_decimal, show
+from .trace import (_FALSE, _TRUE, INT64_MAX, INT64_MIN, _few, next_header, parse_decimal, plain_value,
+                    separator_hint, show)
 
 CHUNK_ROWS = 1 << 15  # CSV rows per chunk: its byte matrix (about 3 MB) stays in the CPU caches
 PARQUET_CHUNK_ROWS = 1 << 17  # rows per Parquet row group: 1 MB columns, reused by malloc (1 << 20: 0.3 s of page faults)
@@ -370,10 +371,11 @@ def read_table(path) -> dict[str, np.ndarray]:
     try:
         with open(path, newline="", encoding="utf-8-sig") as fh:  # (with or without a byte-order mark)
             reader = csv.reader(fh)
-            header = next((rec for rec in reader if not _blank(rec)), None)  # (blank lines skipped, as in a trace)
+            header = next_header(reader, path, UserError)  # (blank lines and Excel's `sep=,` skipped, as in a trace)
             if header is None:
                 raise UserError(f"{path}: empty file")
-            schema = _schema_of([h.strip() for h in header], path)
+            header = [h.strip() for h in header]
+            schema = _schema_of(header, path)
             raw = [[] for _ in header]
             lines = []
             for rec in reader:
@@ -389,7 +391,8 @@ def read_table(path) -> dict[str, np.ndarray]:
     except csv.Error as exc:
         raise UserError(f"{path}: not a CSV file ({exc})") from None
     out = {}
-    for (name, kind), values in zip(schema, raw):
+    for name, kind in schema:  # (by name: the header may list the columns in another order)
+        values = raw[header.index(name)]
         try:
             out[name] = _parse_column(values, kind)
         except ValueError:
@@ -418,12 +421,15 @@ def _blank(rec: list[str]) -> bool:
 
 
 _KIND_WORDS = {"int": "whole number", "bool": "true/false", "float": "number"}
-_PARQUET_TYPES = {  # what a Parquet column of each kind may be (uint64 could overflow int64)
-    "int": ("integers", lambda t: str(t) in ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32")),
+_PARQUET_TYPES = {  # what a Parquet column of each kind may be: a type that holds its values unambiguously
+    "int": ("integers", lambda t: str(t) in _INT_TYPES or str(t) in _FLOAT_TYPES),  # (uint64, floats: by value)
     "bool": ("booleans", lambda t: str(t) == "bool"),
-    "float": ("floating-point numbers", lambda t: str(t) in ("halffloat", "float", "double")),
+    "float": ("numbers", lambda t: str(t) in _FLOAT_TYPES or str(t) in _INT_TYPES),
     "str": ("strings", lambda t: str(t) in ("string", "large_string")),
 }
+_INT_TYPES = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")
+_FLOAT_TYPES = ("halffloat", "float", "double")
+MAX_EXACT = 2**53  # a float column's whole numbers are integers exactly up to here
 
 
 def _cell_ok(x: str, kind: str) -> bool:
@@ -452,10 +458,21 @@ def _cell_ok(x: str, kind: str) -> bool:
 
 
 def _schema_of(header: list[str], path) -> tuple:
+    """The schema whose columns `header` names, each once, in any order (the readers take the columns by name);
+    else a UserError naming the columns missing and the ones unexpected, for the schema `header` is closer to."""
     for schema in (EVENT_SCHEMA, REQUEST_SCHEMA):
-        if header == [n for n, _ in schema]:
+        if sorted(header) == sorted(n for n, _ in schema):
             return schema
-    raise UserError(f"{path}: not an events or requests table (header {','.join(header)[:120]})")
+    hint = separator_hint(header, "a table CSV")
+    if not hint:
+        schema = max((EVENT_SCHEMA, REQUEST_SCHEMA), key=lambda sch: sum(h in dict(sch) for h in set(header)))
+        names = [n for n, _ in schema]
+        odd = (("missing", [n for n in names if n not in header]),
+               ("unexpected", [h for h in header if h not in names]),
+               ("twice", sorted({h for h in header if header.count(h) > 1})))
+        parts = [f"{what} {', '.join(_few(cols))}" for what, cols in odd if cols]
+        hint = f" (as {'an events' if schema is EVENT_SCHEMA else 'a requests'} table: {'; '.join(parts)})"
+    raise UserError(f"{path}: not an events or requests table{hint}")
 
 
 def _parse_column(values: list[str], kind: str):
@@ -501,8 +518,10 @@ def _read_parquet(path: Path) -> dict[str, np.ndarray]:
     out = {}
     for name, kind in schema:
         col = table.column(name)
+        if str(col.type).startswith("dictionary<"):  # (text encoded once per value: pandas' categories)
+            col = col.cast(col.type.value_type)
         base = kind.rstrip("?")
-        required = not kind.endswith("?") and kind != "str"
+        required = not kind.endswith("?")  # (a null is no word either: "None" was named as one)
         word, fits = _PARQUET_TYPES[base]
         if not fits(col.type) or (required and col.null_count):
             raise UserError(f"{path}: column {name}: expected {word}{', none missing' if required else ''}; "
@@ -510,15 +529,37 @@ def _read_parquet(path: Path) -> dict[str, np.ndarray]:
         missing = np.asarray(col.is_null().to_numpy(zero_copy_only=False), dtype=bool)
         if kind == "str":
             out[name] = np.array(col.to_pylist(), dtype=str)
-        elif kind == "float?":
-            out[name] = np.asarray(col.to_numpy(zero_copy_only=False), dtype=np.float64)
+        elif base == "float":
+            out[name] = np.asarray(col.to_numpy(zero_copy_only=False), dtype=np.float64)  # (nulls: NaN)
+        elif base == "int":
+            values, missing = _parquet_ints(col, missing, kind.endswith("?"), f"{path}: column {name}")
+            out[name] = np.ma.MaskedArray(values, mask=missing) if kind.endswith("?") else values
         else:
-            dtype = np.int64 if kind.startswith("int") else bool
-            filled = col.fill_null(0 if dtype is np.int64 else False)
-            values = np.asarray(filled.to_numpy(zero_copy_only=False), dtype=dtype)
+            values = np.asarray(col.fill_null(False).to_numpy(zero_copy_only=False), dtype=bool)
             out[name] = np.ma.MaskedArray(values, mask=missing) if kind.endswith("?") else values
     _check_words(out, path, lambda i: f"row {i + 1}")
     return out
+
+
+def _parquet_ints(col, missing: np.ndarray, nullable: bool, where: str) -> tuple[np.ndarray, np.ndarray]:
+    """An integer column's values as int64 (0 where missing) and where they are missing: from any integer type,
+    uint64 only where it fits, and from a float column (as pandas writes an integer column that has a gap) only
+    where each value is a whole number within +-2**53, which a float holds exactly, or NaN in a nullable column (a
+    missing value); a UserError naming the first row that is not."""
+    if str(col.type) in _FLOAT_TYPES:
+        x = np.asarray(col.to_numpy(zero_copy_only=False), dtype=np.float64)
+        missing = missing | (np.isnan(x) if nullable else False)
+        with np.errstate(invalid="ignore"):
+            bad = ~missing & ~((np.abs(x) <= MAX_EXACT) & (x == np.round(x)))
+        what = f"a whole number within +-2**53 (a {col.type} column)"
+    else:
+        x = col.fill_null(0).to_numpy(zero_copy_only=False)
+        bad = x > INT64_MAX if x.dtype == np.uint64 else np.zeros(len(x), bool)
+        what = "an integer that fits in int64"
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise UserError(f"{where}, row {i + 1}: expected {what}, got {plain_value(x[i])}")
+    return np.where(missing, 0, x).astype(np.int64), missing
 
 
 def tables_equal(a: dict, b: dict) -> bool:

@@ -557,6 +557,8 @@ def _arrow_column(name: str, col):
     named)."""
     import pyarrow.types as pat
 
+    if pat.is_temporal(col.type):  # (dates, times, durations: refused whole by `_column`, not cell by cell)
+        return col.to_numpy(zero_copy_only=False)
     typed = pat.is_boolean(col.type) if name in BOOL_COLUMNS else pat.is_integer(col.type)
     if typed:
         if col.null_count == 0:
@@ -609,8 +611,8 @@ def _plain_csv(text: str, path: Path) -> dict[str, np.ndarray] | None:
     lines = text.split("\n")
     if lines[-1] == "":
         lines.pop()
-    if not lines or not lines[0].replace(",", "").strip():
-        return None  # (no header, or blank lines before it)
+    if not lines or not lines[0].replace(",", "").strip() or _SEP_LINE.fullmatch(lines[0]):
+        return None  # (no header, blank lines or Excel's `sep=,` before it)
     header = [h.strip() for h in lines[0].split(",")]
     _check_header(header, str(path))
     width = len(header)
@@ -653,7 +655,7 @@ def _csv_reader(text: str):
 def _csv_loop(text: str, path: Path):
     """`_csv_records` record by record (a file `_csv_whole` does not take), naming the first bad line."""
     reader = _csv_reader(text)
-    header = _next_record(reader, path)
+    header = next_header(reader, path)
     if header is None:
         raise TraceError(f"{path}: empty file (expected the header {','.join(TRACE_COLUMNS)})")
     header = [h.strip() for h in header]
@@ -686,6 +688,8 @@ def _csv_whole(text: str, path: Path):
         return None  # (a quoted field over several lines: lines must be counted record by record)
     kept = np.fromiter(map(bool, map(str.strip, map("".join, records))), bool, len(records))
     where = np.flatnonzero(kept)  # (blank records are skipped, as `_next_record` does)
+    if len(where) and excel_separator(records[where[0]], path):
+        where = where[1:]
     if not len(where):
         return None
     header = [h.strip() for h in records[where[0]]]
@@ -761,6 +765,30 @@ def _text_ints(cells: list[str]) -> np.ndarray | None:
         return None
 
 
+def next_header(reader, path, error=None) -> list[str] | None:
+    """The header record of a CSV file: its first record that is not blank, after the line ``sep=,`` that Excel
+    writes first (and reads) to name the separator; None for a file of blank lines."""
+    header = _next_record(reader, path)
+    if header is not None and excel_separator(header, path, error):
+        header = _next_record(reader, path)
+    return header
+
+
+_SEP_LINE = re.compile(r"\s*sep=(.?)\s*", re.IGNORECASE | re.DOTALL)
+
+
+def excel_separator(record: list[str], path, error=None) -> bool:
+    """Whether a CSV record is Excel's separator line ``sep=,`` (to skip: the file is separated by commas); a
+    line naming another separator (``sep=;``, as a spreadsheet in a locale with decimal commas saves) is an
+    `error` (TraceError by default) saying so, not a header missing every column."""
+    said = _SEP_LINE.fullmatch(",".join(record))
+    if said is None or said.group(1) == ",":
+        return said is not None
+    raise (error or TraceError)(f"{path}: its first line, {show('sep=' + said.group(1))}, says the fields are "
+                                f"separated by {show(said.group(1))}; a CSV here is separated by commas (save it "
+                                "as 'CSV (comma delimited)')")
+
+
 def _next_record(reader, path: Path) -> list[str] | None:
     """The next CSV record that is not blank (blank lines are skipped, before the header too); None at the end."""
     while True:
@@ -783,7 +811,7 @@ def _csv_problem(exc: csv.Error) -> str:
 def _raw_kind(header: list[str]) -> str:
     """What a header that is a raw trace's (`decodesched.convert`'s formats) is, else ''."""
     first = header[0].lstrip() if header else ""
-    if first.upper() == "TIMESTAMP":
+    if "TIMESTAMP" in (h.strip().upper() for h in header):  # (anywhere: Azure 2024 and other tools' column orders)
         return "an Azure LLM trace"
     if first.startswith("{"):
         return "Mooncake JSON lines"
@@ -809,16 +837,24 @@ def _check_header(header: list[str], where: str) -> None:
 def _header_hint(header: list[str], extra: list[str]) -> str:
     """What a header that lacks columns holds instead, for `_check_header`'s line: another separator (one column
     holding ';' or a tab), the names in upper case, or else the unexpected names found."""
-    if len(header) == 1:
-        sep = next((name for ch, name in ((";", "';'"), ("\t", "tabs"), ("|", "'|'")) if ch in header[0]), None)
-        if sep:
-            return f" (its header is one column separated by {sep}; a trace CSV is separated by commas)"
+    if hint := separator_hint(header):
+        return hint
     odd = [c for c in header if c not in TRACE_COLUMNS]
     if any(c.strip(" \t\ufeff") in TRACE_COLUMNS for c in odd):
         return f"; found {', '.join(extra)} (a byte-order mark, or a tab, in a name)"
     if any(c.strip(" \t\ufeff").lower() in TRACE_COLUMNS for c in odd):
         return f"; found {', '.join(extra)} (the names are lower case)"
     return f"; found {', '.join(extra)}" if extra else ""
+
+
+def separator_hint(header: list[str], what: str = "a trace CSV") -> str:
+    """For a CSV header that is one column holding ';', a tab or '|' (another separator than commas), a hint that
+    says so, to end a line that reports columns missing (`what` is the kind of file); else ''."""
+    if len(header) == 1:
+        sep = next((name for ch, name in ((";", "';'"), ("\t", "tabs"), ("|", "'|'")) if ch in header[0]), None)
+        if sep:
+            return f" (its header is one column separated by {sep}; {what} is separated by commas)"
+    return ""
 
 
 def _few(names: list[str], most: int = 5) -> list[str]:

@@ -174,16 +174,21 @@ def run_convert(args) -> int:
         "work_steps": trace.work_steps,
     }
     side = cv.write_trace(trace, out, meta)
-    span = int(trace.arrival_step.max() - trace.arrival_step.min())
-    load = trace.work_steps / span if span > 0 else float("inf")
-    print(f"wrote {out} ({len(trace)} requests, {trace.steps_per_second:.6g} steps/s, "
-          f"offered load {load:.3f}) and {side}")
+    n = len(trace)
+    print(f"wrote {out} ({n:,} request{'s' if n != 1 else ''}, {trace.steps_per_second:.6g} steps/s, "
+          f"offered load {offered_load(trace)}) and {side}")
     return 0
 
 
 def _dist(a: np.ndarray) -> str:
     return (f"min {int(a.min())}  median {float(np.median(a)):g}  p99 {float(np.percentile(a, 99)):g}  "
             f"max {int(a.max())}")
+
+
+def offered_load(trace) -> str:
+    """The trace's offered load, work steps over its span of arrivals, as `trace convert` and `inspect` print it."""
+    span = int(trace.arrival_step.max() - trace.arrival_step.min())
+    return f"{trace.work_steps / span:.3f}" if span > 0 else "unbounded (every request arrives at once)"
 
 
 def inspect_lines(trace, meta: dict | None = None) -> list[str]:
@@ -208,9 +213,8 @@ def inspect_lines(trace, meta: dict | None = None) -> list[str]:
     more = f", ... ({classes.size} classes)" if classes.size > 10 else ""
     lines.append(f"priority         {shown}{more}")
     work = trace.work_steps
-    load = f"{work / span:.3f}" if span > 0 else "unbounded (every request arrives at once)"
     lines.append(f"work steps       {work}")
-    lines.append(f"offered load     {load} (work steps / span)")
+    lines.append(f"offered load     {offered_load(trace)} (work steps / span)")
     if meta:
         src = meta.get("source")
         if src:
