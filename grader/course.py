@@ -123,7 +123,8 @@ def init_course(target) -> list[Path]:
     # Every file or none, and no folder left behind by a failure (a full disk, Ctrl-C): a rerun finds DIR as it was.
     with folders_made({(root / rel).parent for rel in files}), output_group():
         resolved = root.resolve()
-        files["README.md"] = README.format(assignment=spec.ASSIGNMENT, notebook=spec.NOTEBOOK, root=resolved).encode()
+        readme = README.format(assignment=spec.ASSIGNMENT, notebook=spec.NOTEBOOK, root=resolved)
+        files["README.md"] = readme.encode("utf-8", "surrogateescape")  # (a folder name's bytes that are not UTF-8)
         for rel, data in files.items():
             with atomic_writer(root / rel, mode="wb") as fh:  # (an error names the folder as given)
                 fh.write(data)

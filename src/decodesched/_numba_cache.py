@@ -72,9 +72,11 @@ def user_cache_dir() -> Path:
 
 
 def cache_subpath(py_file: str) -> str:
-    """Numba's per-folder subpath inside a cache root: the folder's name and a hash of its path."""
+    """Numba's per-folder subpath inside a cache root: the folder's name and a hash of its path (of the path's bytes:
+    Numba's ``str.encode()`` hash but for a folder whose name is not UTF-8, where it raised and so did every
+    command)."""
     folder = os.path.dirname(os.path.abspath(py_file))
-    return "_".join([os.path.split(folder)[-1], hashlib.sha1(folder.encode()).hexdigest()])
+    return "_".join([os.path.split(folder)[-1], hashlib.sha1(os.fsencode(folder)).hexdigest()])
 
 
 def _writable(path: Path) -> bool:

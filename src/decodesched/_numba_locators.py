@@ -69,10 +69,10 @@ class PackageCacheLocator(_caching._CacheLocator):
         src = Path(py_file).resolve()
         from numba.core import config
 
-        if config.CACHE_DIR:
-            loc = _caching.UserProvidedCacheLocator.from_function(py_func, py_file)
-            if loc is not None:
-                return loc
+        if config.CACHE_DIR:  # (Numba's own rule, with `cache_subpath`: Numba's raised for a folder not in UTF-8)
+            given = Path(config.CACHE_DIR) / cache_subpath(py_file)
+            if _writable(given):
+                return _Located(py_func, py_file, given)
         in_tree = src.parent / "__pycache__"
         if not _installed(src) and _writable(in_tree):
             return _Located(py_func, py_file, in_tree)
@@ -116,6 +116,8 @@ class _TolerantCacheFile(_caching.IndexDataCacheFile):
     def _load_index(self):
         try:
             return super()._load_index()
+        except NotADirectoryError:  # a folder that cannot exist (HOME=/dev/null): no cache, as a missing index
+            return {}
         except Exception as exc:
             _unreadable(f"file {self._index_path}", exc)
             return {}
