@@ -163,7 +163,9 @@ def test_custom_effective_priority_drives_preemption():
 
 @numba.njit
 def wrapping_key(r, clock):
-    return (r.prompt_len * 2**62,)  # int64 wraps for prompt_len 2 (to -2**63); Python ints do not
+    # int64 wraps for prompt_len 2 (to -2**63, so -2) and comes back inside int64; Python ints do not (2).  (A
+    # value returned past int64 the model refuses: tests/test_exact_stop61.py.)
+    return (r.prompt_len * 2**62 // (2**62 + r.cache_hit),)  # (a divisor known when run: not folded away)
 
 
 def test_the_model_calls_the_python_versions():
@@ -171,10 +173,10 @@ def test_the_model_calls_the_python_versions():
     sim = DecodeSchedulerSim(policy=policy, free_kv_blocks=4)
     sim.enqueue(request_id=7, prompt_len=2, max_new_tokens=1)
     sim.enqueue(request_id=8, prompt_len=1, max_new_tokens=1)
-    assert sim.step()["request_id"] == 8  # Python: 2**62 < 2**63
+    assert sim.step()["request_id"] == 8  # Python: 1 < 2
     rows = [dict(request_id=rid, arrival_step=0, prompt_len=p, max_new_tokens=1, priority=0, cache_hit=False,
                  required_blocks=1, deadline_step=None, preemptible=True) for rid, p in ((7, 2), (8, 1))]
-    assert simulate(rows, policy, 4).timeline()[0]["request_id"] == 7  # compiled: -2**63 < 2**62
+    assert simulate(rows, policy, 4).timeline()[0]["request_id"] == 7  # compiled: -2 < 1
 
 
 def test_batch_accepts_policies_and_equals_simulate():

@@ -161,10 +161,11 @@ class DecodeSchedulerSim:
         return effective_priority
 
     def _policy_value(self, what: str, req: RequestState, value):
-        """`value`, what a `Policy` function returned in Python for `req`: a tuple of integers (`key`) or an integer;
-        anything else is a `UserError`.  The compiled function returns integers there (`Policy` checks its type), so
-        a float or bool that only the Python version gives (``2 ** -1``: 0.5, where compiled code gives 0) would
-        make the model and the replay disagree without a word."""
+        """`value`, what a `Policy` function returned in Python for `req`: a tuple of integers (`key`) or an integer,
+        a Python int within int64; anything else is a `UserError`.  The compiled function returns int64 there (`Policy`
+        checks its type), so a float or bool that only the Python version gives (``2 ** -1``: 0.5, where compiled
+        code gives 0), or a Python int past int64 (``r.priority * 1024`` at priority 2**53: 2**63, where compiled
+        code wraps around to -2**63), would make the model and the replay disagree without a word."""
         items = value if what == "key" and isinstance(value, tuple) else (value,) if what != "key" else None
         if items is None or not all(isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in items):
             from .errors import UserError
@@ -174,6 +175,12 @@ class DecodeSchedulerSim:
                             f"for request {req.request_id} at clock {self.clock}, not {want}; the compiled function "
                             "returns integers, so the replay would differ (an integer power with a negative "
                             "exponent is a float in Python: keep to +, -, *, // and %)")
+        if any(isinstance(v, int) and not -2**63 <= v < 2**63 for v in items):  # (a NumPy int wraps in both)
+            from .errors import UserError
+
+            raise UserError(f"policy {self.policy.name!r}: {what}(r, clock) returned {value!r} in Python (the model) "
+                            f"for request {req.request_id} at clock {self.clock}, past int64, where the compiled "
+                            "function wraps around, so the replay would differ; keep every value inside int64")
         return value
 
     def _remaining_steps(self, req: RequestState) -> int:
