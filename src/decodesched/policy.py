@@ -425,10 +425,9 @@ def _check_function(name, what, fn):
 
     if not isinstance(fn, CPUDispatcher):
         hint = ""
-        if callable(fn) and getattr(fn, "__name__", "") == "<lambda>":
-            hint = f" (a plain lambda: give numba.njit(lambda r, clock: ...) as {what})"
-        elif inspect.isfunction(fn):
-            hint = f" ({fn.__name__} is a plain Python function: put @numba.njit above its def)"
+        if inspect.isfunction(fn):  # (not a ufunc or cfunc Numba made of a lambda: they share its name)
+            hint = (f" (a plain lambda: give numba.njit(lambda r, clock: ...) as {what})" if fn.__name__ == "<lambda>"
+                    else f" ({fn.__name__} is a plain Python function: put @numba.njit above its def)")
         raise UserError(f"policy {name!r}: {what} must be a @numba.njit function of (r, clock), "
                         f"got {type(fn).__name__}{hint}")
     # An object-mode function (numba.jit(forceobj=True)) is a CPUDispatcher too, and even answers the
@@ -623,14 +622,25 @@ def _check_like_python(name: str, what: str, fn, value) -> None:
         expected = fn.py_func(r._replace(**{k: int(v) for k, v in r._asdict().items()}), 0)
     except Exception:  # noqa: BLE001 - the user's code; the model reports it where it matters
         return
-    hint = "keep every value inside int64, where compiled integers wrap around"
     try:
         same = _plain(value) == _plain(expected)
+        hint = _mismatch_hint(_plain(value), _plain(expected))
     except (TypeError, ValueError):  # not integers in Python (the model would refuse it: `model._policy_value`)
         same, hint = False, "return integers in Python too (2 ** -1 is 0.5 there, 0 compiled)"
     if not same:
         raise UserError(f"policy {name!r}: {what}(r, clock) gives {_plain(value)} compiled but {expected!r} in "
                         f"Python (the model) on a sample request: {hint}")
+
+
+def _mismatch_hint(compiled, expected) -> str:
+    """Why a function's compiled and Python results (plain ints or tuples of them) differ: int64 wrap-around where
+    they agree modulo 2**64, else a result that is not one value of (r, clock) (random numbers, a counter)."""
+    pairs = (list(zip(compiled, expected)) if isinstance(compiled, tuple) and isinstance(expected, tuple)
+             and len(compiled) == len(expected) else [(compiled, expected)])
+    if all(isinstance(a, int) and isinstance(b, int) and (a - b) % 2**64 == 0 for a, b in pairs):
+        return "keep every value inside int64, where compiled integers wrap around"
+    return ("it must return one value for one (r, clock), every time it is called: no random numbers, "
+            "no state kept between calls, no array it reads changed since it compiled")
 
 
 def _plain(value):
@@ -648,6 +658,8 @@ def _compile_hint(what: str, exc: BaseException) -> str:
             return ("; every return of key must give a tuple of the same length and element types "
                     "(pad the shorter ones, e.g. with 0)")
         return "; every return of effective_priority must give an integer of one type"
+    if "Unknown attribute" in text and "RequestView" in text:  # (a misspelt or guessed field of r)
+        return f"; r's fields are {', '.join(_request_view()._fields)}"
     if "reflected list" in text:
         return "; Numba cannot read a global list: make it a tuple or a NumPy array"
     if "Cannot modify readonly array" in text:
@@ -696,8 +708,10 @@ def _runs_parallel_region(fn) -> bool:
 def _stale_global(fn, depth: int = 0, seen: set | None = None) -> tuple[str, str] | None:
     """(function, global) where compiled code of dispatcher `fn`, or of a helper it calls, holds a value of a
     module global other than the one the global names now (a notebook cell re-run after the function first
-    compiled: Numba froze the old value, while ``py_func``, the model's, reads the new), else None.  Values
+    compiled, or an array changed in place: Numba froze the old value, while ``py_func``, the model's, reads the
+    new), else None.  Values
     are compared as `Policy.fingerprint` describes them; code loaded from Numba's disk cache is not inspected."""
+    import numpy as np
     from numba.core import ir
     from numba.core.dispatcher import Dispatcher
 
@@ -708,14 +722,33 @@ def _stale_global(fn, depth: int = 0, seen: set | None = None) -> tuple[str, str
         return None
     seen.add(id(fn))
     globals_ = getattr(py, "__globals__", {})
-    for compiled in list(fn.overloads.values()):
+    # Numba froze each array it reads (a global or a closure's) when it compiled, and its contents can change in place
+    # since: they are kept here as first seen (`Policy(...)` checks just after it compiled the functions).
+    frozen = fn.__dict__.setdefault("_decodesched_frozen", {})
+    for signature, compiled in list(fn.overloads.items()):
+        if signature not in frozen or frozen[signature][0] is not compiled:  # (compiled anew: values of now)
+            frozen[signature] = (compiled, {})
+        held = frozen[signature][1]
         for block in (getattr(getattr(compiled, "type_annotation", None), "blocks", None) or {}).values():
             for stmt in block.body:
                 value = getattr(stmt, "value", None)
-                if not isinstance(value, ir.Global) or value.name not in globals_:
-                    continue  # (a builtin such as len, or a closure's value)
-                now = globals_[value.name]
-                if now is not value.value and _describe_value(now, 1, {}) != _describe_value(value.value, 1, {}):
+                if isinstance(value, ir.FreeVar) and value.index < len(py.__closure__ or ()):
+                    try:  # (a closure's value: it cannot be bound again, but an array can change in place)
+                        now = py.__closure__[value.index].cell_contents
+                    except ValueError:  # an empty cell
+                        continue
+                elif isinstance(value, ir.Global) and value.name in globals_:
+                    now = globals_[value.name]
+                else:
+                    continue  # (a builtin such as len)
+                if isinstance(value.value, np.ndarray):  # (its contents as first seen: they may change in place)
+                    if value.name not in held:
+                        held[value.name] = _describe_value(value.value, 1, {})
+                    stale = _describe_value(now, 1, {}) != held[value.name]
+                else:  # (a helper is described with the globals it reads now: a stale one is found in it, below)
+                    stale = now is not value.value and (_describe_value(now, 1, {})
+                                                         != _describe_value(value.value, 1, {}))
+                if stale:
                     return py.__name__, value.name
                 if isinstance(value.value, Dispatcher):
                     found = _stale_global(value.value, depth + 1, seen)

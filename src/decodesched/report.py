@@ -914,6 +914,8 @@ def _per_class_plot(results: dict, order: list[str], colors: dict, out: Path, sc
         ax.set_xlabel("priority class (larger runs first)")
         ax.set_ylabel(label)
         ax.grid(True, axis="y", alpha=0.3)
+        # (waits and counts: all 0 or n/a is not an axis about 0, with negative values or fractional victims)
+        ax.set_ylim(0, max(ax.get_ylim()[1], 1) if key == "preemptions" else None)
         if key == "preemptions":
             ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     axes[0][2].set_ylim(0, 105)
@@ -939,11 +941,11 @@ def _cdf_plot(results: dict, order: list[str], colors: dict, out: Path, scale: f
         for i, ax in enumerate((axes[0][j], axes[1][j])):
             for p in order:
                 v, n = values[p]
-                if v.size == 0:
-                    continue
                 missing = n - v.size
                 label = f"{p} ({missing} unfinished)" if missing else p
-                ax.step(*cdf_steps(v, n), where="post", color=colors[p], ls=policy_style(p), lw=1.4, label=label)
+                # (a policy under which no request finished has no curve, but keeps its legend entry)
+                ax.step(*(cdf_steps(v, n) if v.size else ([], [])), where="post", color=colors[p],
+                        ls=policy_style(p), lw=1.4, label=label)
             if i == 0:
                 logs = _log_if_wide(ax, pooled, axis="x")
                 ax.set_ylim(0, 1.02)
@@ -959,6 +961,10 @@ def _cdf_plot(results: dict, order: list[str], colors: dict, out: Path, scale: f
                     ax.set_xlim(min(tail) * (0.8 if logs else 0.98), top * (1.25 if logs else 1.02))
                 ax.axhline(0.99, color="0.5", lw=0.8, ls=":")
                 ax.set_xlabel(f"{LATENCY_LABELS[metric]} ({u})")
+            if not pooled.size:  # (not an empty panel with ticks about 0, which looks like data)
+                ax.text(0.5, 0.5, f"no {LATENCY_LABELS[metric]} to draw: no request got that far",
+                        transform=ax.transAxes, ha="center", va="center", fontsize=8, color="0.35")
+                ax.set_xticks([])
             ax.set_ylabel("fraction of requests ≤ x" if i == 0 else "tail: slowest 5%")
             ax.grid(True, which="major", alpha=0.3)
     axes[0][0].legend(fontsize=8, loc="lower right")
@@ -1009,6 +1015,13 @@ def _occupancy_plot(r, out: Path, kv_blocks: int, scale: float, u: str) -> Plot:
     ax.grid(True, alpha=0.3)
     if step.size:  # (the steps that ran, not 0 onwards: a trace may start late, at 10**15)
         ax.set_xlim(step[0] * scale, (step[-1] + 1) * scale)
+    else:  # (not axes about 0, a negative time and queue length, which look like data)
+        for a in (axes[0][0], ax):
+            a.text(0.5, 0.5, f"no step ran: no request fits in {kv_blocks} KV blocks", transform=a.transAxes,
+                   ha="center", va="center", fontsize=8, color="0.35")
+        axes[0][0].set_ylim(0, kv_blocks * 1.1 + 1)  # (none in use, the capacity above)
+        ax.set_xticks([])
+        ax.set_yticks([])
     _suptitle(fig, f"KV occupancy and queue length over time ({r.policy}, {r.trace.name})", fontsize=10)
     return _save(fig, out, Plot("kv_queue_timeline",
                                 f"KV blocks held after each step, and requests arrived but unfinished and not "
