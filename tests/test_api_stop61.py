@@ -178,3 +178,19 @@ def test_an_array_changed_in_place_after_compiling_is_caught_not_replayed_stale(
     finally:
         weights[:] = kept
     assert simulate(TRACE, policy, free_kv_blocks=4).timeline() == before  # (as it was: it runs again)
+
+
+def test_a_policy_file_whose_name_is_not_utf8_is_imported(tmp_path):
+    # Before: `--policy "$(printf 'p\xff.py'):MINE"` said "importing p\udcff.py failed: UnicodeEncodeError" (the
+    # module name hashed the path with str.encode).
+    import os
+
+    from decodesched.policy import resolve_policy
+
+    path = tmp_path / os.fsdecode(b"p\xff.py")
+    path.write_text("import numba\nfrom decodesched import Policy\n\n@numba.njit\ndef key(r, clock):\n"
+                    "    return (r.prompt_len,)\n\n@numba.njit\ndef priority(r, clock):\n    return r.priority\n\n"
+                    "MINE = Policy('mine61', key=key, effective_priority=priority)\n")
+    policy = resolve_policy(f"{path}:MINE")
+    assert policy.name == "mine61"
+    assert resolve_policy(f"{path}:MINE") is policy  # (the module is loaded once, under one name)

@@ -1091,8 +1091,9 @@ def _import_module(where: str, spec: str):
 
 
 def _file_module(path: Path) -> str:
-    """The module name a policy file (resolved `path`) is loaded as: `_FILE_MODULE_PREFIX` and a hash of its path."""
-    return f"{_FILE_MODULE_PREFIX}{hashlib.sha1(str(path).encode()).hexdigest()[:12]}"
+    """The module name a policy file (resolved `path`) is loaded as: `_FILE_MODULE_PREFIX` and a hash of its path's
+    bytes (a name that is not UTF-8, ``p\\xff.py``, made ``str.encode`` raise: "importing failed")."""
+    return f"{_FILE_MODULE_PREFIX}{hashlib.sha1(os.fsencode(path)).hexdigest()[:12]}"
 
 
 def _import(where: str, spec: str):
