@@ -604,16 +604,55 @@ def _run_sandboxed(argv, cwd, limits: Limits, hide, child_fds=(), monitor=None):
 
 
 def package_paths() -> list[str]:
-    """Where our own code lives (editable checkout or site-packages): the reference model must stay unreadable,
-    to the verdict harness and to the kernel run alike (`pipeline.default_hide`)."""
-    import decodesched
+    """Where our own code lives: the reference model, the engine, the source notebook and the solutions of the tests
+    must stay unreadable, to the verdict harness and to the kernel run alike (`pipeline.default_hide`).
 
-    return sorted({str(Path(decodesched.__file__).resolve().parent), str(Path(__file__).resolve().parent)})
+    That is the folder holding every package of ours (``decodesched/`` in site-packages; the whole checkout of an
+    editable install, whose ``kernels/``, ``assignments/`` and ``tests/`` sit beside ``src/``) and the folder pip
+    installed from (``direct_url.json``): a checkout under a system folder (``/usr/src/app``, a container's usual
+    WORKDIR) is not covered by the sandbox (`sandbox.covered_dirs`). A folder that holds the interpreter or the
+    venv (a checkout's ``.venv``) is hidden entry by entry around it."""
+    import decodesched
+    from .sandbox import interpreter_paths
+    from .spec import COURSE_ROOT
+
+    ours = {Path(decodesched.__file__).resolve().parent, Path(__file__).resolve().parent, COURSE_ROOT.resolve(),
+            *(Path(p).resolve() for p in importlib.util.find_spec("decodesched.kernels").submodule_search_locations)}
+    common = Path(os.path.commonpath(ours))
+    roots = {common} if common != Path("/") else ours
+    kept = [Path(p) for p in interpreter_paths()]
+    return sorted({str(p) for root in roots | set(_installed_from()) for p in _around(root, kept)})
+
+
+def _installed_from() -> list[Path]:
+    """The local folder pip installed this package from, as its ``direct_url.json`` names it (PEP 610)."""
+    import importlib.metadata
+
+    try:
+        url = json.loads(importlib.metadata.distribution("decodesched").read_text("direct_url.json") or "{}")["url"]
+    except (importlib.metadata.PackageNotFoundError, ValueError, KeyError, TypeError):
+        return []
+    if not isinstance(url, str) or not url.startswith("file://"):
+        return []
+    from urllib.parse import unquote, urlsplit
+
+    folder = Path(unquote(urlsplit(url).path)).resolve()
+    return [folder] if folder.is_dir() and folder != Path("/") else []
+
+
+def _around(folder: Path, kept: list[Path]) -> list[Path]:
+    """`folder`, or where it holds a path of `kept` its entries but for those that lead there (links are left: the
+    sandbox would hide what they point to)."""
+    if not any(k == folder or folder in k.parents for k in kept):
+        return [folder]
+    if folder in kept:
+        return []
+    return [p for entry in sorted(folder.iterdir()) if not entry.is_symlink() for p in _around(entry, kept)]
 
 
 def default_hide() -> list[str]:
-    from .spec import COURSE_ROOT
-    return [str(COURSE_ROOT)] + package_paths()
+    """What every verdict harness run hides: our own code (the grading adds the course, the submissions, --out)."""
+    return package_paths()
 
 
 def why_stopped(out) -> str:

@@ -620,6 +620,12 @@ def scrubbed_env(cwd, extra: dict | None = None) -> dict:
 SYSTEM_DIRS = frozenset({"bin", "sbin", "lib", "lib32", "lib64", "libx32", "usr", "etc", "dev", "proc", "sys"})
 
 
+def interpreter_paths() -> set[str]:
+    """What every run binds back for Python: the interpreter's folder, its installation and the venv."""
+    return {os.path.realpath(sys.base_prefix), os.path.realpath(sys.prefix),
+            os.path.dirname(os.path.realpath(sys.executable))}
+
+
 def covered_dirs() -> list[str]:
     """The folders a root-run command sees as fresh empty tmpfs: every top-level folder but the system
     ones (so /tmp, /var, /home, /root, /work, /opt, /srv, /mnt, ... and /dev/shm), deny by default.
@@ -1052,9 +1058,7 @@ def _run_isolated(argv, *, cwd, timeout_s, cpu_s, memory_mb, max_output_bytes, e
         "hide": [h for h in (str(Path(p).resolve()) for p in hide if Path(p).exists())
                  if not (str(cwd) == h or str(cwd).startswith(h.rstrip("/") + "/"))] if root or userns else [],
         "cover": covered_dirs() if root or userns else [],
-        "expose": sorted({os.path.realpath(sys.base_prefix), os.path.realpath(sys.prefix),
-                          os.path.dirname(os.path.realpath(sys.executable)), str(cwd)}
-                         | {os.path.realpath(p) for p in expose}),
+        "expose": sorted({*interpreter_paths(), str(cwd)} | {os.path.realpath(p) for p in expose}),
         "pass_fds": list(pass_fds),
     }
     notes = []
