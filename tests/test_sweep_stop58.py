@@ -152,7 +152,7 @@ def test_a_user_policy_that_raises_in_a_local_sweep_names_the_scenario_of_the_sw
     sc = scenarios[index]
     assert sc.policy is bad and "\n" not in message
     assert message.startswith(f"scenario {index} (trace {loaded[sc.trace].name!r}, free_kv_blocks "
-                              f"{sc.free_kv_blocks}, aging_interval 4): policy 'bad_local' raised ValueError")
+                              f"{sc.free_kv_blocks}): policy 'bad_local' raised ValueError")
 
 
 def test_a_stale_temporary_file_is_removed_but_anything_else_there_is_kept(tmp_path):
@@ -228,7 +228,7 @@ def test_dask_a_policy_that_raises_on_a_worker_names_the_scenario_and_keeps_the_
     sc = scenarios[index]
     assert sc.policy is bad and "\n" not in message  # (before: "a chunk of the sweep failed on the cluster: ...")
     assert message.startswith(f"scenario {index} (trace {loaded[sc.trace].name!r}, free_kv_blocks "
-                              f"{sc.free_kv_blocks}, aging_interval 4): policy 'bad_dask' raised ValueError")
+                              f"{sc.free_kv_blocks}): policy 'bad_dask' raised ValueError")
     saved = C.read_checkpoint(ck, C.sweep_key(loaded, scenarios), len(scenarios))
     assert all(scenarios[i].policy == "fcfs" for i in saved)
 

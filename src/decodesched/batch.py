@@ -92,16 +92,20 @@ class ScenarioError(UserError):
     and interval) for a sweep's runner to name (`in_sweep`), where the batch that ran it was one chunk.  It pickles
     (a Dask worker sends it)."""
 
-    def __init__(self, message: str, index: int, where: str):
-        self.index, self.where = int(index), where
-        super().__init__(message)
+    def __init__(self, reason: str, index: int, where: str):
+        self.reason, self.index, self.where = reason, int(index), where
+        super().__init__(self._line(self.index))
 
     def __reduce__(self):
-        return type(self), (str(self), self.index, self.where)
+        return type(self), (self.reason, self.index, self.where)
+
+    def _line(self, index: int) -> str:
+        return f"scenario {index} ({self.where}): {self.reason}"
 
     def in_sweep(self, index: int) -> UserError:
-        """The line a sweep gives: ``scenario INDEX (trace, capacity, interval): <the policy's line>``."""
-        return UserError(f"scenario {index} ({self.where}): {self}")
+        """The line a sweep gives: ``scenario INDEX (trace, capacity, interval): <the policy's line>``, INDEX the
+        scenario's in the sweep (the batch's own line names its index in the batch, one chunk of the sweep)."""
+        return UserError(self._line(index))
 
 
 def grid(traces, policies: Sequence, kv_blocks: Sequence[int], aging_intervals: Sequence[int] | None,
@@ -197,7 +201,8 @@ def grid_size(n_traces: int, policies: Sequence, kv_blocks: Sequence, aging_inte
 
 def check_sweep_fits(n_scenarios: int) -> None:
     """Refuse a sweep whose result rows (one dict of metrics per scenario) cannot fit in memory."""
-    refuse_beyond_memory(f"the result rows of {n_scenarios} scenarios", n_scenarios * _RESULT_ROW_BYTES)
+    refuse_beyond_memory(f"the result rows of {_metrics.counted(n_scenarios, 'scenario')}",
+                         n_scenarios * _RESULT_ROW_BYTES)
 
 
 # What a Trace (its object and ten arrays), one of its rows (ten columns and the arrival order), one
@@ -240,7 +245,7 @@ def replicate_traces(traces, replicates: int, rules: Sequence[dict | None] | Non
     rules = list(rules) if rules is not None else [None] * len(traces)
     if len(rules) != len(traces):
         raise UserError(f"replicate_traces needs one rules entry per trace ({len(traces)}), got {len(rules)}")
-    refuse_beyond_memory(f"{replicates} replicates of {len(traces)} trace{'s' if len(traces) != 1 else ''}",
+    refuse_beyond_memory(f"{_metrics.counted(replicates, 'replicate')} of {_metrics.counted(len(traces), 'trace')}",
                           replicates * sum(_TRACE_BYTES + len(t) * _TRACE_ROW_BYTES for t in traces))
     out = []
     for trace, rule in zip(traces, rules):
@@ -250,7 +255,7 @@ def replicate_traces(traces, replicates: int, rules: Sequence[dict | None] | Non
         options = {k: rule[k] for k in SEEDED_OPTIONS if k in rule}
         seed = rule.get("seed") or 0
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-            raise UserError(f"trace {trace.name}: its replicate rules (a converted trace's .meta.json "
+            raise UserError(f"trace {trace.name!r}: its replicate rules (a converted trace's .meta.json "
                             f"options): the seed must be a whole number >= 0, got {show(seed)}")
         out.append(trace)
         # whole steps as seconds at 1 step per second: to_trace's floor gives the same arrival steps
@@ -259,7 +264,7 @@ def replicate_traces(traces, replicates: int, rules: Sequence[dict | None] | Non
             try:
                 drawn = to_trace(raw, steps_per_second=1.0, seed=int(seed) + r, **options)
             except UserError as exc:  # (rules read from a sidecar name the CLI's options)
-                raise UserError(f"trace {trace.name}: its replicate rules (a converted trace's .meta.json "
+                raise UserError(f"trace {trace.name!r}: its replicate rules (a converted trace's .meta.json "
                                 f"options): {exc}") from None
             deadline = drawn.deadline_step.astype(object)
             deadline[~drawn.has_deadline] = None
@@ -331,10 +336,10 @@ class BatchResult:
         """One line; the generated repr printed every trace, every scenario and the raw arrays."""
         policies = ", ".join(dict.fromkeys(policy_name(sc.policy) for sc in self.scenarios))
         n, t, labels = len(self.scenarios), len(self.traces), self.trace_labels()
-        names = ", ".join(labels if t <= 3 else [*labels[:2], "...", labels[-1]])
-        return (f"<BatchResult: {n} scenario{'s' if n != 1 else ''} on {t} trace{'s' if t != 1 else ''} "
-                f"({names}), policies {policies}; {self.backend}, {self.threads} "
-                f"thread{'s' if self.threads != 1 else ''}, {self.seconds:.1f} s>")
+        names = ", ".join(map(_metrics.name_text, labels if t <= 3 else [*labels[:2], "...", labels[-1]]))
+        return (f"<BatchResult: {_metrics.counted(n, 'scenario')} on {_metrics.counted(t, 'trace')} "
+                f"({names}), policies {policies}; {self.backend}, {_metrics.counted(self.threads, 'thread')}, "
+                f"{self.seconds:.1f} s>")
 
     def __eq__(self, other) -> bool:
         """Every scenario's result equal (`SimulationResult.__eq__`) and labelled alike (replicate, trace name), the
@@ -556,8 +561,8 @@ def simulate_batch(traces, scenarios: Sequence[Scenario], *, record_events: bool
     cols = [np.concatenate(c) for c in zip(*(trace_arrays(t) for t in traces))]
     req_start = np.zeros(n_sc + 1, np.int64)
     req_start[1:] = np.cumsum(lengths[sc_trace])
-    req_out = zeros_within_memory(f"the per-request results of {n_sc} scenario{'s' if n_sc != 1 else ''} "
-                                  f"({int(req_start[-1])} rows)", int(req_start[-1]), E.RQ_NCOLS)
+    req_out = zeros_within_memory(f"the per-request results of {_metrics.counted(n_sc, 'scenario')} "
+                                  f"({_metrics.counted(int(req_start[-1]), 'row')})", int(req_start[-1]), E.RQ_NCOLS)
     caps = [event_capacity(traces[t], int(m)) for t, m in zip(sc_trace.tolist(), sc_max_steps.tolist())] \
         if record_events else [0]
     # Sized from the exact (Python int) total first: a log beyond memory is refused there, before the
@@ -708,6 +713,17 @@ def _cost(traces, sc_trace, sc_max_steps) -> np.ndarray:
     return np.where(sc_max_steps >= 0, np.minimum(work, sc_max_steps), work) * lengths
 
 
+def _settings(traces, sc: Scenario) -> str:
+    """A scenario's trace and the settings its policy reads, as a failed scenario's line names them (the aging
+    interval only for a policy that uses it)."""
+    said = [f"trace {traces[sc.trace].name!r}", f"free_kv_blocks {sc.free_kv_blocks}"]
+    if sc.policy.uses_aging_interval:
+        said.append(f"aging_interval {sc.aging_interval}")
+    if sc.max_steps is not None:
+        said.append(f"max_steps {sc.max_steps}")
+    return ", ".join(said)
+
+
 def _run_custom(traces, scenarios, order, arrays, threads: int, req_start, event_start, events, req_out, summary,
                 bar: Progress) -> None:
     """Run the scenarios of user policies (`order`), each with its Policy's kernel, on `threads` workers (the
@@ -736,10 +752,7 @@ def _run_custom(traces, scenarios, order, arrays, threads: int, req_start, event
                                              sc_max_steps[s], events[event_start[s]:event_start[s + 1]],
                                              req_out[req_start[s]:req_start[s + 1]], summary[s])
         except UserError as exc:  # (the policy raised: which of the scenarios, `ScenarioError`)
-            sc = scenarios[s]
-            where = f"trace {traces[sc.trace].name!r}, free_kv_blocks {sc.free_kv_blocks}, aging_interval " \
-                    f"{sc.aging_interval}"
-            raise ScenarioError(str(exc), s, where) from exc.__cause__
+            raise ScenarioError(str(exc), s, _settings(traces, scenarios[s])) from exc.__cause__
 
     def worker():
         while not stopped.is_set():

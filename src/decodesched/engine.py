@@ -146,7 +146,7 @@ def zeros_within_memory(what: str, rows: int, cols: int, hint: str = "") -> np.n
 def event_log_buffer(n_events: int) -> np.ndarray:
     """The zeroed event-log array of `n_events` rows; a log that cannot fit in this machine's memory
     is refused (UserError) before the replay, rather than failing (or swapping) in it."""
-    return zeros_within_memory(f"the event log of {n_events} rows", n_events, E.EV_NCOLS,
+    return zeros_within_memory(f"the event log of {_metrics.counted(n_events, 'row')}", n_events, E.EV_NCOLS,
                                "record fewer steps (max_steps, --max-steps) or none (record_events=False; on the "
                                "command line, leave out --events)")
 
@@ -252,7 +252,8 @@ class SimulationResult:
 
     def _describe(self) -> str:
         """What was replayed, from the trace and settings alone (nothing computed)."""
-        return (f"{self.policy} on {self.trace.name!r} ({len(self.trace):,} requests), free_kv_blocks="
+        return (f"{self.policy} on {self.trace.name!r} ({_metrics.counted(len(self.trace), 'request', ',')}), "
+                f"free_kv_blocks="
                 f"{self.free_kv_blocks:,}, aging_interval={self.aging_interval}, {self.n_events:,} steps, "
                 f"clock {self.clock:,}, {self.stop_reason}")
 

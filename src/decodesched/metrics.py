@@ -257,6 +257,19 @@ def _fmt(v: float, scale: float | None) -> str:
     return f"{v:.0f}" if abs(v) >= 100 or float(v).is_integer() else f"{v:.2f}"
 
 
+def name_text(name: str) -> str:
+    """A name (a trace's, a file's) as a table, title or "wrote" line shows it, on one line: as it is, or where it
+    holds a newline or another character a terminal would act on, its repr (quoted and escaped, as the error lines
+    name it; never shortened)."""
+    return name if name.isprintable() else repr(name)
+
+
+def counted(n: int, noun: str, spec: str = "") -> str:
+    """A count and its noun, plural unless it is one: ``1 request``, ``2 requests``; `spec` formats the count
+    (``","``: ``1,000 requests``)."""
+    return f"{n:{spec}} {noun}{'' if n == 1 else 's'}"
+
+
 def share_text(v: float, spec: str = ".2f", scale: float = 1.0) -> str:
     """A share `v` (0 to 1; times `scale`, 100 for a percentage) in format `spec` (".2f", ".0f", ".3g"), with
     more digits where `spec` would round a share strictly between 0 and 1 to none or to all: attainment

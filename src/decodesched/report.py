@@ -53,10 +53,10 @@ import numpy as np
 from ._io import (META_SUFFIX, _describe, _same_file, input_file, input_label, meta_path, not_text, output_folder,
                   path_argument, replace_together, temp_prefix)
 from .errors import UserError
-from .metrics import MAX_CLASS_COLUMNS, offered_load, share_text
+from .metrics import MAX_CLASS_COLUMNS, counted, name_text, offered_load, share_text
 from .palette import POLICY_ORDER, policy_colors, policy_marker, policy_style, sorted_policies
 from .tables_io import is_parquet
-from .trace import INT64_MAX, MAX_INT_DIGITS, show
+from .trace import INT64_MAX, MAX_INT_DIGITS, next_header, separator_hint, show
 
 LATENCY_LABELS = {"queue_wait": "queue wait", "ttft": "TTFT", "e2e": "end-to-end latency", "tpot": "TPOT"}
 LOAD_LABEL = "offered load (work steps per step)"
@@ -244,11 +244,12 @@ def read_sweep(path, columns=None) -> list[dict]:
     out = []
     try:
         with open(path, newline="", encoding="utf-8-sig") as fh:  # (with or without a byte-order mark)
-            reader = csv.DictReader(fh)
-            header = reader.fieldnames or []
+            lines = csv.reader(fh)
+            header = next_header(lines, path, UserError) or []  # (after Excel's ``sep=,``; another one is named)
             keep, names = _sweep_columns(path, header, columns)
+            reader = csv.DictReader(fh, header)  # (the records after the header: its line numbers count from it)
             for row in reader:
-                out.append(_parse_row(path, reader.line_num, row, header, keep, names))
+                out.append(_parse_row(path, lines.line_num + reader.line_num, row, header, keep, names))
     except FileNotFoundError:
         raise UserError(f"{path}: no such file") from None
     except UnicodeDecodeError as exc:
@@ -266,7 +267,8 @@ def _sweep_columns(path, header: list, columns) -> tuple[set, dict]:
     """Check a sweep's header; return the columns to keep and the dict that shares name strings."""
     missing = [c for c in ("trace", "policy", "kv_blocks", "aging_interval") if c not in header]
     if missing:
-        raise UserError(f"{path}: not a sweep metrics CSV (no column {', '.join(missing)})")
+        raise UserError(f"{path}: not a sweep metrics CSV (no column {', '.join(missing)})"
+                        f"{separator_hint(header, 'a sweep metrics CSV')}")
     dup = [c for c, n in Counter(header).items() if n > 1]  # (a row would keep only the last one's cell)
     if dup:
         raise UserError(f"{path}: duplicate column(s) {', '.join(dup)}")
@@ -628,7 +630,7 @@ def sweep_plots(rows, info, out: Path, *, kv_blocks=None, aging_interval=None, l
     (when given) also gets the note on metric columns the CSV lacks (`_missing_columns`)."""
     view = SweepView(rows, info, kv_blocks, aging_interval)
     fams = "; ".join(f"{_family_title(view, f)}: {', '.join(n)}" for f, n in view.families.items())
-    notes = [f"Sweep: {len(rows)} scenarios over {len(info)} trace(s) ({fams}), policies "
+    notes = [f"Sweep: {counted(len(rows), 'scenario')} over {counted(len(info), 'trace')} ({fams}), policies "
              f"{', '.join(view.policies)}"
              f"{f', {view.replicates} replicates' if view.replicates > 1 else ''}; "
              f"figures against load are cut at {_cut(view)}."]
@@ -871,7 +873,8 @@ def scenario_plots(trace, out: Path, *, policies, kv_blocks: int, aging_interval
     plots = []
     shown = aging_interval if aging_interval is not None else next(
         (results[p].aging_interval for p in policies if uses_aging_interval(by_name[p])), DEFAULT_AGING_INTERVAL)
-    cfg = f"{trace.name}, {len(trace)} requests, {kv_blocks} KV blocks, aging interval {shown}"
+    cfg = (f"{name_text(trace.name)}, {counted(len(trace), 'request')}, {counted(kv_blocks, 'KV block')}, aging "
+           f"interval {shown}")
     notes = [f"Scenario: {cfg}.", "<pre>" + html.escape(format_table({p: results[p].metrics for p in order}))
              + "</pre>"]
     plots.append(_cdf_plot(results, order, colors, out, scale, u, cfg))
@@ -1022,7 +1025,7 @@ def _occupancy_plot(r, out: Path, kv_blocks: int, scale: float, u: str) -> Plot:
         axes[0][0].set_ylim(0, kv_blocks * 1.1 + 1)  # (none in use, the capacity above)
         ax.set_xticks([])
         ax.set_yticks([])
-    _suptitle(fig, f"KV occupancy and queue length over time ({r.policy}, {r.trace.name})", fontsize=10)
+    _suptitle(fig, f"KV occupancy and queue length over time ({r.policy}, {name_text(r.trace.name)})", fontsize=10)
     return _save(fig, out, Plot("kv_queue_timeline",
                                 f"KV blocks held after each step, and requests arrived but unfinished and not "
                                 f"running, under {r.policy} (idle gaps are flat)."))
@@ -1079,7 +1082,8 @@ def _gantt_plot(r, out: Path, n_requests: int, scale: float, u: str) -> Plot:
                 Line2D([], [], ls="", marker="x", color="#d62728", label="preempted"),
                 Line2D([], [], ls="", marker=">", color="#555555", label="deadline")]
     ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    shown = f"the first {len(rows)} of {len(trace)} requests" if len(rows) < len(trace) else f"all {len(trace)} requests"
+    shown = f"the first {len(rows)} of {len(trace)} requests" if len(rows) < len(trace) \
+        else f"all {counted(len(trace), 'request')}"
     ax.set_title(f"Timeline under {r.policy}: {shown}", fontsize=10)
     return _save(fig, out, Plot("gantt",
                                 f"Gantt-style timeline under {r.policy} of {shown} (by arrival): grey from "

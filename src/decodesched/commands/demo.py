@@ -96,7 +96,7 @@ def run(args) -> int:
     t0 = time.perf_counter()
     early_compile_notice("fast_nb", "replay_fast_nb", "the replay kernel")  # before Numba is imported
     from ..engine import replay_kernel, simulate
-    from ..metrics import format_table
+    from ..metrics import counted, format_table, name_text
     from .warmup import TINY_TRACE
 
     if compile_notice(replay_kernel("fast"), "the replay kernel"):
@@ -110,9 +110,9 @@ def run(args) -> int:
     trace = cv.to_trace(raw, load=args.load, seed=args.seed, name="azure_llm_2023_conv")
     sps = trace.steps_per_second
     span_s = float(raw.arrival_seconds.max())
-    _say(f"demo: {src.name} at offered load {args.load:g}: {len(trace)} requests over {span_s:.0f} s at "
-         f"{sps:.4g} steps/s ({trace.work_steps} work steps); {args.kv_blocks} KV blocks, aging interval "
-         f"{args.aging_interval}")
+    _say(f"demo: {src.name} at offered load {args.load:g}: {counted(len(trace), 'request')} over {span_s:.0f} s at "
+         f"{sps:.4g} steps/s ({counted(trace.work_steps, 'work step')}); {counted(args.kv_blocks, 'KV block')}, "
+         f"aging interval {args.aging_interval}")
 
     results, seconds = {}, {}
     for k, policy in enumerate(DEMO_POLICIES, start=1):
@@ -121,12 +121,12 @@ def run(args) -> int:
             results[policy] = simulate(trace, policy=policy, free_kv_blocks=args.kv_blocks,
                                        aging_interval=args.aging_interval, record_events=False)
         seconds[policy] = time.perf_counter() - t
-        _say(f"demo: [{k}/{len(DEMO_POLICIES)}] {policy}: {results[policy].n_events} steps "
+        _say(f"demo: [{k}/{len(DEMO_POLICIES)}] {policy}: {counted(results[policy].n_events, 'step')} "
              f"in {seconds[policy]:.1f} s")
 
     metrics = {p: r.metrics for p, r in results.items()}
-    title = (f"Azure LLM 2023 conversation trace: {len(trace)} requests, offered load {args.load:g}, "
-             f"{args.kv_blocks} KV blocks")
+    title = (f"Azure LLM 2023 conversation trace: {counted(len(trace), 'request')}, offered load {args.load:g}, "
+             f"{counted(args.kv_blocks, 'KV block')}")
     png = render_ttft_cdf({p: r.requests["ttft"] for p, r in results.items()}, sps, title)
     summary = summary_csv(metrics, seconds, sps)
 
@@ -143,7 +143,7 @@ def run(args) -> int:
 
     print(title + (f"; times in seconds ({sps:.4g} steps/s)" if sps else "; times in steps"))
     print(format_table(metrics))
-    print(f"\nwrote {png_path} and {csv_path} in {time.perf_counter() - t0:.1f} s")
+    print(f"\nwrote {name_text(str(png_path))} and {name_text(str(csv_path))} in {time.perf_counter() - t0:.1f} s")
     return 0
 
 

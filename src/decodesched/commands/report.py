@@ -13,6 +13,7 @@ from pathlib import Path
 from ..cli import int_arg, interval_arg, kv_blocks_arg, positive_float_arg
 from ..engine import POLICIES
 from ..errors import UserError
+from ..metrics import counted, name_text
 from ..policy import replay_interval, resolve_policy
 
 EPILOG = """\
@@ -130,6 +131,6 @@ def run(args) -> int:
                          gantt_requests=args.gantt_requests, warn=_note, before_replay=before_replay)
     out = args.out.rstrip("/") or "/"  # (`--out report/`: report/index.html, not report//index.html)
     for p in plots:
-        print(os.path.join(out, p.file))
-    print(f"wrote {len(plots)} plots and {os.path.join(out, 'index.html')}")
+        print(name_text(os.path.join(out, p.file)))
+    print(f"wrote {counted(len(plots), 'plot')} and {name_text(os.path.join(out, 'index.html'))}")
     return 0

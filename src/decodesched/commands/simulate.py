@@ -9,7 +9,7 @@ import time
 
 from ..cli import interval_arg, kv_blocks_arg, steps_arg
 from ..engine import ENGINES, POLICIES, simulate
-from ..metrics import format_table
+from ..metrics import counted, format_table, name_text
 from ..policy import replay_interval, resolve_policy
 from ..trace import load_trace
 
@@ -73,7 +73,8 @@ def run(args) -> int:
     out = sys.stderr if STDOUT in (args.events, args.requests) else sys.stdout  # keep a streamed table clean
     aging = policy == "aging" if isinstance(policy, str) else policy.uses_aging_interval
     interval = f", aging interval {result.aging_interval}" if aging else ""  # (the others ignore it)
-    print(f"{trace.name}: {len(trace)} requests, policy {result.policy}, {args.kv_blocks} KV blocks{interval}; "
-          f"{result.n_events} steps in {elapsed:.2f} s ({result.stop_reason})", file=out)
+    print(f"{name_text(trace.name)}: {counted(len(trace), 'request')}, policy {result.policy}, "
+          f"{counted(args.kv_blocks, 'KV block')}{interval}; {counted(result.n_events, 'step')} in {elapsed:.2f} s "
+          f"({result.stop_reason})", file=out)
     print(format_table({result.policy: result.metrics}), file=out)
     return 0

@@ -44,7 +44,7 @@ from ..batch import BACKENDS, check_sweep_fits, convert_rules, grid, grid_size, 
 from ..cli import int_arg, interval_arg, kv_blocks_arg, steps_arg
 from ..engine import ENGINES, POLICIES, check_config
 from ..errors import UserError
-from ..metrics import share_text
+from ..metrics import counted, name_text, share_text
 from ..policy import check_distinct, replay_interval, resolve_policy
 from ..trace import load_trace, show
 
@@ -249,9 +249,9 @@ def _sweep(args, traces, scenarios, checkpoint) -> int:
     finish(checkpoint)
     table = sys.stderr if args.out == "-" else sys.stdout  # standard output holds the CSV alone
     print(format_rows(rows), file=table)
-    print(f"{len(scenarios)} scenarios over {len(args.traces)} trace{'s' if len(args.traces) != 1 else ''}"
+    print(f"{counted(len(scenarios), 'scenario')} over {counted(len(args.traces), 'trace')}"
           f"{f' x {args.replicates} replicates' if args.replicates > 1 else ''} in {elapsed:.2f} s ({where}"
-          f"{f'; {resumed} resumed from the checkpoint' if resumed else ''}); wrote {args.out}", file=table)
+          f"{f'; {resumed} resumed from the checkpoint' if resumed else ''}); wrote {name_text(args.out)}", file=table)
     return 0
 
 
@@ -309,7 +309,7 @@ def _run_local(args, traces, scenarios, checkpoint):
         compile_notice(_cpu_kernel(args.engine), "the batch replay kernel")  # (built-in policies run there)
     rows = run_local(traces, scenarios, chunk_size=chunk, checkpoint_path=checkpoint, threads=threads,
                      engine=args.engine, backend=args.backend, progress=_progress(args), keep_checkpoint=True)
-    return rows, "cuda" if args.backend == "cuda" else f"cpu, {threads} thread{'s' if threads != 1 else ''}"
+    return rows, "cuda" if args.backend == "cuda" else f"cpu, {counted(threads, 'thread')}"
 
 
 def _run_dask(args, traces, scenarios, checkpoint):
@@ -351,6 +351,8 @@ def format_rows(rows: list[dict]) -> str:
     keys = [f"{k}_s" if seconds and k in TIME_KEYS else k for _, k in TABLE_COLUMNS]
     heads = [h + unit if k in TIME_KEYS else h for h, k in TABLE_COLUMNS]
     cells = [[_cell(r.get(k)) for k in keys] for r in rows]
+    for c in cells:
+        c[0] = name_text(c[0])  # (a trace's label, from its file name: one line per scenario)
     widths = [max(len(h), *(len(c[i]) for c in cells)) if cells else len(h) for i, h in enumerate(heads)]
     text_cols = {0, 1}
     lines = ["  ".join(h.ljust(w) if i in text_cols else h.rjust(w) for i, (h, w) in enumerate(zip(heads, widths)))]

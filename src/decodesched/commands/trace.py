@@ -11,6 +11,7 @@ from .. import convert as cv
 from .._io import check_outputs, check_writable, extension_said, input_file
 from ..cli import float_arg, int_arg, positive_float_arg, seed_arg, shorten
 from ..errors import UserError
+from ..metrics import counted, name_text
 from ..trace import load_trace, parse_decimal, show
 
 CONVERT_RULES = f"""\
@@ -174,9 +175,8 @@ def run_convert(args) -> int:
         "work_steps": trace.work_steps,
     }
     side = cv.write_trace(trace, out, meta)
-    n = len(trace)
-    print(f"wrote {out} ({n:,} request{'s' if n != 1 else ''}, {trace.steps_per_second:.6g} steps/s, "
-          f"offered load {offered_load(trace)}) and {side}")
+    print(f"wrote {name_text(str(out))} ({counted(len(trace), 'request', ',')}, {trace.steps_per_second:.6g} "
+          f"steps/s, offered load {offered_load(trace)}) and {name_text(str(side))}")
     return 0
 
 
