@@ -421,14 +421,14 @@ def _blank(rec: list[str]) -> bool:
 
 
 _KIND_WORDS = {"int": "whole number", "bool": "true/false", "float": "number"}
+_INT_TYPES = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")
+_FLOAT_TYPES = ("halffloat", "float", "double")
 _PARQUET_TYPES = {  # what a Parquet column of each kind may be: a type that holds its values unambiguously
     "int": ("integers", lambda t: str(t) in _INT_TYPES or str(t) in _FLOAT_TYPES),  # (uint64, floats: by value)
     "bool": ("booleans", lambda t: str(t) == "bool"),
     "float": ("numbers", lambda t: str(t) in _FLOAT_TYPES or str(t) in _INT_TYPES),
     "str": ("strings", lambda t: str(t) in ("string", "large_string")),
 }
-_INT_TYPES = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")
-_FLOAT_TYPES = ("halffloat", "float", "double")
 MAX_EXACT = 2**53  # a float column's whole numbers are integers exactly up to here
 
 

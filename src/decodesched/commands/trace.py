@@ -11,7 +11,7 @@ from .. import convert as cv
 from .._io import check_outputs, check_writable, extension_said, input_file
 from ..cli import float_arg, int_arg, positive_float_arg, seed_arg, shorten
 from ..errors import UserError
-from ..metrics import counted, name_text
+from ..metrics import counted, name_text, offered_load
 from ..trace import load_trace, parse_decimal, show
 
 CONVERT_RULES = f"""\
@@ -176,7 +176,7 @@ def run_convert(args) -> int:
     }
     side = cv.write_trace(trace, out, meta)
     print(f"wrote {name_text(str(out))} ({counted(len(trace), 'request', ',')}, {trace.steps_per_second:.6g} "
-          f"steps/s, offered load {offered_load(trace)}) and {name_text(str(side))}")
+          f"steps/s, offered load {offered_load_text(trace)}) and {name_text(str(side))}")
     return 0
 
 
@@ -185,10 +185,12 @@ def _dist(a: np.ndarray) -> str:
             f"max {int(a.max())}")
 
 
-def offered_load(trace) -> str:
-    """The trace's offered load, work steps over its span of arrivals, as `trace convert` and `inspect` print it."""
-    span = int(trace.arrival_step.max() - trace.arrival_step.min())
-    return f"{trace.work_steps / span:.3f}" if span > 0 else "unbounded (every request arrives at once)"
+def offered_load_text(trace) -> str:
+    """`metrics.offered_load` as `trace convert` and `inspect` print it: unbounded where every request arrives at once
+    (no span of arrivals; the metric divides by one step there)."""
+    if trace.arrival_step.max() == trace.arrival_step.min():
+        return "unbounded (every request arrives at once)"
+    return f"{offered_load(trace):.3f}"
 
 
 def inspect_lines(trace, meta: dict | None = None) -> list[str]:
@@ -214,7 +216,7 @@ def inspect_lines(trace, meta: dict | None = None) -> list[str]:
     lines.append(f"priority         {shown}{more}")
     work = trace.work_steps
     lines.append(f"work steps       {work}")
-    lines.append(f"offered load     {offered_load(trace)} (work steps / span)")
+    lines.append(f"offered load     {offered_load_text(trace)} (work steps / span)")
     if meta:
         src = meta.get("source")
         if src:
