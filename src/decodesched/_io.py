@@ -142,8 +142,30 @@ def binary_input(path) -> str | None:
 
 
 def not_text(path, exc: UnicodeDecodeError) -> str:
-    """The message for a text input (CSV, JSON lines) that is not UTF-8: `binary_input`'s, else the decoder's."""
-    return binary_input(path) or f"{path}: not a UTF-8 text file ({exc.reason})"
+    """The message for a text input (CSV, JSON lines) that is not UTF-8: `binary_input`'s, else the decoder's, naming
+    the line of the first byte that is not (a Latin-1 `é` in a million lines), where the file can be read again."""
+    return binary_input(path) or _not_utf8_line(path) or f"{path}: not a UTF-8 text file ({exc.reason})"
+
+
+def _not_utf8_line(path) -> str | None:
+    r"""The message naming the line (ended by ``\n``, ``\r\n`` or a lone ``\r``, as the readers count them) of a
+    regular file's first byte that is not UTF-8; None for a file that is UTF-8, or that cannot be read again."""
+    try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return None
+        with open(path, "rb") as fh:
+            line = 1
+            for raw in fh:  # (split at b"\n": no byte of a UTF-8 character is one)
+                try:
+                    raw.decode("utf-8")
+                except UnicodeDecodeError as exc:
+                    line += raw.count(b"\r", 0, exc.start)  # (old Mac line ends before it)
+                    return (f"{path}: line {line}: not a UTF-8 text file ({exc.reason}: 0x{raw[exc.start]:02x}); "
+                            "save it as UTF-8")
+                line += 1 + raw.count(b"\r") - raw.endswith(b"\r\n")
+    except OSError:
+        return None
+    return None
 
 
 PIPE_LABEL = "pipe"  # the name of a trace read from ``<(command)``: its path, /dev/fd/63, names no file

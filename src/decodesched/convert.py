@@ -55,6 +55,7 @@ import os
 import re
 import warnings
 from dataclasses import dataclass
+from decimal import Decimal
 from importlib import resources
 from pathlib import Path
 from typing import Sequence
@@ -63,8 +64,9 @@ import numpy as np
 
 from ._io import binary_input, input_file, meta_path, not_text
 from .errors import OutputError, UserError
-from .trace import (MAX_LENGTH, MAX_STEP, TRACE_COLUMNS, Trace, TraceError, _next_record, excel_separator, load_trace,
-                    next_header, parse_decimal, plain_value, positive_float, separator_hint, show)
+from .trace import (MAX_LENGTH, MAX_STEP, TRACE_COLUMNS, Trace, TraceError, _DuplicateKey, _next_record, _unique_keys,
+                    excel_separator, load_trace, next_header, parse_decimal, plain_value, positive_float, separator_hint,
+                    show)
 
 FORMATS = ("azure", "mooncake")
 DEFAULT_PRIORITY_CLASSES = (0, 1, 2)
@@ -194,6 +196,8 @@ def read_azure(path: str | os.PathLike) -> RawTrace:
                 lineno = reader.line_num
                 if len(rec) != len(cols):
                     raise UserError(f"{path}: line {lineno}: {len(rec)} fields, expected {len(cols)}")
+                if rec[it].strip() == want[0] and [c.strip() for c in rec] == cols:  # (not a TIMESTAMP, a header)
+                    raise UserError(f"{path}: line {lineno} repeats the header (two traces joined whole?); remove it")
                 stamps.append(rec[it].strip())
                 prompts.append(_int_field(rec[ic], path, lineno, "ContextTokens"))
                 outputs.append(_int_field(rec[ig], path, lineno, "GeneratedTokens"))
@@ -229,7 +233,10 @@ def _int_field(text: str, path: Path, lineno: int, col: str) -> int:
 
 MAX_SPAN_SECONDS = 9 * 10**9  # an Azure trace's span, first to last time: nanoseconds in int64 (285 years)
 _ZONE = re.compile(r"T[0-9][0-9:.]*(Z|[+-][0-9][0-9](:?[0-9][0-9])?)$")  # a time zone after the time of day
-_DATE_START = re.compile(r"[-+]?[0-9]")  # a date starts with its year's digits
+# A time starts with its whole calendar date: NumPy reads a bare number as a year (seconds 0, 1, 2 as the years 0, 1,
+# 2: a year apart) and `2023-11` as its first day, silently.
+_DATE = re.compile(r"[-+]?[0-9]{4,}-[0-9]{2}-[0-9]{2}(?![0-9])")
+_LEAP_SECOND = re.compile(r"T[0-9]{2}:[0-9]{2}:60")
 _UTC_WORD = re.compile(r"\s*(UTC|GMT)$", re.IGNORECASE)  # `18:15:46.680590 UTC` (as SQL exports write it): Z
 
 
@@ -238,9 +245,10 @@ def _parse_timestamps(stamps: list[str], path: Path, lines: list[int]) -> np.nda
     a zone (``Z``, ``+05:00``, `` UTC``) are read as UTC; a mix of times with and without one is refused (NumPy
     would read the others as UTC too, hours off, and warn)."""
     iso = [_UTC_WORD.sub("Z", s.replace(" ", "T", 1)) for s in stamps]
-    word = next((i for i, s in enumerate(iso) if not _DATE_START.match(s)), None)
+    word = next((i for i, s in enumerate(iso) if not _DATE.match(s)), None)
     if word is not None:  # (NumPy reads "now" and "today" as the clock's time: a trace that changes every run)
-        raise UserError(f"{path}: line {lines[word]}, column TIMESTAMP: not a date and time: {show(stamps[word])}")
+        raise UserError(f"{path}: line {lines[word]}, column TIMESTAMP: not a date and time: {show(stamps[word])} "
+                        "(expected a date, then a time of day, such as 2023-11-16 18:15:46.68)")
     zoned = [_ZONE.search(s) is not None for s in iso]
     if any(zoned) and not all(zoned):
         i = zoned.index(not zoned[0])
@@ -261,8 +269,9 @@ def _parse_timestamps(stamps: list[str], path: Path, lines: list[int]) -> np.nda
             try:
                 parse(s, "ns")
             except ValueError:
+                leap = " (a leap second: the times here are counted without them)" if _LEAP_SECOND.search(s) else ""
                 raise UserError(f"{path}: line {lines[i]}, column TIMESTAMP: not a date and time: "
-                                f"{show(stamps[i])}") from None
+                                f"{show(stamps[i])}{leap}") from None
         raise UserError(f"{path}: unreadable TIMESTAMP column") from None  # pragma: no cover
     # Nanoseconds since 1970 wrap past int64 outside the years 1678-2262 (NumPy does not say so), but their
     # differences stay exact while the span fits in int64 (292 years): the span is checked in whole seconds,
@@ -277,6 +286,9 @@ def _parse_timestamps(stamps: list[str], path: Path, lines: list[int]) -> np.nda
                         f"after line {lines[first]}'s {show(stamps[first])}; correct the times")
     ns = ns - ns[first]  # (wraps back to the exact difference)
     return (ns - ns.min()).astype(np.float64) / 1e9
+
+
+MAX_EXACT_MS = 2**53  # a Mooncake timestamp's milliseconds are exact in a float64 up to here
 
 
 def read_mooncake(path: str | os.PathLike, cache_min_blocks: int = DEFAULT_CACHE_MIN_BLOCKS) -> RawTrace:
@@ -301,7 +313,7 @@ def read_mooncake(path: str | os.PathLike, cache_min_blocks: int = DEFAULT_CACHE
     first: dict = {}  # each block id seen: the request that brought it first by arrival (streamed: bounded memory)
     latest = -math.inf  # the latest timestamp so far
     in_order = True  # every line so far arrives after the lines before it
-    decoder = json.JSONDecoder(object_pairs_hook=_unique_keys)
+    decoder = json.JSONDecoder(object_pairs_hook=_unique_keys, parse_float=_json_float)
     try:
         with open(path, encoding="utf-8-sig") as fh:
             for lineno, line in enumerate(fh, start=1):
@@ -313,7 +325,7 @@ def read_mooncake(path: str | os.PathLike, cache_min_blocks: int = DEFAULT_CACHE
                 try:
                     rec = decoder.decode(line)
                 except _DuplicateKey as exc:
-                    raise UserError(f"{path}: line {lineno}: field {show(exc.args[0])} given twice; keep one") from None
+                    raise UserError(f"{path}: line {lineno}: {exc}") from None
                 except json.JSONDecodeError as exc:
                     raise UserError(f"{path}: line {lineno}: not JSON ({exc.msg})") from None
                 except (ValueError, RecursionError):  # e.g. an integer of more than 4,300 digits
@@ -327,6 +339,9 @@ def read_mooncake(path: str | os.PathLike, cache_min_blocks: int = DEFAULT_CACHE
                 ts = rec["timestamp"]
                 if isinstance(ts, bool) or not isinstance(ts, (int, float)) or not _finite(ts):
                     raise UserError(f"{path}: line {lineno}, field timestamp: expected milliseconds, got {show(ts)}")
+                if abs(ts) > MAX_EXACT_MS:  # (nanoseconds since 1970, say: rounded to 256 ms, silently)
+                    raise UserError(f"{path}: line {lineno}, field timestamp: {show(ts)} is beyond 2**53 "
+                                    "milliseconds, where times are not exact; give milliseconds from the start")
                 ts = float(ts)
                 prompts.append(_json_int(rec["input_length"], path, lineno, "input_length"))
                 outputs.append(_json_int(rec["output_length"], path, lineno, "output_length"))
@@ -366,17 +381,26 @@ def _arrives_before(j: int, i: int, ms: list) -> bool:
     return (ms[j], j) < (ms[i], i)
 
 
-class _DuplicateKey(ValueError):
-    pass
+class _NotWhole(float):
+    """A JSON number that is no whole number, though the float nearest to it is one (``5.0000000000000001``,
+    ``1e-400``): a time, but no token count nor block id (`is_integer` is False); shown as written."""
+
+    def __new__(cls, text: str):
+        self = super().__new__(cls, text)
+        self.text = text
+        return self
+
+    def is_integer(self) -> bool:
+        return False
+
+    def __repr__(self) -> str:
+        return self.text
 
 
-def _unique_keys(pairs: list) -> dict:
-    """A JSON object's `pairs` as a dict; `_DuplicateKey` for a key given twice (json keeps the last, silently)."""
-    rec = dict(pairs)
-    if len(rec) != len(pairs):
-        seen: set = set()
-        raise _DuplicateKey(next(k for k, _ in pairs if k in seen or seen.add(k)))
-    return rec
+def _json_float(text: str) -> float:
+    """A JSON number with a fraction or an exponent as a float; a `_NotWhole` one where rounding made it whole."""
+    x = float(text)
+    return _NotWhole(text) if x.is_integer() and Decimal(text) != x else x
 
 
 def _block_ids(blocks, path: Path, lineno: int) -> list:
@@ -653,7 +677,7 @@ def read_meta(trace_path: str | os.PathLike) -> dict | None:
     if not side.is_file():
         return None
     try:
-        meta = json.loads(side.read_text(encoding="utf-8"))
+        meta = json.loads(side.read_text(encoding="utf-8"), object_pairs_hook=_unique_keys)
     except (OSError, ValueError, RecursionError):  # (RecursionError: JSON nested thousands deep)
         return None
     return meta if isinstance(meta, dict) else None

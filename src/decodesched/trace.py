@@ -477,7 +477,7 @@ def _sidecar_time_scale(path: Path) -> float | None:
     if not meta.is_file():
         return None
     try:
-        data = json.loads(meta.read_text(encoding="utf-8"))
+        data = json.loads(meta.read_text(encoding="utf-8"), object_pairs_hook=_unique_keys)
     except RecursionError:  # (JSON nested thousands deep)
         raise TraceError(f"{meta}: unreadable trace metadata (nested too deep)") from None
     except (ValueError, OSError) as exc:
@@ -486,6 +486,20 @@ def _sidecar_time_scale(path: Path) -> float | None:
         raise TraceError(f"{meta}: trace metadata without steps_per_second (a JSON object, as trace convert "
                          f"writes it); fix or remove the file")
     return _time_scale(data["steps_per_second"], str(meta))
+
+
+class _DuplicateKey(ValueError):
+    """A JSON object with a key given twice."""
+
+
+def _unique_keys(pairs: list) -> dict:
+    """A JSON object's `pairs` as a dict; `_DuplicateKey` for a key given twice (json keeps the last, silently)."""
+    rec = dict(pairs)
+    if len(rec) != len(pairs):
+        seen: set = set()
+        key = next(k for k, _ in pairs if k in seen or seen.add(k))
+        raise _DuplicateKey(f"field {show(key)} given twice; keep one")
+    return rec
 
 
 def positive_float(value) -> float | None:
