@@ -10,6 +10,7 @@ verdict lines and observations: no hidden test source, no tracebacks, no externa
 from __future__ import annotations
 
 import html
+import re
 
 from . import spec
 from .compare import _same
@@ -24,6 +25,16 @@ def _fmt(x: float) -> str:
     return f"{x:g}"
 
 
+_UNWRITABLE = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\ud800-\udfff]")
+
+
+def _e(text: str) -> str:
+    """`text` as the page shows it: HTML-escaped, and each character that UTF-8 cannot write (a lone surrogate, as
+    the message of a student's exception can hold: it stopped the outputs of the whole grading) or that a browser
+    drops (NUL and the other control characters but tab and line breaks) as the escape `repr` writes (``\\ud800``)."""
+    return html.escape(_UNWRITABLE.sub(lambda m: repr(m.group())[1:-1], text))
+
+
 def first_divergence(expected: list, got: list) -> int | None:
     """Index of the first event that differs (request, action, phase, victim or step), else None."""
     for i, (e, g) in enumerate(zip(expected, got)):
@@ -33,7 +44,6 @@ def first_divergence(expected: list, got: list) -> int | None:
 
 
 def _event_box(x: float, y: float, ev, wrong: bool) -> str:
-    e = html.escape
     if not isinstance(ev, dict):
         return (f'<rect x="{x}" y="{y}" width="{CELL_W - 2}" height="{CELL_H}" fill="#ddd" stroke="#c00" '
                 f'stroke-width="2"/><text x="{x + CELL_W / 2 - 1}" y="{y + 19}" text-anchor="middle">?</text>')
@@ -44,10 +54,10 @@ def _event_box(x: float, y: float, ev, wrong: bool) -> str:
     victim = ev.get("preempted_request_id")
     title = f"step {ev.get('step')}: request {rid} {ev.get('action')}" + (f", preempts {victim}" if victim is not None else "")
     stroke = ' stroke="#c00" stroke-width="2.5"' if wrong else ' stroke="#fff"'
-    return (f'<g><title>{e(str(title))}</title><rect x="{x}" y="{y}" width="{CELL_W - 2}" height="{CELL_H}" '
+    return (f'<g><title>{_e(str(title))}</title><rect x="{x}" y="{y}" width="{CELL_W - 2}" height="{CELL_H}" '
             f'rx="3" fill="{color}"{stroke}/><text x="{x + CELL_W / 2 - 1}" y="{y + 13}" text-anchor="middle" '
-            f'fill="#fff" font-weight="bold">{e(str(rid)[:4])}</text><text x="{x + CELL_W / 2 - 1}" y="{y + 26}" '
-            f'text-anchor="middle" fill="#fff" font-size="10">{e(mark)}{"!" if victim is not None else ""}</text></g>')
+            f'fill="#fff" font-weight="bold">{_e(str(rid)[:4])}</text><text x="{x + CELL_W / 2 - 1}" y="{y + 26}" '
+            f'text-anchor="middle" fill="#fff" font-size="10">{_e(mark)}{"!" if victim is not None else ""}</text></g>')
 
 
 def schedule_svg(expected: list, got: list) -> str:
@@ -66,10 +76,10 @@ def schedule_svg(expected: list, got: list) -> str:
         ev = expected[i] if i < len(expected) else (got[i] if i < len(got) else None)
         step = ev.get("step") if isinstance(ev, dict) else None
         parts.append(f'<text x="{x + CELL_W / 2 - 1}" y="24" text-anchor="middle" fill="#666" font-size="10">'
-                     f'{html.escape(str(step if step is not None else i))}</text>')
+                     f'{_e(str(step if step is not None else i))}</text>')
     parts.append('<text x="4" y="24" fill="#666" font-size="10">step / 步</text>')
     for label, events, y in rows:
-        parts.append(f'<text x="4" y="{y + 19}">{html.escape(label)}</text>')
+        parts.append(f'<text x="4" y="{y + 19}">{_e(label)}</text>')
         for i in range(start, min(end, len(events))):
             x = LEFT + (i - start) * CELL_W
             wrong = events is got and (i >= len(expected) or not isinstance(events[i], dict)
@@ -92,22 +102,20 @@ TRACE_HEAD = ("request_id", "arrival", "prompt", "max_new", "priority", "cache_h
 
 
 def trace_table_html(trace: dict) -> str:
-    e = html.escape
     rows = []
     for r in trace["rows"]:
         cells = (r["request_id"], r["arrival_step"], r["prompt_len"], r["max_new_tokens"], r["priority"],
                  "yes" if r["cache_hit"] else "no", r["required_blocks"],
                  "-" if r["deadline_step"] is None else r["deadline_step"], "yes" if r["preemptible"] else "no")
-        rows.append("<tr>" + "".join(f"<td>{e(str(c))}</td>" for c in cells) + "</tr>")
+        rows.append("<tr>" + "".join(f"<td>{_e(str(c))}</td>" for c in cells) + "</tr>")
     conf = (f"policy={trace['policy']} free_kv_blocks={trace['free_kv_blocks']} aging_interval={trace['aging_interval']}"
             + (f" max_steps={trace['max_steps']}" if trace.get("max_steps") is not None else ""))
-    return (f"<p><code>{e(conf)}</code></p><table class=\"trace\"><tr>"
-            + "".join(f"<th>{e(h)}</th>" for h in TRACE_HEAD) + "</tr>" + "".join(rows) + "</table>")
+    return (f"<p><code>{_e(conf)}</code></p><table class=\"trace\"><tr>"
+            + "".join(f"<th>{_e(h)}</th>" for h in TRACE_HEAD) + "</tr>" + "".join(rows) + "</table>")
 
 
 def picture_html(title: str, picture: dict) -> str:
-    e = html.escape
-    parts = [f'<section class="picture"><h2>{e(title)}</h2>']
+    parts = [f'<section class="picture"><h2>{_e(title)}</h2>']
     if picture.get("trace"):
         parts.append("<p>smallest failing trace / 最小失败轨迹:</p>" + trace_table_html(picture["trace"]))
     if picture.get("expected") or picture.get("got"):
@@ -115,7 +123,7 @@ def picture_html(title: str, picture: dict) -> str:
                      "P prefill, D decode, F finish, ! preempts another request) / 你的调度与期望调度逐步对比"
                      "（数字：请求编号；P 预填充，D 解码，F 完成，! 抢占其他请求）:</p>")
         parts.append(schedule_svg(picture.get("expected") or [], picture.get("got") or []))
-    parts.append(f"<p>first difference / 第一个分歧: {e(str(picture.get('diff', '')))}</p></section>")
+    parts.append(f"<p>first difference / 第一个分歧: {_e(str(picture.get('diff', '')))}</p></section>")
     return "\n".join(parts)
 
 
@@ -125,8 +133,8 @@ def _picture_or_note(title: str, picture: dict) -> str:
     try:
         return picture_html(title, picture)
     except Exception as exc:  # noqa: BLE001 - any value the student's step() returned
-        return (f"<p class=\"picture\">{html.escape(title)}: the schedule could not be drawn "
-                f"({html.escape(type(exc).__name__)}) / 无法绘制调度图</p>")
+        return (f"<p class=\"picture\">{_e(title)}: the schedule could not be drawn "
+                f"({_e(type(exc).__name__)}) / 无法绘制调度图</p>")
 
 
 def _has_schedule(picture) -> bool:
@@ -135,17 +143,16 @@ def _has_schedule(picture) -> bool:
 
 def feedback_html(r) -> str:
     """The page of one `pipeline.Result` (``r.pictures`` maps grade_id to a `verdict.schedule_picture`)."""
-    e = html.escape
     rows = []
     for c in spec.CELLS:
         lines = r.lines.get(c.grade_id) or []
-        items = "".join(f"<li>{e(line)}</li>" for line in lines)
+        items = "".join(f"<li>{_e(line)}</li>" for line in lines)
         kind = "hidden" if c.hidden else "visible"
         rows.append(
-            f"<tr><td>{e(c.title)}</td><td>{e(c.todo)}</td><td>{kind}</td>"
+            f"<tr><td>{_e(c.title)}</td><td>{_e(c.todo)}</td><td>{kind}</td>"
             f"<td>{_fmt(r.cells[c.grade_id])} / {c.points}</td><td><ul>{items}</ul></td></tr>"
         )
-    notes = "".join(f"<li>{e(n)}</li>" for n in r.notes)
+    notes = "".join(f"<li>{_e(n)}</li>" for n in r.notes)
     pictures = getattr(r, "pictures", None) or {}
     # The first failing scenario: the shrunk random trace when there is one, else the first cell in notebook order
     # whose failing check has a schedule to draw (a visible cell's check may read one field), else the first cell.
@@ -156,13 +163,13 @@ def feedback_html(r) -> str:
                                pictures[first.grade_id]) if first is not None else ""
     return (
         "<!DOCTYPE html>\n<html lang=\"zh-CN\"><head><meta charset=\"utf-8\">"
-        f"<title>{e(spec.ASSIGNMENT)} - {e(r.student_id)}</title>"
+        f"<title>{_e(spec.ASSIGNMENT)} - {_e(r.student_id)}</title>"
         "<style>body{font-family:sans-serif;max-width:70em;margin:2em auto}"
         "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:4px 8px;vertical-align:top}"
         "table.trace td{text-align:right;font-family:monospace}svg.schedule{display:block;margin:1em 0}</style>"
         "</head><body>\n"
-        f"<h1>{e(spec.ASSIGNMENT)}: {e(r.student_id)}</h1>\n"
-        f"<p>得分 Score: <b>{_fmt(r.score)} / {_fmt(r.max_score)}</b> &nbsp; 状态 Status: <b>{e(r.status)}</b></p>\n"
+        f"<h1>{_e(spec.ASSIGNMENT)}: {_e(r.student_id)}</h1>\n"
+        f"<p>得分 Score: <b>{_fmt(r.score)} / {_fmt(r.max_score)}</b> &nbsp; 状态 Status: <b>{_e(r.status)}</b></p>\n"
         + (f"<ul class=\"notes\">{notes}</ul>\n" if notes else "")
         + (picture + "\n" if picture else "")
         + "<table><tr><th>测试 Test</th><th>TODO</th><th></th><th>分数 Points</th><th>反馈 Feedback</th></tr>\n"

@@ -336,7 +336,24 @@ def _checked(nb) -> dict:
 
     if _too_deep(nb, MAX_NOTEBOOK_DEPTH):
         raise InvalidSubmission(_TOO_DEEP)
+    lone = _lone_surrogate(nb)
+    if lone:
+        raise InvalidSubmission(f"not a readable notebook ({lone}: half of a UTF-16 pair, no Unicode text; a "
+                                "generated or damaged file, not one Jupyter saved, and nbgrader cannot write it)")
     return nb
+
+
+def _lone_surrogate(nb: dict) -> str | None:
+    """Where `nb` (its outputs dropped) holds a lone surrogate, and which (``cell 3 holds \\ud800``), else None. JSON
+    can write one (``"\\ud800"``) but UTF-8 cannot: nbgrader's autograde failed writing the notebook (a correct
+    solution was `crashed`, graded again on every rerun), and the checks' process could not compile its cell."""
+    parts = [(f"cell {i}", cell) for i, cell in enumerate(nb["cells"], start=1)]
+    for where, part in [*parts, ("its metadata", {k: v for k, v in nb.items() if k != "cells"})]:
+        try:
+            json.dumps(part, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError as exc:
+            return f"{where} holds {printable(exc.object[exc.start])}"
+    return None
 
 
 _TOO_DEEP = (f"not a readable notebook (its JSON is nested too deep: over {MAX_NOTEBOOK_DEPTH} levels without "

@@ -35,6 +35,7 @@ import concurrent.futures as cf
 import contextlib
 import hashlib
 import os
+import re
 import shutil
 import sys
 import threading
@@ -596,6 +597,7 @@ def _commit(out_dir: Path, rendered: dict, write_gradebook, results: list = (), 
     (`Resume.forget`) removes the kept gradings once all is written, before a signal held back takes effect."""
     fb = out_dir / "feedback"
     with signals_held(), folders_locked([out_dir]):  # (against another grading's `_commit`)
+        _remove_stale_temporaries(out_dir)
         if kept is not None:
             kept[:] = earlier_rows(out_dir / "grades.csv", {r.student_id for r in results})
             rendered["grades.csv"] = grades_csv_text([*results, *kept, *missing_rows(roster, results, kept)])
@@ -609,6 +611,23 @@ def _commit(out_dir: Path, rendered: dict, write_gradebook, results: list = (), 
             write_gradebook()  # a failure here (a locked gradebook) removes the files not yet in place
         if forget is not None:
             forget(everything=True)  # committed: the outputs hold these verdicts now
+
+
+# A temporary file of `atomic_writer` beside an output: `_io.temp_prefix` of its name, then mkstemp's 8 characters.
+_TEMPORARY = re.compile(r"\.(.{1,64})\.[a-z0-9_]{8}\.tmp", re.DOTALL)
+
+
+def _remove_stale_temporaries(out_dir: Path) -> None:
+    """Remove the temporary files of grades.csv and of the pages (feedback/ holds nothing else) that a grading killed
+    in its `_commit` (SIGKILL, the OOM killer) left: hidden copies of students' pages that no rerun renamed or
+    removed. Called under `_commit`'s lock of --out, so no other grading is writing one of them now."""
+    for folder, ours in ((out_dir, {"grades.csv"}), (out_dir / "feedback", None)):
+        with contextlib.suppress(OSError), os.scandir(folder) as entries:
+            for entry in entries:
+                m = _TEMPORARY.fullmatch(entry.name)
+                if m and (ours is None or m[1] in ours) and entry.is_file(follow_symlinks=False):
+                    with contextlib.suppress(OSError):
+                        os.unlink(entry.path)
 
 
 def _grade_all(subs, course_obj, workroot, options, limits, jobs, results: list, rendered: dict,
