@@ -93,3 +93,15 @@ def test_grade_says_once_when_submissions_would_run_with_the_graders_own_access(
     assert cli.main(["grade", str(tmp_path / "subs"), "--out", str(tmp_path / "out"),
                      "--course", str(tmp_path / "no-course")]) == 2
     assert len(capsys.readouterr().err.splitlines()) == 1
+
+
+@pytest.mark.parametrize("option, value", [("--jobs", "\u0663"), ("--jobs", "1_0"), ("--memory-mb", "\uff16\uff14"),
+                                           ("--timeout", "1_0"), ("--cell-timeout", "\u0665"), ("--timeout", "inf")])
+def test_grade_numbers_are_spelled_as_every_other_option(tmp_path, capsys, option, value):
+    """`int`/`float` take `1_0` and other scripts' digits; grade's options took them (`--jobs ٣` ran 3 jobs), where
+    every other command's options and every trace file refuse them in one line."""
+    with pytest.raises(SystemExit) as info:
+        cli.main(["grade", str(tmp_path), "--out", str(tmp_path / "out"), f"{option}={value}"])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and err.count("\n") == 1 and f"argument {option}: expected" in err
+    assert not (tmp_path / "out").exists()

@@ -16,19 +16,23 @@ from ..errors import UserError
 
 
 def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+    """Seconds from 1 to 3600, spelled as every number option is (`cli._decimal`: no `1_0`, `inf`, other digits)."""
+    from ..cli import _decimal
+
+    value = _decimal(text)
+    if math.isnan(value):
+        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}")
     if not math.isfinite(value) or not 1.0 <= value <= 3600.0:
         raise argparse.ArgumentTypeError(f"expected seconds between 1 and 3600, got {text!r}")
     return value
 
 
 def _int_between(lo: int, hi: int, what: str):
-    def parse(text: str) -> int:
+    def parse(text: str) -> int:  # (spelled as in trace files: `trace.parse_decimal`, not `int`'s `1_0` or `٣`)
+        from ..trace import parse_decimal
+
         try:
-            value = int(text)
+            value = parse_decimal(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected a whole number of {what}, got {text!r}") from None
         if not lo <= value <= hi:
