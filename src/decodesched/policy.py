@@ -222,24 +222,28 @@ def _describe(value, depth: int, seen: dict[int, int]) -> bytes:
 
 def _describe_globals(code, globals_: dict, depth: int, seen: dict[int, int]) -> list[bytes]:
     """What the globals that `code` reads are: each by its name and value, and an attribute read from a
-    module global (``helpers.step(r)``, ``np.int64``) by its value in that module."""
-    names = _code_names(code)
+    module global (``helpers.step(r)``, ``np.int64``) by its value in that module, also through submodules
+    (``pkg.sub.BOOST``: Numba freezes the value at the end of the chain as it does a global's)."""
+    names = list(dict.fromkeys(_code_names(code)))
     modules = []
     parts = []
     import types
 
-    for name in dict.fromkeys(names):
+    for name in names:
         if name not in globals_:
             continue
         value = globals_[name]
         parts.append(name.encode() + b"=" + _describe_value(value, depth + 1, seen))
         if isinstance(value, types.ModuleType):
             modules.append(value)
-    for module in modules:
-        for name in dict.fromkeys(names):
+    for module in modules:  # (grows with the submodules met: each module once)
+        for name in names:
             if name in getattr(module, "__dict__", {}):
+                value = module.__dict__[name]
                 parts.append(_describe_value(module, depth + 1, seen) + f".{name}=".encode()
-                             + _describe_value(module.__dict__[name], depth + 1, seen))
+                             + _describe_value(value, depth + 1, seen))
+                if isinstance(value, types.ModuleType) and not any(value is m for m in modules):
+                    modules.append(value)
     return parts
 
 
@@ -711,6 +715,8 @@ def _stale_global(fn, depth: int = 0, seen: set | None = None) -> tuple[str, str
     compiled, or an array changed in place: Numba froze the old value, while ``py_func``, the model's, reads the
     new), else None.  Values
     are compared as `Policy.fingerprint` describes them; code loaded from Numba's disk cache is not inspected."""
+    import types
+
     import numpy as np
     from numba.core import ir
     from numba.core.dispatcher import Dispatcher
@@ -729,7 +735,10 @@ def _stale_global(fn, depth: int = 0, seen: set | None = None) -> tuple[str, str
         if signature not in frozen or frozen[signature][0] is not compiled:  # (compiled anew: values of now)
             frozen[signature] = (compiled, {})
         held = frozen[signature][1]
-        for block in (getattr(getattr(compiled, "type_annotation", None), "blocks", None) or {}).values():
+        annotation = getattr(compiled, "type_annotation", None)
+        typemap = getattr(annotation, "typemap", None) or {}
+        modules: dict = {}  # variable -> (its name in the code, the module it holds)
+        for block in (getattr(annotation, "blocks", None) or {}).values():
             for stmt in block.body:
                 value = getattr(stmt, "value", None)
                 if isinstance(value, ir.FreeVar) and value.index < len(py.__closure__ or ()):
@@ -737,21 +746,38 @@ def _stale_global(fn, depth: int = 0, seen: set | None = None) -> tuple[str, str
                         now = py.__closure__[value.index].cell_contents
                     except ValueError:  # an empty cell
                         continue
+                    name, then = value.name, value.value
                 elif isinstance(value, ir.Global) and value.name in globals_:
-                    now = globals_[value.name]
+                    name, now, then = value.name, globals_[value.name], value.value
+                elif isinstance(value, ir.Expr) and value.op == "getattr" and value.value.name in modules:
+                    # an attribute of a module global (``helpers.BOOST``, ``pkg.sub.step``), which the model reads
+                    # anew after ``importlib.reload(helpers)``: compared as first seen here (the IR keeps no value;
+                    # the type keeps a helper only while the module still holds it)
+                    where, module = modules[value.value.name]
+                    name, now = f"{where}.{value.attr}", getattr(module, value.attr, None)
+                    if not isinstance(now, types.ModuleType):
+                        held.setdefault(name, _describe_value(now, 1, {}))
+                        if _describe_value(now, 1, {}) != held[name]:
+                            return py.__name__, name
+                    try:
+                        then = getattr(typemap.get(stmt.target.name), "dispatcher", now)
+                    except ReferenceError:  # (the helper Numba compiled is gone: replaced, and found unchanged)
+                        continue
                 else:
                     continue  # (a builtin such as len)
-                if isinstance(value.value, np.ndarray):  # (its contents as first seen: they may change in place)
-                    if value.name not in held:
-                        held[value.name] = _describe_value(value.value, 1, {})
-                    stale = _describe_value(now, 1, {}) != held[value.name]
+                if isinstance(now, types.ModuleType):
+                    modules[stmt.target.name] = (name, now)
+                    continue
+                if isinstance(then, np.ndarray):  # (its contents as first seen: they may change in place)
+                    if name not in held:
+                        held[name] = _describe_value(then, 1, {})
+                    stale = _describe_value(now, 1, {}) != held[name]
                 else:  # (a helper is described with the globals it reads now: a stale one is found in it, below)
-                    stale = now is not value.value and (_describe_value(now, 1, {})
-                                                         != _describe_value(value.value, 1, {}))
+                    stale = now is not then and _describe_value(now, 1, {}) != _describe_value(then, 1, {})
                 if stale:
-                    return py.__name__, value.name
-                if isinstance(value.value, Dispatcher):
-                    found = _stale_global(value.value, depth + 1, seen)
+                    return py.__name__, name
+                if isinstance(then, Dispatcher):
+                    found = _stale_global(then, depth + 1, seen)
                     if found is not None:
                         return found
     return None

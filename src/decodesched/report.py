@@ -111,25 +111,43 @@ def _figure(nrows: int = 1, ncols: int = 1, width: float = 6.4, height: float = 
     return fig, axes
 
 
-def _suptitle(fig, text: str, fontsize: float) -> None:
-    """The figure's title, wrapped onto more lines where one would be wider than the figure (a sweep of
-    one trace family draws a single column of panels, 4.6 inches: its one-line title was cut at both ends)."""
+def _text_width(text: str, fontsize: float) -> float:
+    """The width of one line of `text` drawn at `fontsize`, in points."""
     from matplotlib.font_manager import FontProperties
     from matplotlib.textpath import TextToPath
 
-    font, measure = FontProperties(size=fontsize), TextToPath()
-    room = fig.get_figwidth() * 72 * 0.96  # points, less a margin
+    return TextToPath().get_text_width_height_descent(text, FontProperties(size=fontsize), ismath=False)[0]
 
-    def width(line: str) -> float:
-        return measure.get_text_width_height_descent(line, font, ismath=False)[0]
 
+def _wrapped(text: str, fontsize: float, room: float) -> str:
+    """`text` broken at spaces into lines of at most `room` points each, where the words allow."""
     lines: list[str] = []
     for word in text.split(" "):
-        if lines and width(f"{lines[-1]} {word}") <= room:
+        if lines and _text_width(f"{lines[-1]} {word}", fontsize) <= room:
             lines[-1] = f"{lines[-1]} {word}"
         else:
             lines.append(word)
-    fig.suptitle("\n".join(lines), fontsize=fontsize)
+    return "\n".join(lines)
+
+
+def _suptitle(fig, text: str, fontsize: float) -> None:
+    """The figure's title, wrapped onto more lines where one would be wider than the figure (a sweep of
+    one trace family draws a single column of panels, 4.6 inches: its one-line title was cut at both ends)."""
+    fig.suptitle(_wrapped(text, fontsize, fig.get_figwidth() * 72 * 0.96), fontsize=fontsize)
+
+
+def _legend(fig, ax) -> None:
+    """The legend of `ax`'s lines (one per policy) below the figure's panels, in as many columns as fit its width,
+    the figure made taller by its rows: inside the first panel, a sweep of ten policies had it cover that panel's
+    lines and its censored note."""
+    handles, labels = ax.get_legend_handles_labels()
+    if not handles:
+        return
+    entry = max(_text_width(label, 8) for label in labels) + 40  # points: the label, its line and the gaps
+    columns = max(1, min(len(labels), int(fig.get_figwidth() * 72 * 0.95 // entry)))
+    rows = -(-len(labels) // columns)
+    fig.set_figheight(fig.get_figheight() + (rows * 14 + 14) / 72)
+    fig.legend(handles, labels, loc="outside lower center", ncols=columns, fontsize=8)
 
 
 def _count_axis(ax) -> None:
@@ -168,7 +186,7 @@ def _save(fig, out: Path, plot: Plot) -> Plot:
             plot.xlabels.append(ax.get_xlabel())
         if ax.get_ylabel():
             plot.ylabels.append(ax.get_ylabel())
-        legend = ax.get_legend()
+    for legend in [ax.get_legend() for ax in fig.axes] + fig.legends:
         if legend is not None:
             plot.legend += [t.get_text() for t in legend.get_texts() if t.get_text() not in plot.legend]
     with warnings.catch_warnings():  # (a long name in a title: the layout gives up, the figure is still drawn)
@@ -522,18 +540,21 @@ def _panel(ax, view: SweepView, series, key: str, scale: float = 1.0) -> list[fl
         seen += values
         if censored:
             names.append(p)
-    _censored_note(ax, names)
+    _censored_note(ax, names, view.policies, "policy")
     if not seen:
         ax.set_yticks([])
     _no_column(ax, view, key, empty=not seen and not names)
     return seen
 
 
-def _censored_note(ax, names: list[str]) -> None:
-    """Name the lines with a censored point in the panel (their triangles may overlap)."""
+def _censored_note(ax, names: list[str], lines: list[str], what: str) -> None:
+    """Name the lines (of `lines`, each a `what`) with a censored point in the panel (their triangles may overlap),
+    wrapped to the panel's width: on one line, the names of ten policies ran across the panels beside it."""
     if names:
-        ax.text(0.02, 0.86, "\u25b2 inf (censored): " + ", ".join(names), transform=ax.transAxes, fontsize=7,
-                va="top", color="0.25")
+        named = f"every {what}" if len(lines) > 1 and set(names) == set(lines) else ", ".join(names)
+        room = ax.figure.get_figwidth() * 72 * ax.get_position().width * 0.94  # points, less a margin
+        ax.text(0.02, 0.86, _wrapped("\u25b2 inf (censored): " + named, 7, room), transform=ax.transAxes,
+                fontsize=7, va="top", color="0.25")
 
 
 def _no_column(ax, view: SweepView, key: str, empty: bool) -> None:
@@ -617,7 +638,7 @@ def _load_figure(view: SweepView, out: Path, name: str, caption: str, panels, *,
                 ax.set_title(_family_title(view, fam), fontsize=10)
             if i == len(panels) - 1:
                 ax.set_xlabel(LOAD_LABEL)
-    axes[0][0].legend(fontsize=8)
+    _legend(fig, axes[0][0])
     spread = " Points are medians over replicates, bars their min..max." if view.replicates > 1 else ""
     _suptitle(fig, f"{title} ({_cut(view)})", fontsize=11)
     return _save(fig, out, Plot(name, f"{caption} One column per trace family; never averaged across "
@@ -739,7 +760,7 @@ def _interval_figure(view: SweepView, out: Path, policy: str, classes: list[int]
                 if _censored_marks(ax, x, y, shade):
                     censored.append(name)
                 seen += y[ok].tolist()
-            _censored_note(ax, censored)
+            _censored_note(ax, censored, names, "trace")
             if not seen:
                 ax.set_yticks([])
             _no_column(ax, view, key, empty=not seen and not censored)
@@ -785,7 +806,7 @@ def _capacity_figure(view: SweepView, out: Path, names: list[str]) -> Plot:
                 ax.set_title(f"{name} (load {view.info[name].load:g})", fontsize=10)
             else:
                 ax.set_xlabel("KV capacity (free KV blocks)")
-    axes[0][0].legend(fontsize=8)
+    _legend(fig, axes[0][0])
     _suptitle(fig, f"P99 TTFT and unfinished requests against KV capacity{interval}", fontsize=11)
     return _save(fig, out, Plot("ttft_vs_capacity",
                                 f"P99 TTFT against KV capacity, one panel per trace, per policy{interval}, with "
@@ -922,7 +943,7 @@ def _per_class_plot(results: dict, order: list[str], colors: dict, out: Path, sc
         if key == "preemptions":
             ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     axes[0][2].set_ylim(0, 105)
-    axes[0][0].legend(fontsize=8)
+    _legend(fig, axes[0][0])
     _suptitle(fig, f"Per priority class ({cfg})", fontsize=10)
     return _save(fig, out, Plot("per_class", "Per priority class: starvation (the longest wait of a request that "
                                              "ran), preemptions suffered, and deadline attainment, per policy; "
@@ -970,7 +991,7 @@ def _cdf_plot(results: dict, order: list[str], colors: dict, out: Path, scale: f
                 ax.set_xticks([])
             ax.set_ylabel("fraction of requests ≤ x" if i == 0 else "tail: slowest 5%")
             ax.grid(True, which="major", alpha=0.3)
-    axes[0][0].legend(fontsize=8, loc="lower right")
+    _legend(fig, axes[0][0])
     _suptitle(fig, f"Latency CDFs per policy ({cfg})", fontsize=10)
     return _save(fig, out, Plot("latency_cdf",
                                 f"CDFs of queue wait, TTFT and end-to-end latency per policy ({u}; log x where "
