@@ -11,7 +11,8 @@ Every file the project writes goes through `atomic_writer`.  Its rules (docs/fil
 - read-only file systems, missing folders, full disks, a closed pipe: `OutputError`, one line.
 
 `check_outputs` refuses, before any work, an output that is an input, an input's ``.meta.json``
-sidecar, or the same file as another output of the same command.  Inside `output_group` the files
+sidecar, or the same file as another output of the same command; in a CLI command the rename refuses them
+again (a name that became a symbolic link to one while the command ran).  Inside `output_group` the files
 of one command appear together: each is renamed into place only when every one was written.
 """
 
@@ -278,6 +279,12 @@ def meta_path(trace_path) -> Path:
     return Path(str(path) + META_SUFFIX)
 
 
+# The running command's inputs and their sidecars, as `check_outputs` protected them ((path, what) pairs): checked
+# again as each output is renamed into place (`_refuse_protected`), where an output that became a symbolic link to
+# one of them while the command ran (`ln -sf trace.csv out.csv`) would overwrite it.  A list while `cli.main` runs.
+protected_inputs: list | None = None
+
+
 def check_outputs(outputs, inputs=()) -> None:
     """Refuse (UserError) outputs that would overwrite an input, an input's ``.meta.json`` sidecar, or
     each other; and any output `output_target` refuses.  `outputs` may hold None (not requested)."""
@@ -290,6 +297,8 @@ def check_outputs(outputs, inputs=()) -> None:
         protected.append((Path(inp), "an input of this command"))
         for side in {Path(str(inp) + META_SUFFIX), meta_path(inp)}:  # (by its name, and by its file's)
             protected.append((side, f"the metadata sidecar of the input {inp}"))
+    if protected_inputs is not None:
+        protected_inputs.extend(protected)
     for out in outputs:
         if out is None:
             continue
@@ -444,6 +453,7 @@ def atomic_writer(path, mode: str = "w", encoding: str | None = "utf-8", newline
             _groups[-1].append((tmp, path))
             return
         output_target(path)  # it may have become a folder or a device meanwhile
+        _refuse_protected([(path, target)])
         os.replace(tmp, target)
     except OSError as exc:
         with contextlib.suppress(OSError):
@@ -538,6 +548,7 @@ def replace_together(moves) -> None:
     failure removes the temporary files not yet renamed."""
     try:
         targets = [output_target(path) for _, path in moves]
+        _refuse_protected([(path, target) for (_, path), target in zip(moves, targets)])
     except OSError:
         for tmp, _ in moves:
             with contextlib.suppress(OSError):
@@ -553,6 +564,22 @@ def replace_together(moves) -> None:
                     with contextlib.suppress(OSError):
                         os.unlink(later)
                 raise OutputError(f"{path}: cannot write ({_describe(exc)})") from None
+
+
+def _refuse_protected(outputs) -> None:
+    """Refuse (`OutputError`) renaming outputs ((path as given, file it changes) pairs) onto one of the running
+    command's inputs (`protected_inputs`) or onto one file twice: a name that was checked (`check_outputs`) and then,
+    while the command ran, became a symbolic link to such a file."""
+    seen: list[tuple[object, Path]] = []
+    for path, target in outputs:
+        for p, what in protected_inputs or ():
+            if _same_file(target, p):
+                raise OutputError(f"{path}: became {what} while the command ran; refusing to overwrite it")
+        for other, other_target in seen:
+            if _same_file(target, other_target):
+                raise OutputError(f"{path}: became the same file as another output ({other}) while the command "
+                                  "ran; refusing to write both")
+        seen.append((path, target))
 
 
 @contextlib.contextmanager
@@ -666,6 +693,12 @@ class Terminated(KeyboardInterrupt):
 def interrupt_status(exc: KeyboardInterrupt) -> int:
     """The exit status after Ctrl-C or another signal: 128 + the signal's number (130 for SIGINT)."""
     return 128 + exc.signum if isinstance(exc, Terminated) else 130
+
+
+def interrupt_said(exc: KeyboardInterrupt) -> str:
+    """How a command's line says it was stopped, as the CLI's own line does: ``interrupted`` (Ctrl-C), or
+    ``terminated (SIGTERM)`` for one of UNWINDING_SIGNALS."""
+    return str(exc) if isinstance(exc, Terminated) else "interrupted"
 
 
 def _on_signal(signum, frame):

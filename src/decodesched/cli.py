@@ -329,7 +329,7 @@ def main(argv=None) -> int:
 
     Library warnings (numpy, matplotlib, Numba) are not shown unless Python was asked for them
     (``-W`` or ``PYTHONWARNINGS``)."""
-    signals, devnull, record_before, stdout_before = _SignalRecord(), None, None, None
+    signals, devnull, record_before, stdout_before, protected_before = _SignalRecord(), None, None, None, None
     try:
         _end_early_interrupt()
         import warnings
@@ -338,6 +338,7 @@ def main(argv=None) -> int:
         from ._io import terminate_like_interrupt
 
         record_before, _io.signal_record = _io.signal_record, signals.interrupt  # (`_io.stop_if_signalled`)
+        protected_before, _io.protected_inputs = _io.protected_inputs, []  # (this command's: `_io.check_outputs`)
         _unraisable_interrupt_dropped.before.append(sys.unraisablehook)
         sys.unraisablehook = _unraisable_interrupt_dropped
         devnull = _closed_stderr_to_devnull()
@@ -366,6 +367,7 @@ def main(argv=None) -> int:
     finally:
         if "decodesched._io" in sys.modules:
             sys.modules["decodesched._io"].signal_record = record_before
+            sys.modules["decodesched._io"].protected_inputs = protected_before
             if isinstance(sys.stdout, sys.modules["decodesched._io"].NamedStdout):  # (else it was replaced meanwhile)
                 sys.stdout = stdout_before
         if _unraisable_interrupt_dropped.before:

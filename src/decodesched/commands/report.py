@@ -54,7 +54,9 @@ def add_parser(sub) -> None:
                    help="capacity: the cut of the sweep figures and the replay of --trace (default: the "
                         "sweep's lower-median capacity)")
     p.add_argument("--aging-interval", type=interval_arg, default=None, metavar="K",
-                   help="aging interval: the cut of the sweep figures and the replay (default 4)")
+                   help="aging interval: the cut of the sweep figures (default: 4 where the sweep has it, else its "
+                        "smallest) and the replay of --trace (default: the one a policy module:attr was built with, "
+                        "else 4)")
     p.add_argument("--load", type=positive_float_arg, default=None, metavar="L",
                    help="show only the traces at this offered load in the P99-against-capacity figure (default all)")
     p.add_argument("--loads", type=_loads, default=None, metavar="NAME=L[,..]",

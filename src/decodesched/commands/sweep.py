@@ -210,17 +210,16 @@ def _sweep(args, traces, scenarios, checkpoint) -> int:
             with contextlib.redirect_stdout(sys.stderr):  # (what a user policy prints: --out - is the CSV)
                 rows, where = _run_local(args, traces, scenarios, checkpoint)
     except KeyboardInterrupt as exc:
-        from .._io import interrupt_status
+        from .._io import interrupt_said, interrupt_status
 
-        saved = _saved(traces, scenarios, checkpoint)
+        saved, said = _saved(traces, scenarios, checkpoint), interrupt_said(exc)
         if saved:
-            print(f"decodesched sweep: interrupted; {saved} of {len(scenarios)} scenarios are saved in {checkpoint}, "
+            print(f"decodesched sweep: {said}; {saved} of {len(scenarios)} scenarios are saved in {checkpoint}, "
                   "rerun the same command to resume", file=sys.stderr)
         elif checkpoint is None:
-            print("decodesched sweep: interrupted; nothing was saved (--out - keeps no checkpoint)", file=sys.stderr)
+            print(f"decodesched sweep: {said}; nothing was saved (--out - keeps no checkpoint)", file=sys.stderr)
         else:
-            print("decodesched sweep: interrupted before any scenario finished; nothing was saved",
-                  file=sys.stderr)
+            print(f"decodesched sweep: {said} before any scenario finished; nothing was saved", file=sys.stderr)
         return interrupt_status(exc)
     except OSError as exc:  # writing the checkpoint (a full disk: the error names no file)
         if isinstance(exc, UserError) or checkpoint is None or exc.filename not in (None, checkpoint):
@@ -236,10 +235,10 @@ def _sweep(args, traces, scenarios, checkpoint) -> int:
     try:
         write_metrics_csv(rows, args.out)
     except KeyboardInterrupt as exc:
-        from .._io import interrupt_status
+        from .._io import interrupt_said, interrupt_status
 
-        print(f"decodesched sweep: interrupted while writing {_where(args.out)}; {_kept(checkpoint, args.out)}",
-              file=sys.stderr)
+        print(f"decodesched sweep: {interrupt_said(exc)} while writing {_where(args.out)}; "
+              f"{_kept(checkpoint, args.out)}", file=sys.stderr)
         return interrupt_status(exc)
     except (UserError, OSError) as exc:
         from .._io import _describe
