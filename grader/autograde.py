@@ -44,7 +44,12 @@ c.Execute.timeout = {cell_timeout}
 c.Execute.interrupt_on_timeout = True
 c.Execute.startup_timeout = 60
 c.Execute.raise_on_iopub_timeout = False
+c.Execute.error_on_timeout = {{"ename": {ename!r}, "evalue": "", "traceback": [{ename!r}]}}
 """
+# The error nbgrader records for a cell it interrupted at the per-cell time limit (`c.Execute.error_on_timeout`
+# above): the only sign of that limit in the graded notebook. A student's own cell that raises TimeoutError (a
+# socket's, a future's) or KeyboardInterrupt ran past no limit: it was `timeout` with a correct solution.
+CELL_TIMEOUT_ENAME = "CellTimeoutError"
 
 
 def build_template(course: Course, workroot: Path, cell_timeout: int) -> Path:
@@ -58,7 +63,8 @@ def build_template(course: Course, workroot: Path, cell_timeout: int) -> Path:
     """
     tpl = workroot / "template"
     (tpl / "source" / spec.ASSIGNMENT).mkdir(parents=True)
-    (tpl / "nbgrader_config.py").write_text(NBGRADER_CONFIG.format(root=".", cell_timeout=cell_timeout))
+    config = NBGRADER_CONFIG.format(root=".", cell_timeout=cell_timeout, ename=CELL_TIMEOUT_ENAME)
+    (tpl / "nbgrader_config.py").write_text(config)
     db = tpl / "gradebook.db"
     with build_locked(course.root, exclusive=False):  # (not while `assignment build` rewrites it)
         shutil.copyfile(course.gradebook, db)
@@ -346,7 +352,7 @@ def kernel_run(sub: Submission, nb: dict, template: Path, workroot: Path, marker
         if "MemoryError" in names:
             rep.status = "memory"
             rep.notes.append("kernel: a cell ran out of memory")
-        elif names & {"KeyboardInterrupt", "CellTimeoutError", "TimeoutError"}:
+        elif CELL_TIMEOUT_ENAME in names:
             rep.status = "timeout"
             rep.notes.append("kernel: a cell ran past the per-cell time limit and was interrupted")
         elif names & {"DeadKernelError"}:
