@@ -45,6 +45,7 @@ from .engine import (ENGINES, SimulationResult, check_config, check_flag, check_
                      zeros_within_memory)
 from .errors import UserError
 from .kernels import enums as E
+from .model import is_integer
 from .policy import Policy, check_distinct, in_jupyter, policy_name, replay_interval
 from .trace import Trace, load_trace, show
 
@@ -127,14 +128,14 @@ def grid(traces, policies: Sequence, kv_blocks: Sequence[int], aging_intervals: 
     20
     """
     if isinstance(traces, (bool, np.bool_, float, np.floating)) or traces is None or (
-            isinstance(traces, (int, np.integer)) and traces < 0):
+            is_integer(traces) and traces < 0):
         raise UserError(f"grid: traces must be the number of traces (an integer >= 0) or the traces, "
                         f"got {show(traces)}")
     if isinstance(traces, Iterator):  # (counted here, it would be used up: simulate_batch would get no trace)
         raise UserError(f"grid: traces is a one-pass iterator ({type(traces).__name__}), which grid would use up "
                         "counting it; make it a list first (traces = list(...)) and give that list to grid and "
                         "simulate_batch")
-    n_traces = int(traces) if isinstance(traces, (int, np.integer)) else len(_as_list(traces))
+    n_traces = int(traces) if is_integer(traces) else len(_as_list(traces))
     replicates = _check_replicates(replicates)
     policies, kv_blocks, intervals = (_grid_axis(name, v) for name, v in (
         ("policies", policies), ("kv_blocks", kv_blocks),
@@ -147,7 +148,7 @@ def grid(traces, policies: Sequence, kv_blocks: Sequence[int], aging_intervals: 
         for v in values:
             if v is None and name == "aging_intervals" and aging_intervals is None:
                 continue
-            if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+            if not is_integer(v):
                 raise UserError(f"grid: {name} must hold integers, got {show(plain_value(v))}{integral_hint(v)}")
             check_setting(setting, v, f"grid: {name}")
     if max_steps is not None:
@@ -187,7 +188,7 @@ def _check_grid_distinct(policies: list, kv_blocks: list, intervals: list) -> No
 def _check_replicates(replicates) -> int:
     """`replicates` as a Python int (a NumPy int8 would wrap around in the trace indices); a UserError unless
     it is a positive integer."""
-    if isinstance(replicates, bool) or not isinstance(replicates, (int, np.integer)) or replicates < 1:
+    if not is_integer(replicates) or replicates < 1:
         raise UserError(f"replicates must be a positive integer, got {show(replicates)}")
     return int(replicates)
 
@@ -254,7 +255,7 @@ def replicate_traces(traces, replicates: int, rules: Sequence[dict | None] | Non
         rule = dict(rule or {})
         options = {k: rule[k] for k in SEEDED_OPTIONS if k in rule}
         seed = rule.get("seed") or 0
-        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        if not is_integer(seed) or seed < 0:
             raise UserError(f"trace {trace.name!r}: its replicate rules (a converted trace's .meta.json "
                             f"options): the seed must be a whole number >= 0, got {show(seed)}")
         out.append(trace)
@@ -390,7 +391,7 @@ class BatchResult:
     def _index(self, i) -> int:
         """`i` as a scenario index from 0, or a TypeError or IndexError that says what the batch holds."""
         n = len(self.scenarios)
-        if isinstance(i, bool) or not isinstance(i, (int, np.integer)):
+        if not is_integer(i):
             raise TypeError(f"a scenario is picked by its index, an integer; got {show(i)}")
         if not -n <= i < n:
             raise IndexError(f"scenario {int(i)} is out of range: the batch has {n} (0 to {n - 1})")
@@ -465,7 +466,7 @@ def _check_threads(threads) -> int | None:
     import numba
 
     limit = numba.config.NUMBA_NUM_THREADS
-    if isinstance(threads, bool) or not isinstance(threads, (int, np.integer)) or not 1 <= threads <= limit:
+    if not is_integer(threads) or not 1 <= threads <= limit:
         raise UserError(f"threads must be an integer from 1 to {limit} (NUMBA_NUM_THREADS), got {show(threads)}")
     return int(threads)
 
@@ -504,10 +505,10 @@ def check_scenarios(scenarios: Sequence[Scenario], n_traces: int) -> list[tuple[
         if not isinstance(sc, Scenario):
             raise UserError(f"scenario {i}: expected a Scenario, got {type(sc).__name__}")
         t = sc.trace
-        if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or not 0 <= t < n_traces:
+        if not is_integer(t) or not 0 <= t < n_traces:
             raise UserError(f"scenario {i}: trace index {show(t)} is not one of 0..{n_traces - 1}")
         rep = sc.replicate  # (only a label, but `BatchResult.rows` writes it as an integer)
-        if isinstance(rep, bool) or not isinstance(rep, (int, np.integer)) or rep < 0:
+        if not is_integer(rep) or rep < 0:
             raise UserError(f"scenario {i}: replicate must be a whole number >= 0, got {show(rep)}")
         try:
             out.append((int(t), *check_config(sc.policy, sc.free_kv_blocks, sc.aging_interval, sc.max_steps)))

@@ -20,6 +20,7 @@ from .errors import UserError
 from .policy import Policy, policy_name, replay_interval
 from .kernels import enums as E
 from .kernels.fields import KERNEL_TRACE_ARGS
+from .model import is_integer
 from .trace import INT64_MAX, MAX_TOTAL, Trace, _read_only, load_trace, plain_value, show, writable_base
 
 POLICIES = E.POLICY_NAMES
@@ -69,7 +70,7 @@ def check_setting(setting: str, value, name: str | None = None) -> int:
     """`value` of the integer setting `setting` (`SETTING_RANGES`) as an int; a UserError naming it as `name`
     (default `setting`) for a value that is no integer (a float, a bool, a string) or outside its range."""
     name = name or setting
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+    if not is_integer(value):
         raise UserError(f"{name} must be an integer{' or None' if setting == 'max_steps' else ''}, got "
                         f"{show(plain_value(value))}{integral_hint(value)}")
     low, low_text, high, high_text = SETTING_RANGES[setting]

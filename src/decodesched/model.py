@@ -17,6 +17,7 @@ Nothing here is fast on purpose: it is the text the kernels are checked against.
 from __future__ import annotations
 
 import numbers
+import sys
 from dataclasses import dataclass
 from typing import Dict, List, Literal
 
@@ -167,7 +168,7 @@ class DecodeSchedulerSim:
         code gives 0), or a Python int past int64 (``r.priority * 1024`` at priority 2**53: 2**63, where compiled
         code wraps around to -2**63), would make the model and the replay disagree without a word."""
         items = value if what == "key" and isinstance(value, tuple) else (value,) if what != "key" else None
-        if items is None or not all(isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in items):
+        if items is None or not all(is_integer(v) for v in items):
             from .errors import UserError
 
             want = "a tuple of integers" if what == "key" else "an integer"
@@ -292,6 +293,16 @@ class DecodeSchedulerSim:
         return self.timeline
 
 
+def is_integer(value) -> bool:
+    """Whether `value` is an integer argument's value: an int, a NumPy integer (any `numbers.Integral`), but not a
+    bool (Python's or NumPy's) nor a NumPy timedelta64, which NumPy counts as an integer: ``np.timedelta64(4)``
+    was taken as 4 and ``np.timedelta64(4, "D")`` raised int()'s TypeError, naming no argument."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        return False
+    np = sys.modules.get("numpy")  # (not imported: the value is no NumPy timedelta; the model imports no NumPy)
+    return np is None or not isinstance(value, np.timedelta64)
+
+
 def _whole(value, name: str, none: bool = False):
     """`value` of integer argument `name` as a Python int (None too with `none`); a `UserError` (a ValueError, as
     the seed's own refusals) naming it for anything else: a bool, a float (NaN, inf or 3.0), a string, which the
@@ -300,7 +311,7 @@ def _whole(value, name: str, none: bool = False):
     became -128), Python's and the kernels' int64 (within the trace limits) do not."""
     if none and value is None:
         return None
-    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+    if is_integer(value):
         return int(value)
     from .engine import integral_hint
     from .errors import UserError
@@ -315,7 +326,7 @@ def _flag(value, name: str) -> bool:
     `UserError` otherwise (a string such as ``"no"`` is truthy: taken, it did the opposite of what was asked)."""
     import numpy as np
 
-    if isinstance(value, (bool, np.bool_)) or (isinstance(value, numbers.Integral) and value in (0, 1)):
+    if isinstance(value, (bool, np.bool_)) or (is_integer(value) and value in (0, 1)):
         return bool(value)
     from .errors import UserError
     from .trace import show

@@ -50,7 +50,7 @@ from pathlib import Path
 
 from .errors import UserError
 from .kernels.enums import POLICY_AGING, POLICY_NAMES
-from .model import DEFAULT_AGING_INTERVAL  # (of a replay given none, of a policy that carries none)
+from .model import DEFAULT_AGING_INTERVAL, is_integer  # (of a replay given none, of a policy that carries none)
 
 # The kernel's policy argument for a user policy (no built-in code; its functions ignore it).
 CUSTOM_CODE = -1
@@ -890,13 +890,10 @@ def builtin(name: str, aging_interval: int | None = None) -> Policy:
         raise UserError(f"unknown built-in policy {name!r}; choose one of {', '.join(POLICY_NAMES)}")
     from .trace import INT64_MAX, show
 
-    import numpy as np
-
     carried = aging_interval is not None
     if not carried:
         aging_interval = DEFAULT_AGING_INTERVAL
-    if (isinstance(aging_interval, (bool, np.bool_)) or not isinstance(aging_interval, (int, np.integer))
-            or not 0 < aging_interval <= INT64_MAX):
+    if not is_integer(aging_interval) or not 0 < aging_interval <= INT64_MAX:
         raise UserError(f"aging_interval must be an integer from 1 to 2**63 - 1, got {show(aging_interval)}")
     aging_interval = int(aging_interval)
     from numba import njit
@@ -936,9 +933,7 @@ def replay_interval(policy, aging_interval=None, option: str = "aging_interval")
     carried = policy.aging_interval if isinstance(policy, Policy) else None
     if aging_interval is None:
         return DEFAULT_AGING_INTERVAL if carried is None else carried
-    import numpy as np
-
-    given = not isinstance(aging_interval, (bool, np.bool_)) and isinstance(aging_interval, (int, np.integer))
+    given = is_integer(aging_interval)
     if carried is not None and given and aging_interval != carried:
         raise UserError(f"policy {policy.name!r} was built with aging interval {carried}, but {option} "
                         f"{int(aging_interval)} was given: give one of them (builtin({policy.name!r}) takes the "

@@ -27,6 +27,7 @@ import numpy as np
 from ._io import input_file, meta_path, not_text, read_parquet_table
 from .errors import UserError
 from .kernels.fields import FILE_COLUMNS, TRACE_FIELDS
+from .model import is_integer
 
 # The trace columns, derived from the one definition of the kernels' trace arrays (kernels/fields.py).
 TRACE_COLUMNS = FILE_COLUMNS
@@ -72,8 +73,10 @@ def show(value, limit: int = 40) -> str:
 
 
 def plain_value(value):
-    """A NumPy scalar as the Python value it holds, for messages (``2000.0``, not ``np.float64(2000.0)``)."""
-    return value.item() if isinstance(value, np.generic) else value
+    """A NumPy scalar as the Python value it holds, for messages (``2000.0``, not ``np.float64(2000.0)``); a NumPy
+    time stays itself (``np.timedelta64(4)``'s value, 4, would read as the integer it is not)."""
+    return value.item() if isinstance(value, np.generic) and not isinstance(value, (np.timedelta64, np.datetime64)) \
+        else value
 
 
 class TraceError(UserError):
@@ -187,8 +190,7 @@ class Trace:
     def deadline_or_none(self, row: int) -> int | None:
         """Row `row`'s deadline step, None where it has none; a row out of range is an IndexError naming the trace's
         size (NumPy's named no trace), as `subset`'s."""
-        if not isinstance(row, (bool, np.bool_)) and isinstance(row, (int, np.integer)) \
-                and not -len(self) <= row < len(self):
+        if is_integer(row) and not -len(self) <= row < len(self):
             raise self._out_of_range(row)
         return int(self.deadline_step[row]) if self.has_deadline[row] else None
 
@@ -505,7 +507,7 @@ def _unique_keys(pairs: list) -> dict:
 def positive_float(value) -> float | None:
     """`value` as a float when it is a positive finite number (a Python or NumPy int or float; a bool is
     none), else None."""
-    number = not isinstance(value, (bool, np.bool_)) and isinstance(value, (int, float, np.integer, np.floating))
+    number = is_integer(value) or isinstance(value, (float, np.floating))
     try:
         scale = float(value) if number else math.nan
     except OverflowError:  # (an integer of hundreds of digits)
@@ -961,9 +963,7 @@ def _is_missing(x) -> bool:
 
 def _parse_int(x, where: str, col: str) -> int:
     """One cell of an integer column as an int within int64; TraceError naming the cell otherwise."""
-    if isinstance(x, (bool, np.bool_, np.timedelta64)):  # NumPy's timedelta64 is an np.integer
-        raise TraceError(f"{where}, column {col}: expected an integer, got {show(x)}")
-    if isinstance(x, (int, np.integer)):
+    if is_integer(x):
         v = int(x)
     elif isinstance(x, (float, np.floating)):
         if not (math.isfinite(x) and float(x).is_integer()):
@@ -985,7 +985,7 @@ def _parse_int(x, where: str, col: str) -> int:
 def _parse_bool(x, where: str, col: str) -> bool:
     if isinstance(x, (bool, np.bool_)):
         return bool(x)
-    if isinstance(x, (int, np.integer)) and int(x) in (0, 1):
+    if is_integer(x) and int(x) in (0, 1):
         return bool(x)
     if isinstance(x, str) and x.strip().lower() in _TRUE | _FALSE:
         return x.strip().lower() in _TRUE
