@@ -34,6 +34,8 @@ from typing import Sequence
 
 import numpy as np
 
+from .model import is_integer
+
 CHECKPOINT_PREFIX = "decodesched-sweep-checkpoint/"
 CHECKPOINT_FORMAT = CHECKPOINT_PREFIX + "3"  # 3: each chunk's line carries its hash (`_record_hash`)
 DEFAULT_LOCAL_CHUNK = 16
@@ -452,7 +454,7 @@ def prepare(traces, scenarios: Sequence, chunk_size, checkpoint_path, stack: con
     from .errors import UserError
     from .trace import load_trace
 
-    if isinstance(chunk_size, bool) or not isinstance(chunk_size, (int, np.integer)) or chunk_size < 1:
+    if not is_integer(chunk_size) or chunk_size < 1:
         raise UserError(f"chunk size must be a positive integer, got {chunk_size!r}")
     traces = [load_trace(t) for t in _as_list(traces)]
     scenarios = scenario_list(scenarios)

@@ -64,6 +64,7 @@ import numpy as np
 
 from ._io import binary_input, input_file, meta_path, not_text
 from .errors import OutputError, UserError
+from .model import is_integer
 from .trace import (MAX_LENGTH, MAX_STEP, TRACE_COLUMNS, Trace, TraceError, _DuplicateKey, _next_record, _unique_keys,
                     excel_separator, load_trace, next_header, parse_decimal, plain_value, positive_float, separator_hint,
                     show)
@@ -563,7 +564,7 @@ def to_trace(
     """
     if (load is None) == (steps_per_second is None):
         raise UserError("give exactly one of --load and --steps-per-second")
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= seed < 2**128:
+    if not is_integer(seed) or not 0 <= seed < 2**128:
         raise UserError(f"--seed must be a whole number from 0 to 2**128 - 1, got {show(seed)}")
     raw = _checked_raw(raw)
     if len(raw) == 0:
@@ -573,7 +574,7 @@ def to_trace(
     elif positive_float(steps_per_second) is None:
         raise UserError(f"--steps-per-second must be a positive number, got {show(plain_value(steps_per_second))}")
     steps_per_second = positive_float(steps_per_second)
-    if isinstance(block_size, bool) or not isinstance(block_size, (int, np.integer)) or block_size < 1:
+    if not is_integer(block_size) or block_size < 1:
         raise UserError(f"--block-size must be a positive whole number, got {show(block_size)}")
     block_size = min(int(block_size), 2 * MAX_LENGTH)  # (from there on every request needs one block; int64 holds it)
     classes = np.asarray(_whole_numbers(priority_classes, "--priority-classes"), dtype=np.int64)

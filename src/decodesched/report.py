@@ -54,6 +54,7 @@ from ._io import (META_SUFFIX, _describe, _same_file, input_file, input_label, m
                   path_argument, replace_together, temp_prefix)
 from .errors import UserError
 from .metrics import MAX_CLASS_COLUMNS, counted, name_text, offered_load, share_text
+from .model import is_integer
 from .palette import POLICY_ORDER, policy_colors, policy_marker, policy_style, sorted_policies
 from .tables_io import is_parquet
 from .trace import INT64_MAX, MAX_INT_DIGITS, next_header, separator_hint, show
@@ -1179,7 +1180,7 @@ def build_report(out_dir, *, results=None, trace=None, policies=None, kv_blocks=
     """
     if results is None and trace is None:
         raise UserError("give a sweep metrics CSV, a --trace, or both")
-    if (isinstance(gantt_requests, bool) or not isinstance(gantt_requests, (int, np.integer))
+    if (not is_integer(gantt_requests)
             or not 1 <= gantt_requests <= MAX_GANTT_REQUESTS):
         raise UserError(f"--gantt-requests must be from 1 to {MAX_GANTT_REQUESTS} (a row each), "
                         f"got {show(gantt_requests)}")

@@ -10,12 +10,13 @@ from __future__ import annotations
 import numpy as np
 
 from .errors import UserError
+from .model import is_integer
 from .trace import MAX_LENGTH, MAX_STEP, Trace, load_trace, show
 
 
 def _whole(value, what: str, low: int, high: int) -> int:
     """`value` as an int from `low` to `high`; UserError naming `what` otherwise (a bool, 2.5, "5")."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or not low <= value <= high:
+    if not is_integer(value) or not low <= value <= high:
         top = f"2**{high.bit_length() - 1}" if high & (high - 1) == 0 else f"2**{high.bit_length()} - 1"
         raise UserError(f"backlog_trace: {what} must be a whole number from {low} to {top}, got {show(value)}")
     return int(value)
