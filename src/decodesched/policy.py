@@ -756,8 +756,8 @@ def _stale_global(fn, depth: int = 0, seen: set | None = None) -> tuple[str, str
                     where, module = modules[value.value.name]
                     name, now = f"{where}.{value.attr}", getattr(module, value.attr, None)
                     if not isinstance(now, types.ModuleType):
-                        held.setdefault(name, _describe_value(now, 1, {}))
-                        if _describe_value(now, 1, {}) != held[name]:
+                        described = _describe_value(now, 1, {})
+                        if held.setdefault(name, described) != described:
                             return py.__name__, name
                     try:
                         then = getattr(typemap.get(stmt.target.name), "dispatcher", now)
