@@ -45,6 +45,7 @@ import types
 _type = type
 _len = len
 _isinstance = isinstance
+_issubclass = issubclass
 _getattr = getattr
 _setattr = setattr
 _sorted = sorted
@@ -438,13 +439,19 @@ def _fields(ev, names):
     return out
 
 
+def _raised(exc, klass):
+    """Whether `exc` is a `klass`, as ``except klass`` decides: by its class, never by a ``__class__`` it claims
+    (isinstance believes one: an exception of the solution's own would read as a ValueError, or as our timeout)."""
+    return _issubclass(_type(exc), klass)
+
+
 def _error(exc):
     """A short, safe description of an exception raised by student code."""
-    if _isinstance(exc, ScenarioOutOfMemory):
+    if _raised(exc, ScenarioOutOfMemory):
         return {"raised": "MemoryError", "msg": "memory kept growing until the time limit"}
-    if _isinstance(exc, ScenarioTimeout):
+    if _raised(exc, ScenarioTimeout):
         return {"timeout": True}
-    if _isinstance(exc, _ValueError):
+    if _raised(exc, _ValueError):
         name = "ValueError"
     else:
         try:
@@ -454,7 +461,7 @@ def _error(exc):
         except _BaseException:
             name = "?"
         builtin = _BUILTIN_ERRORS.get(name)
-        if builtin is not None and not _isinstance(exc, builtin):
+        if builtin is not None and not _raised(exc, builtin):
             # `except ValueError` would not catch it: it must not read as the builtin (a check expecting a
             # ValueError would pass, a MemoryError would set the status)
             name = name[:30] + " (not the builtin)"
@@ -646,7 +653,7 @@ def run_scenario(ns, ops, budget_s=None):
             break
         except _BaseException as exc:  # noqa: BLE001 - the student's code may raise anything
             obs.append(_error(exc))
-            if _isinstance(exc, _MemoryError) or _isinstance(exc, _RecursionError):
+            if _raised(exc, _MemoryError) or _raised(exc, _RecursionError):
                 box["sim"] = None
         restore_builtins()
     return obs

@@ -42,6 +42,7 @@ MAX_LINE_BYTES = 2 * 2**20  # one line (honest: under 10 KiB)
 MAX_CONTAINERS = 400_000  # JSON objects and arrays parsed per batch (honest: about 5 000): ~30 MB of Python objects
 MAX_DEPTH = 32  # objects and arrays nested in one line (honest: at most 12, `harness.normalise` stops at 7)
 _PREFIX = 512  # what is kept of a line too large to parse: enough for its scenario id
+_TAIL = 4096  # ... and of its end: its last observation and what follows it (`harness.main`: wall_ms, 20 names)
 _RESULT_START = re.compile(rb'\{"id":("(?:[^"\\]|\\.){0,400}"),"obs":')
 
 def _numpy_dir() -> str | None:
@@ -68,7 +69,15 @@ class HarnessRun:
 
 class _TooLarge(bytes):
     """The start of an output line that is never parsed: longer than MAX_LINE_BYTES, or with more containers
-    than its batch has left of MAX_CONTAINERS."""
+    than its batch has left of MAX_CONTAINERS. ``tail``: the line's last `_TAIL` bytes (`_says_timed_out`)."""
+
+    tail = b""
+
+
+def _too_large(line: bytes, tail: bytes) -> _TooLarge:
+    out = _TooLarge(line[:_PREFIX])
+    out.tail = tail[-_TAIL:]
+    return out
 
 
 def _anonymous_file() -> int:
@@ -89,6 +98,7 @@ class _Output:
         self.pos = 0
         self._partial = b""  # the start of a line not finished yet
         self._long = False  # that line is past MAX_LINE_BYTES: only its start is kept, the rest skipped
+        self._tail = b""  # ... but for its last `_TAIL` bytes
 
     def lines(self, budget: int = MAX_OUTPUT_BYTES, final: bool = False) -> tuple[list, int]:
         """(new whole lines, bytes read); a line over MAX_LINE_BYTES comes as `_TooLarge`. With `final` (the
@@ -105,7 +115,7 @@ class _Output:
             used += len(data)
             self._split(data, out)
         if final and self._long:
-            out.append(_TooLarge(self._partial))
+            out.append(_too_large(self._partial, self._tail))
             self._partial, self._long = b"", False
         return out, used
 
@@ -115,14 +125,15 @@ class _Output:
             nl = data.find(b"\n", start)
             piece = data[start:] if nl < 0 else data[start:nl]
             if self._long:
-                pass
+                self._tail = (self._tail + piece)[-_TAIL:]
             elif len(self._partial) + len(piece) > MAX_LINE_BYTES:
+                self._tail = (self._partial[-_TAIL:] + piece)[-_TAIL:]
                 self._partial, self._long = (self._partial + piece[:_PREFIX])[:_PREFIX], True
             else:
                 self._partial += piece
             if nl < 0:
                 return
-            out.append(_TooLarge(self._partial) if self._long else self._partial)
+            out.append(_too_large(self._partial, self._tail) if self._long else self._partial)
             self._partial, self._long = b"", False
             start = nl + 1
 
@@ -142,6 +153,7 @@ def _grace(limit: float) -> float:
     return min(max(CHECK_SLACK_S, 3 * limit), KILL_GRACE_S)
 FULL_TIMEOUTS = 2  # as `harness.FULL_TIMEOUTS`
 NOT_RUN = "not run: the time allowed for checks that time out was spent"  # as `harness.NOT_RUN`
+FORGED_LINE = "its result line was forged"  # the observations of a check whose line said what only the grader says
 _TIMED_OUT = {"timeout": True}
 _OUT_OF_MEMORY = {"raised": "MemoryError", "msg": "memory kept growing until the time limit"}
 
@@ -242,6 +254,16 @@ class _CheckMeter:
         self.next += 1
         self.rebase = True
 
+    def claimed_not_run(self, obs: dict) -> list[str]:
+        """Forged: a check whose line says it was not run (`harness.NOT_RUN`) where the grader's own count of the checks
+        that timed out (never below the harness's) still ran it. Its observations become `FORGED_LINE`."""
+        with self._lock:
+            verdicts = dict(self.verdicts)
+        found = [sid for sid, got in obs.items() if got == [{"killed": NOT_RUN}] and verdicts.get(sid) != got]
+        for sid in found:
+            obs[sid] = [{"killed": FORGED_LINE}]
+        return [f"the result line for {sid[:40]!r} says it was not run, though its turn had come" for sid in found[:1]]
+
     def apply(self, obs: dict) -> dict:
         """`obs` with the grader's own measure applied: a check over its limit timed out, whatever its line says."""
         with self._lock:
@@ -257,9 +279,12 @@ class _CheckMeter:
 
 
 def _says_timed_out(chunk: bytes) -> bool:
-    """Whether a result line's last observation is the harness's timeout (its limit for the next check)."""
-    if len(chunk) > 64 * 1024:
-        return False
+    """Whether a result line's last observation is the harness's timeout (its limit for the next check). A line too
+    long to parse here is read at its end, as `harness.to_json` writes one (``{"timeout":true}],"wall_ms":``: no
+    string it writes holds a ``"``), so the grader never counts fewer timeouts than the harness (`claimed_not_run`)."""
+    if isinstance(chunk, _TooLarge) or len(chunk) > 64 * 1024:
+        tail = chunk.tail if isinstance(chunk, _TooLarge) else chunk[-_TAIL:]
+        return tail.rpartition(b'],"wall_ms":')[0].endswith(b'{"timeout":true}')
     try:
         items = json.loads(chunk.decode("ascii")).get("obs")
     except (ValueError, UnicodeDecodeError, RecursionError, AttributeError):
@@ -279,6 +304,10 @@ def _result_id(chunk: bytes):
     return sid if isinstance(sid, str) else None
 
 
+class _GraderLine(dict):
+    """A result line the grader wrote in place of one it could not read (`_decode`): its words are the grader's."""
+
+
 def _decode(chunks: list) -> tuple[list, list]:
     """Parse the lines of one batch within MAX_CONTAINERS: (JSON values, forged). A result line that is too
     large becomes a failed observation of its scenario; any other is forged."""
@@ -289,14 +318,14 @@ def _decode(chunks: list) -> tuple[list, list]:
         if not isinstance(chunk, _TooLarge):
             n = chunk.count(b"{") + chunk.count(b"[")
             if containers + n > MAX_CONTAINERS:  # not parsed (and not counted: later lines still are)
-                chunk = _TooLarge(chunk[:_PREFIX])
+                chunk = _too_large(chunk, chunk)
             containers += 0 if isinstance(chunk, _TooLarge) else n
         if isinstance(chunk, _TooLarge):
             sid = _result_id(chunk)
             if sid is None:
                 forged.append("an oversized line in the harness output")
             else:
-                lines.append({"id": sid, "obs": [{"killed": "its observations were too large to read"}]})
+                lines.append(_GraderLine(id=sid, obs=[{"killed": "its observations were too large to read"}]))
             continue
         try:
             value = json.loads(chunk.decode("ascii"))
@@ -326,6 +355,14 @@ def _too_deep(value, limit: int = MAX_DEPTH) -> bool:
 def _parse(chunks: list, scenarios: list[dict], first: bool = True):
     """`_parse_all` without its last item (whether the harness yielded)."""
     return _parse_all(chunks, scenarios, first)[:6]
+
+
+def _grader_words(items) -> bool:
+    """Whether observations open with ``{"killed": ...}``, the grader's record of a check it stopped or never ran
+    (`compare.compare` says so in the feedback, `verdict` sets the status by it): the harness writes one only as
+    `NOT_RUN` (its first observation is the constructor's), checked against the grader's count (`claimed_not_run`)."""
+    return (isinstance(items, list) and bool(items) and isinstance(items[0], dict) and "killed" in items[0]
+            and items != [{"killed": NOT_RUN}])
 
 
 def _parse_all(chunks: list, scenarios: list[dict], first: bool = True):
@@ -362,6 +399,10 @@ def _parse_all(chunks: list, scenarios: list[dict], first: bool = True):
             if sid != scenarios[len(seen)]["id"]:
                 forged.append(f"the result line for {sid[:40]!r} out of the checks' order")  # it runs them in order
             seen.add(sid)
+            if type(ln) is not _GraderLine and _grader_words(ln["obs"]):
+                forged.append(f"the result line for {sid[:40]!r} says the grader stopped its check")
+                obs[sid] = [{"killed": FORGED_LINE}]
+                continue
             obs[sid] = ln["obs"]
     if done and len(seen) < len(scenarios):
         forged.append(f"a done line after {len(seen)} of {len(scenarios)} checks")  # it writes one after the last
@@ -471,6 +512,7 @@ def run_harness(source: str, scenarios: list[dict], *, limits: Limits | None = N
         try:
             load, done, obs, forged, patched, slow, yielded = _parse_all(session.wait_for(b'{"done":'), scenarios)
             prep.meter.poll(None, final=not session.alive())
+            forged += prep.meter.claimed_not_run(obs)
             obs = prep.meter.apply(obs)
         except BaseException:
             session.close()  # its sandbox ends and its folder goes, whatever went wrong here
@@ -491,6 +533,7 @@ def run_harness(source: str, scenarios: list[dict], *, limits: Limits | None = N
         outcome = _run_sandboxed(ARGV, prep.tmp, limits, hide, prep.child_fds, monitor=prep.meter.poll)
         load, done, obs, forged, patched, slow, yielded = _parse_all(prep.out.lines(final=True)[0], scenarios)
         prep.meter.poll(None)
+        forged += prep.meter.claimed_not_run(obs)
         obs = prep.meter.apply(obs)
         if yielded and not _may_yield(outcome, limits):
             forged.append("a yield line with CPU time left")
@@ -570,6 +613,7 @@ class HarnessSession:
         self._batches += 1
         obs = _parse(self.wait_for(b'{"batch":%d}' % self._batches), scenarios, first=False)[2]
         self._meter.poll(None, final=not self.alive())
+        self._meter.claimed_not_run(obs)  # (a shrinking batch is never "not run": such a line's candidate did not run)
         return self._meter.apply(obs)
 
     def _send(self, data: bytes, patience_s: float = 60.0) -> bool:
