@@ -136,6 +136,43 @@ def check_environment() -> None:
     if text is not None and (_env_int("NUMBA_NUM_THREADS") or 0) < 1:
         raise UserError(f"NUMBA_NUM_THREADS={text[:40]!r} is not a whole number of threads from 1 up; set one "
                         "(or unset NUMBA_NUM_THREADS)")
+    if text is not None and (limit := _thread_limit()) is not None and _env_int("NUMBA_NUM_THREADS") > limit:
+        raise UserError(f"NUMBA_NUM_THREADS={text[:40]!r} is more threads than this system lets a process start "
+                        f"(at most {limit}); set a smaller number (or unset NUMBA_NUM_THREADS)")
+
+
+def _thread_limit() -> int | None:
+    """The most threads this system lets one process have (Linux: the kernel's thread and process-id limits, the
+    cgroup's, a user's process limit); None where none is known.  More in NUMBA_NUM_THREADS ended a sweep in
+    libgomp's "Thread creation failed" (exit 1) and a warmup in a segmentation fault, with no line of ours."""
+    limits = []
+    for name in ("/proc/sys/kernel/threads-max", "/proc/sys/kernel/pid_max", "/sys/fs/cgroup/pids.max"):
+        with contextlib.suppress(OSError, ValueError):
+            limits.append(int(Path(name).read_text()))  # (pids.max may say "max": no limit)
+    with contextlib.suppress(ImportError, OSError, ValueError):
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_NPROC)[0]
+        if soft != resource.RLIM_INFINITY and os.geteuid() != 0:  # (root's threads are not held to it)
+            limits.append(soft)
+    return min(limits, default=None)
+
+
+def start_threads() -> None:
+    """Start Numba's thread pool for the parallel kernels, refusing (`UserError`, one line) a threading layer that
+    cannot load: ``NUMBA_THREADING_LAYER=tbb`` without TBB installed, or a layer or ``NUMBA_THREADING_LAYER_PRIORITY``
+    Numba does not know, ended a sweep or warmup in Numba's ValueError traceback at the first parallel call."""
+    import numba
+
+    from .errors import UserError
+
+    try:
+        numba.get_num_threads()  # (launches the pool, once)
+    except ValueError as exc:
+        named = [f"{name}={os.environ[name][:40]!r}" for name in ("NUMBA_THREADING_LAYER",
+                 "NUMBA_THREADING_LAYER_PRIORITY") if name in os.environ]
+        raise UserError(f"Numba's threading layer did not load ({' '.join(str(exc).split())})"
+                        + (f"; change or unset {' and '.join(named)}" if named else "")) from None
 
 
 def require_jit() -> None:

@@ -137,10 +137,15 @@ def _parser_class():
 
         def _print_message(self, message, file=None):
             """As argparse's, but a write that fails is not passed over: ``--help`` or ``--version`` into a full
-            disk or a closed pipe (under ``python -u``, where no buffer holds the text until the flush) exited 0."""
+            disk or a closed pipe (under ``python -u``, where no buffer holds the text until the flush) exited 0;
+            and into a closed standard output (`file` None: argparse's ``sys.stdout``) it went to stderr, exit 0."""
             if message:
+                if file is None:
+                    from ._io import CLOSED_STDOUT
+
+                    raise UserError(CLOSED_STDOUT)
                 try:
-                    (file or sys.stderr).write(message)
+                    file.write(message)
                 except AttributeError:  # (no stream at all)
                     pass
                 except OSError as exc:

@@ -19,7 +19,8 @@ from ..errors import UserError
 
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser("assignment", help="make a course folder; build and check the student release",
-                              description=__doc__.split("\n\n")[0])
+                              description="A course folder of one's own (init), and its checked student release "
+                              "(build).")  # (not this module's docstring: ``python -OO`` drops it)
     sub = p.add_subparsers(dest="assignment_command", metavar="ACTION")
     i = sub.add_parser("init", help="write a ready course folder (source notebook, nbgrader_config.py, README)",
                        description="Write a ready nbgrader course into DIR (new or empty): the source notebook, "

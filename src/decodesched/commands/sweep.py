@@ -167,6 +167,10 @@ def run(args) -> int:
                 raise UserError(f"--{exc}") from None
         elif args.threads < 1:  # (the workers' Numba may allow more threads than this machine's)
             raise UserError(f"--threads must be at least 1, got {args.threads}")
+    if args.dask is None:  # (this machine's threads run it: a threading layer that cannot load, said first)
+        from .._numba_cache import start_threads
+
+        start_threads()
     policies = [resolve_policy(p) for p in args.policy]
     check_distinct(policies)  # rows are known by the policy's name: one name, one policy, once
     # Validate the whole grid before loading anything heavy or running anything.

@@ -110,9 +110,10 @@ def cache_location() -> str:
 
 
 def run(args) -> int:
-    from .._numba_cache import require_jit
+    from .._numba_cache import require_jit, start_threads
 
     require_jit()
+    start_threads()  # (the batch kernels run on Numba's threads)
     import numba
 
     if args.cuda:  # no GPU: said before the CPU kernels compile for minutes, and with warmup's own option
