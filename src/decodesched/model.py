@@ -59,6 +59,12 @@ class RequestState:
         return self.generated_len >= self.max_new_tokens
 
 
+# Why a NumPy integer overflow in a policy's Python version is refused (`DecodeSchedulerSim._policy_call`, `Policy`).
+NUMPY_OVERFLOW_HINT = ("compiled code wraps around where NumPy refuses or wraps at its type's width (and computes "
+                       "small integers in int64), so the replay would differ; compute in int64 (np.int64(...) or "
+                       "Python ints), inside int64")
+
+
 class DecodeSchedulerSim:
     """Advance one request per step between prefill and decode, and record every event."""
 
@@ -155,11 +161,26 @@ class DecodeSchedulerSim:
     def _effective_priority(self, req: RequestState) -> int:
         """Business priority, plus one level per `aging_interval` waited steps under ``aging``."""
         if self._priority is not None:
-            return self._policy_value("effective_priority", req, self._priority(self._view(req), self.clock))
+            return self._policy_call("effective_priority", self._priority, req)
         effective_priority = req.priority
         if self.policy == "aging":
             effective_priority += req.wait_steps // self.aging_interval
         return effective_priority
+
+    def _policy_call(self, what: str, fn, req: RequestState):
+        """What a `Policy` function (`fn`, its Python version) returns for `req`, checked by `_policy_value`.  It runs
+        with NumPy's integer overflow raising (`step`): NumPy's fixed-width arithmetic wraps around at its type's
+        width in Python (``np.int32(a) * np.int32(b)``), where compiled code computes it in int64, so the replay
+        would differ without a word (and NumPy's warning would land on stderr)."""
+        try:
+            value = fn(self._view(req), self.clock)
+        except (FloatingPointError, OverflowError) as exc:  # (OverflowError: np.int8(300); compiled wraps)
+            from .errors import UserError
+
+            raise UserError(f"policy {self.policy.name!r}: {what}(r, clock) overflowed a NumPy integer in Python (the "
+                            f"model) for request {req.request_id} at clock {self.clock} ({exc}): "
+                            f"{NUMPY_OVERFLOW_HINT}") from exc
+        return self._policy_value(what, req, value)
 
     def _policy_value(self, what: str, req: RequestState, value):
         """`value`, what a `Policy` function returned in Python for `req`: a tuple of integers (`key`) or an integer,
@@ -176,7 +197,7 @@ class DecodeSchedulerSim:
                             f"for request {req.request_id} at clock {self.clock}, not {want}; the compiled function "
                             "returns integers, so the replay would differ (an integer power with a negative "
                             "exponent is a float in Python: keep to +, -, *, // and %)")
-        if any(isinstance(v, int) and not -2**63 <= v < 2**63 for v in items):  # (a NumPy int wraps in both)
+        if any(isinstance(v, int) and not -2**63 <= v < 2**63 for v in items):  # (NumPy overflow: `_policy_call`)
             from .errors import UserError
 
             raise UserError(f"policy {self.policy.name!r}: {what}(r, clock) returned {value!r} in Python (the model) "
@@ -190,7 +211,7 @@ class DecodeSchedulerSim:
     def _schedule_key(self, req: RequestState) -> tuple:
         """The sort key, smallest first: slack, phase, cache, -effective priority, length, id."""
         if self._key is not None:
-            return self._policy_value("key", req, self._key(self._view(req), self.clock)) + (req.request_id,)
+            return self._policy_call("key", self._key, req) + (req.request_id,)
         phase_rank = 0 if req.phase == "prefill" else 1
         if self.policy == "fcfs":
             return (phase_rank, req.enqueue_clock, req.request_id)
@@ -236,6 +257,14 @@ class DecodeSchedulerSim:
 
     def step(self) -> Dict[str, int | str] | None:
         """Choose and advance one unfinished request; record the event.  None if nothing can run."""
+        if self._key is None:
+            return self._step()
+        import numpy as np
+
+        with np.errstate(over="raise"):  # (a policy's NumPy arithmetic: `_policy_call`; once a step, not a call)
+            return self._step()
+
+    def _step(self) -> Dict[str, int | str] | None:
         candidates = [req for req in self.queue if not req.done]
         if not candidates:
             return None

@@ -50,7 +50,8 @@ from pathlib import Path
 
 from .errors import UserError
 from .kernels.enums import POLICY_AGING, POLICY_NAMES
-from .model import DEFAULT_AGING_INTERVAL, is_integer  # (of a replay given none, of a policy that carries none)
+# (DEFAULT_AGING_INTERVAL: of a replay given none, of a policy that carries none)
+from .model import DEFAULT_AGING_INTERVAL, NUMPY_OVERFLOW_HINT, is_integer
 
 # The kernel's policy argument for a user policy (no built-in code; its functions ignore it).
 CUSTOM_CODE = -1
@@ -272,6 +273,9 @@ class Policy:
         if not name.isprintable():  # a newline or ESC would break the summary tables, which print it raw
             raise UserError(f"policy name {name!r} holds a character that is not printable (a control "
                             "character such as a newline, tab or escape); choose a name without one")
+        if name != name.strip():  # ("fcfs " prints as the built-in fcfs in every table, and "sjf " as "sjf")
+            raise UserError(f"policy name {name!r} begins or ends with a space, which no table shows; "
+                            f"choose a name without one ({name.strip()!r})")
         if builtin_code is None and name in POLICY_NAMES:
             raise UserError(f"policy name {name!r} is a built-in's; choose another name "
                             f"(built-ins: {', '.join(POLICY_NAMES)}; decodesched.policy.builtin gives them as Policy)")
@@ -572,6 +576,7 @@ def _check_results(name: str, key, effective_priority) -> dict:
     """Compile both functions for a `RequestView` and check what they return on a sample request; return
     those values by function ("key", "effective_priority")."""
     import numpy as np
+    from numba.core import types
     from numba.core.errors import NumbaError
 
     from ._io import immediate_interrupt
@@ -595,7 +600,15 @@ def _check_results(name: str, key, effective_priority) -> dict:
             raise UserError(f"policy {name!r}: {what}(r, clock) uses parallel=True (itself or in a function "
                             "it calls): a replay calls it per request, and a batch on threads would abort the "
                             "process; drop parallel=True")
-        if what == "effective_priority" and _returns_uint64(fn, (r, np.int64(0))):
+        returns = _return_types(fn, (r, np.int64(0)))
+        if any(isinstance(t, types.Optional) or isinstance(t, types.BaseTuple) and
+               any(isinstance(e, types.Optional) for e in t) for t in returns):
+            # Numba types a value that is None on some path (a function that ends without a return there) as
+            # optional: it answers the sample request, and fails on the first request of the replay that takes it.
+            element = ", or an element that is None on some path" if what == "key" else ""
+            raise UserError(f"policy {name!r}: {what}(r, clock) can return None (a `return None` or a path "
+                            f"that ends without a return{element}); make every path return {want}")
+        if what == "effective_priority" and types.uint64 in returns:
             # The kernel's effective priorities are int64 (a request that need not preempt has 0): Numba
             # unifies int64 with uint64 into float64, which rounds values above 2**53, and the schedule
             # would then differ from the model's.  Key elements are only compared with the same
@@ -621,9 +634,15 @@ def _check_like_python(name: str, what: str, fn, value) -> None:
     """Refuse a function whose compiled result on the sample request differs from its Python version's
     (the model's), as a constant past int64 makes it (``2**70``: compiled integers wrap around).  A
     Python version that fails is left to the model to report."""
+    import numpy as np
+
     r = _sample_view()
     try:
-        expected = fn.py_func(r._replace(**{k: int(v) for k, v in r._asdict().items()}), 0)
+        with np.errstate(over="raise"):  # (as the model runs it: `model.DecodeSchedulerSim._policy_call`)
+            expected = fn.py_func(r._replace(**{k: int(v) for k, v in r._asdict().items()}), 0)
+    except (FloatingPointError, OverflowError) as exc:
+        raise UserError(f"policy {name!r}: {what}(r, clock) overflowed a NumPy integer in Python (the model) on a "
+                        f"sample request ({exc}): {NUMPY_OVERFLOW_HINT}") from None
     except Exception:  # noqa: BLE001 - the user's code; the model reports it where it matters
         return
     try:
@@ -795,16 +814,14 @@ def _check_not_stale(name: str, key, effective_priority) -> None:
                             f"use the new): define {found[0]} and the functions that call it again")
 
 
-def _returns_uint64(fn, args) -> bool:
-    """Whether dispatcher `fn`, compiled for `args`, returns uint64 (the Python value is an int either way).
-    With explicit signatures the call may have used another overload: then any overload returning uint64
-    counts."""
-    from numba.core import types
-
+def _return_types(fn, args) -> list:
+    """The Numba return types of dispatcher `fn` compiled for `args` (the Python value does not tell them apart:
+    an int for int64 and uint64, and for an optional int the sample's value).  With explicit signatures the call
+    may have used another overload: then every overload's."""
     argtypes = tuple(fn.typeof_pyval(a) for a in args)
     compiled = fn.overloads.get(argtypes)
     results = [compiled] if compiled is not None else list(fn.overloads.values())
-    return any(c.signature.return_type == types.uint64 for c in results)
+    return [c.signature.return_type for c in results]
 
 
 def _user_frame(exc: BaseException) -> str:
