@@ -808,8 +808,9 @@ def _csv_value(v):
         if math.isinf(v):
             return "inf" if v > 0 else "-inf"
         # (exact: the shortest decimal that reads back as the same float; rounded to 6 places, a Jain index of
-        # 0.99999975 read "1", perfectly fair, and an SLO attainment of 1 - 1/2,000,000 "1")
-        return int(v) if v.is_integer() else repr(v)
+        # 0.99999975 read "1", perfectly fair, and an SLO attainment of 1 - 1/2,000,000 "1"; in positional
+        # notation, never an exponent: repr writes a time of 2 ns in seconds as "2e-09")
+        return int(v) if v.is_integer() else np.format_float_positional(v, unique=True, trim="-")
     return v
 
 

@@ -16,8 +16,9 @@ The conversion rules (also printed by ``decodesched trace convert --help``):
   the trace needs) and ``span_seconds`` is the time from the first to the last arrival.  The offered
   load is "work steps per step of wall time": at load 1.0 the one-request-per-step server is exactly
   busy on average; above 1.0 a backlog must build up.  (Flooring arrivals makes the realised span, and
-  so the realised load, differ from the target by less than one step.  A product within floating-point
-  rounding of a whole number is that number: 3 ms at 1000 steps per second is step 3.)
+  so the realised load, differ from the target by less than one step.  The product is exact for the times
+  and the scale as written, in decimal: 3 ms at 1000 steps per second is step 3, though 0.003 * 1000 is
+  2.9999999999999996 in floating point, and a request 1 ns before a step's edge stays before it.)
 - **Lengths.** ``prompt_len = input tokens`` (at least 1); ``max_new_tokens = output tokens`` (an
   output of 0 tokens, which a request cannot have in the model, counts as 1);
   ``required_blocks = ceil((prompt_len + max_new_tokens) / block_size)`` (``block_size`` 16 by default).
@@ -55,7 +56,8 @@ import os
 import re
 import warnings
 from dataclasses import dataclass
-from decimal import Decimal
+from decimal import Decimal, localcontext
+from fractions import Fraction
 from importlib import resources
 from pathlib import Path
 from typing import Sequence
@@ -167,9 +169,9 @@ def read_azure(path: str | os.PathLike) -> RawTrace:
     """Read an Azure LLM inference 2023 CSV (``TIMESTAMP,ContextTokens,GeneratedTokens``).
 
     TIMESTAMP is a wall-clock time such as ``2023-11-16 18:15:46.6805900`` (any number of fractional
-    digits, nanosecond precision kept; a zone, ``Z``, ``+05:00`` or `` UTC``, on every time or on none); arrivals
-    are seconds after the earliest one.  A token count may be written as a whole decimal (``12.0``).  Read by the
-    CSV rules of docs/files.md (quoted fields, CRLF line ends).
+    digits, nanosecond precision kept over 48 days, float64 seconds after; a zone, ``Z``, ``+05:00`` or `` UTC``,
+    on every time or on none); arrivals are seconds after the earliest one.  A token count may be written as a whole
+    decimal (``12.0``).  Read by the CSV rules of docs/files.md (quoted fields, CRLF line ends).
     """
     path = Path(path)
     _check_file(path)
@@ -362,9 +364,22 @@ def read_mooncake(path: str | os.PathLike, cache_min_blocks: int = DEFAULT_CACHE
     if not in_order:  # (a line arrived before an earlier one: a block it was first to bring may be on a later line)
         hits = [head is not None and all(_arrives_before(first[b], i, ms) for b in head)
                 for i, head in enumerate(heads)]
-    t = np.asarray(ms, np.float64)
-    return RawTrace((t - t.min()) / 1000.0, np.asarray(prompts, np.int64), np.asarray(outputs, np.int64),
-                    np.asarray(hits, np.bool_), str(path), "mooncake")
+    return RawTrace(_seconds_after_first(np.asarray(ms, np.float64)), np.asarray(prompts, np.int64),
+                    np.asarray(outputs, np.int64), np.asarray(hits, np.bool_), str(path), "mooncake")
+
+
+def _seconds_after_first(ms: np.ndarray) -> np.ndarray:
+    """Seconds after the earliest of `ms`, each the float nearest to its decimal (rounded once, so that `to_trace`
+    floors the times as written: 801274465.3 ms less 0, divided in floats, is 801274.4652999999 s).  Whole
+    milliseconds subtract exactly; the rows with a fraction are computed in decimal."""
+    first = float(ms.min())
+    seconds = (ms - first) / 1000.0
+    rows = np.arange(ms.size) if not first.is_integer() else np.flatnonzero(ms != np.floor(ms))
+    if rows.size:
+        with localcontext(prec=60):  # (exact: a difference of two decimals of at most 17 digits, within 2**53)
+            zero = Decimal(repr(first))
+            seconds[rows] = [float((Decimal(repr(v)) - zero) / 1000) for v in ms[rows].tolist()]
+    return seconds
 
 
 def _first_arrivals(first: dict, blocks: list, i: int, ms: list, early: bool) -> None:
@@ -528,13 +543,32 @@ def _checked_raw(raw) -> RawTrace:
     return RawTrace(**out, source=raw.source, format=raw.format)
 
 
-def _floor(x: np.ndarray) -> np.ndarray:
-    """floor(x) for x = seconds * steps_per_second, where a product within rounding of a whole number is that
-    number: 0.003 s at 1000 steps/s is step 3, though 0.003 * 1000 is 2.9999999999999996 in floating point."""
-    near = np.round(x)
-    with np.errstate(invalid="ignore"):  # (an infinite product, refused by the caller: inf - inf)
-        ulps = 8 * np.spacing(np.abs(x))  # (a few ulps: the seconds and the scale are each rounded once)
-        return np.where((np.abs(x - near) <= ulps) & (ulps < 0.5), near, np.floor(x))
+def _exact_rate(raw: RawTrace, load: float | None, steps_per_second: float) -> Fraction:
+    """The time scale exactly as given: `steps_per_second` as written (its shortest repr), or for a `load`,
+    work_steps / (load * span_seconds) itself, so that the last request arrives at work_steps / load (the float
+    quotient, 185.79528982836814 steps/s for 1694 steps at 0.7 over about 13 s, puts it a hair below step 2420)."""
+    if load is None:
+        return Fraction(repr(steps_per_second))
+    span = float(raw.arrival_seconds.max() - raw.arrival_seconds.min())
+    return work_steps_of(raw) / (Fraction(repr(float(load))) * Fraction(repr(span)))
+
+
+def _arrival_steps(seconds: np.ndarray, steps_per_second: float, rate: Fraction) -> np.ndarray:
+    """floor(seconds * rate) as float64 (`rate`: `_exact_rate`, `steps_per_second` its float), exact for the decimals
+    the seconds stand for (their shortest reprs): 0.003 s at 1000 steps/s is step 3, though 0.003 * 1000 is
+    2.9999999999999996 in floating point, and a request 1 ns before a step's edge, 30 days in at a step per
+    microsecond, stays before it, though the float product is within 8 ulps of the edge.  The float product is
+    within 4 ulps of the exact one, so only where it is that close to a whole number can the floors differ: those
+    rows are computed again in integers (those past 2 * MAX_STEP are refused by the caller whichever the floor)."""
+    with np.errstate(over="ignore", invalid="ignore"):  # (a product past the float range is inf: refused by the caller)
+        x = seconds * steps_per_second
+        out = np.floor(x)
+        near = np.flatnonzero((np.abs(x - np.round(x)) <= 8 * np.spacing(np.abs(x))) & (x <= 2 * MAX_STEP))
+    if near.size:
+        p, q = rate.numerator, rate.denominator
+        out[near] = [float(a * p // (b * q))
+                     for a, b in (Decimal(repr(v)).as_integer_ratio() for v in seconds[near].tolist())]
+    return out
 
 
 def to_trace(
@@ -604,8 +638,7 @@ def to_trace(
                         f"{','.join(map(str, classes.tolist()))}")
 
     n = len(raw)
-    with np.errstate(over="ignore"):  # (a product past the float range is inf: refused below, by its size)
-        arrival_f = _floor(raw.arrival_seconds * steps_per_second)
+    arrival_f = _arrival_steps(raw.arrival_seconds, steps_per_second, _exact_rate(raw, load, steps_per_second))
     last = float(arrival_f.max()) if n else 0.0
     if not last <= MAX_STEP:
         scale = f"--load {load}" if load is not None else f"--steps-per-second {steps_per_second}"
@@ -650,9 +683,12 @@ def to_trace(
 def write_trace(trace: Trace, out: str | os.PathLike, meta: dict) -> Path:
     """Write `trace` as canonical CSV and its sidecar, together (`output_group`); returns the sidecar
     path.  A failure leaves neither file (an older pair at the same path stays intact)."""
-    from ._io import atomic_writer, output_group, path_argument
+    from ._io import STDOUT, atomic_writer, output_group, path_argument
 
-    out = Path(out)
+    out = Path(path_argument(out, "out"))
+    if str(out) == STDOUT:  # (its sidecar would be a file named -.meta.json in the current folder)
+        raise UserError("-: write_trace writes a file and its sidecar; give a .csv path (Trace.to_csv('-') writes "
+                        "the CSV alone to standard output)")
     side = meta_path(out)
     body = dict(meta)
     body["steps_per_second"] = trace.steps_per_second

@@ -267,10 +267,11 @@ class Trace:
         hand is checked first, so that no file is written that `load_trace` would refuse (nor one named ``.parquet`` or
         ``.pq``, which it reads as Parquet: `decodesched.frames.to_parquet` writes those).  The time scale goes
         beside it, into the ``<path>.meta.json`` sidecar that `load_trace` reads, written together with the CSV; a
-        trace without one removes a sidecar an earlier trace left there (it would lend this one its time scale)."""
+        trace without one removes a sidecar an earlier trace left there (it would lend this one its time scale).
+        ``-`` writes the CSV alone to standard output: no file, so no sidecar (a ``-.meta.json`` is left alone)."""
         import json
 
-        from ._io import atomic_writer, extension_said, output_group, path_argument
+        from ._io import STDOUT, atomic_writer, extension_said, output_group, path_argument
         from .tables_io import is_parquet
 
         target = path_argument(path)
@@ -279,6 +280,8 @@ class Trace:
                             "Parquet; name it .csv, or write Parquet with decodesched.frames.to_parquet")
         if not self._checked:
             return load_trace(self).to_csv(path)
+        if str(target) == STDOUT:
+            return self._write_csv(target)
         side = meta_path(target)
         with output_group():
             if self.steps_per_second is not None:
