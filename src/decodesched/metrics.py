@@ -137,12 +137,16 @@ def offered_load(trace: Trace) -> float:
 
 
 def jain_index(x: np.ndarray) -> float:
-    """Jain's fairness index (sum x)^2 / (n sum x^2): 1 when all equal, 1/n when one takes all."""
+    """Jain's fairness index (sum x)^2 / (n sum x^2): exactly 1 when all equal, 1/n when one takes all.
+
+    Taken over x / max(x) (equal shares are then exactly 1) with correctly rounded sums, and never above 1
+    (Cauchy-Schwarz): float sums of equal shares read 0.9999999999999999 or 1.0000000000000002."""
     x = np.asarray(x, dtype=np.float64)
     x = x[~np.isnan(x)]
     if x.size == 0 or not np.any(x):
         return math.nan
-    return float(x.sum() ** 2 / (x.size * (x * x).sum()))
+    x = x / x.max()
+    return min(math.fsum(x) ** 2 / (x.size * math.fsum(x * x)), 1.0)
 
 
 def _groups(req: dict, rows: np.ndarray, seg: np.ndarray) -> list[dict]:
@@ -170,7 +174,9 @@ def _groups(req: dict, rows: np.ndarray, seg: np.ndarray) -> list[dict]:
     starts = np.cumsum(size) - size
     ran = col["first_step"] >= 0
     longest = np.maximum.reduceat(np.where(ran, col["wait_steps"], -1), starts).tolist() if groups else []
-    share = (np.add.reduceat(service_share, starts) / size).tolist() if groups else []
+    # (each group's shares summed in ascending order: groups served alike get bit-equal means, so Jain's index is 1)
+    in_order = service_share[np.lexsort((service_share, seg))]
+    share = (np.add.reduceat(in_order, starts) / size).tolist() if groups else []
     preempted = np.add.reduceat(col["preemptions"].astype(np.int64), starts).tolist() if groups else []
     out = []
     for g, (n, n_finished, n_unservable, n_deadline, n_met) in enumerate(zip(
@@ -248,12 +254,18 @@ def write_request_table(path, req: dict) -> None:
     write_requests(path, req)
 
 
+def significant(v: float, digits: int) -> str:
+    """`v` to `digits` significant digits, but in full where that would take an exponent: 1,192 s is "1192", not
+    "1.19e+03", and 999.7 s (3 digits) "1000", not "1e+03"."""
+    text = f"{v:.{digits}g}"
+    return f"{v:.0f}" if "e+" in text else text
+
+
 def _fmt(v: float, scale: float | None) -> str:
     if v is None or (isinstance(v, float) and math.isnan(v)):
         return "-"
-    if scale:  # (3 digits, but never "1.19e+03" for 1,192 s: in full from 1,000 on, as steps from 100 on)
-        v /= scale
-        return f"{v:.3g}" if abs(v) < 1000 else f"{v:.0f}"
+    if scale:  # (3 digits, as steps from 100 on)
+        return significant(v / scale, 3)
     return f"{v:.0f}" if abs(v) >= 100 or float(v).is_integer() else f"{v:.2f}"
 
 

@@ -25,9 +25,9 @@ Two sources, either or both:
   queue length over time; a Gantt-style timeline of the first ``gantt_requests`` requests.
 
 Honest statistics (SPEC section 9): a latency statistic counts requests that never finished as +inf
-(censored; the sweep CSV then holds ``inf``); a censored point is drawn as a triangle at the top
-edge of its panel, and the unfinished count stands beside every latency figure and table.  A CDF
-counts every request, so it ends below 1 when some never finished.  One colour per policy
+(censored; the sweep CSV then holds ``inf``); a censored point, or one with a censored replicate, is drawn
+as a triangle at the top edge of its panel, and the unfinished count stands beside every latency figure and
+table.  A CDF counts every request, so it ends below 1 when some never finished.  One colour per policy
 (`decodesched.palette`).  Units: steps, or seconds when every trace involved has a time scale
 (``steps_per_second``); each sweep row is converted with its own trace's scale.
 """
@@ -53,7 +53,7 @@ import numpy as np
 from ._io import (META_SUFFIX, _describe, _same_file, input_file, input_label, meta_path, not_text, output_folder,
                   path_argument, replace_together, temp_prefix)
 from .errors import UserError
-from .metrics import MAX_CLASS_COLUMNS, counted, name_text, offered_load, share_text
+from .metrics import MAX_CLASS_COLUMNS, counted, name_text, offered_load, share_text, significant
 from .model import is_integer
 from .palette import POLICY_ORDER, policy_colors, policy_marker, policy_style, sorted_policies
 from .tables_io import is_parquet
@@ -68,7 +68,7 @@ MAX_GANTT_REQUESTS = 2000
 # pass Agg's 2**16-pixel width.  The rest are named in the page; the tables keep a row for every trace.
 MAX_PANEL_COLUMNS = 12
 CENSORED_NOTE = ("A triangle at a panel's top edge marks a censored value (inf: too many requests never "
-                 "finished for the statistic to exist).")
+                 "finished for the statistic to exist), also where only some replicates of a point are censored.")
 
 
 @dataclass
@@ -509,7 +509,8 @@ class SweepView:
 
 def _draw(ax, x, y, lo, hi, *, policy: str, view: SweepView, scale: float = 1.0) -> tuple[list[float], bool]:
     """One policy's line: finite points joined, replicate spread as bars, censored (inf) points as
-    triangles at the top edge.  Returns the finite values (for the log-scale decision) and whether
+    triangles at the top edge, as is a point whose median is finite but one of its replicates censored (its
+    max is inf: no bar can reach it).  Returns the finite values (for the log-scale decision) and whether
     a point was censored."""
     y, lo, hi = y * scale, lo * scale, hi * scale
     color = view.colors[policy]
@@ -520,7 +521,7 @@ def _draw(ax, x, y, lo, hi, *, policy: str, view: SweepView, scale: float = 1.0)
     if spread.any():
         ax.errorbar(x[spread], y[spread], yerr=[y[spread] - lo[spread], hi[spread] - y[spread]], fmt="none",
                     ecolor=color, elinewidth=1, capsize=3)
-    return [float(v) for v in np.concatenate([y[finite], lo[spread], hi[spread]])], _censored_marks(ax, x, y, color)
+    return [float(v) for v in np.concatenate([y[finite], lo[spread], hi[spread]])], _censored_marks(ax, x, hi, color)
 
 
 def _censored_marks(ax, x, y, color) -> bool:
@@ -749,16 +750,17 @@ def _interval_figure(view: SweepView, out: Path, policy: str, classes: list[int]
             ax = axes[i][j]
             seen, censored = [], []
             for name, shade in zip(names, shades):
-                y = []
+                spreads = []
                 for k in intervals:
                     vals = [float(r.get(key, math.nan)) * (view.scale(r) if time else 1.0)
                             for r in view.group(policy, name, view.kv_blocks) if r["aging_interval"] == k]
-                    y.append(view._spread(vals)[0])
-                x, y = np.asarray(intervals, dtype=float), np.asarray(y, dtype=float)
+                    spreads.append(view._spread(vals))
+                x = np.asarray(intervals, dtype=float)
+                y, _, top = np.asarray(spreads, dtype=float).T
                 ok = np.isfinite(y)
                 ax.plot(x[ok], y[ok], marker="o", ms=4, color=shade,
                         label=f"load {view.info[name].load:g}" if len(names) > 1 else name)
-                if _censored_marks(ax, x, y, shade):
+                if _censored_marks(ax, x, top, shade):  # (a censored replicate too, where the median is finite)
                     censored.append(name)
                 seen += y[ok].tolist()
             _censored_note(ax, censored, names, "trace")
@@ -818,7 +820,15 @@ def _capacity_figure(view: SweepView, out: Path, names: list[str]) -> Plot:
 def _fmt(v: float) -> str:
     if math.isnan(v):
         return "-"
-    return f"{v:.4g}" if abs(v) < 10_000 else f"{v:.0f}"  # (12,345 steps as "12345", not "1.235e+04"; inf)
+    return significant(v, 4)  # (12,345 steps as "12345", not "1.235e+04"; inf)
+
+
+def _spread_text(view: SweepView, med: float, lo: float, hi: float) -> str:
+    """A table cell's figure: the median, and with replicates that differ their ``[min..max]``."""
+    text = _fmt(med)
+    if view.replicates > 1 and not math.isnan(med) and hi > lo:
+        text += f" [{_fmt(lo)}..{_fmt(hi)}]"
+    return text
 
 
 def _tables(view: SweepView) -> str:
@@ -845,17 +855,14 @@ def _table(view: SweepView, key: str, share: str, count: str, caption: str) -> s
         for name in names:
             cells = {}
             for p in view.policies:
-                vals = view.values(p, key, name, time=True)
-                med, lo, hi = view._spread(vals)
+                med, lo, hi = view._spread(view.values(p, key, name, time=True))
                 att = view._spread(view.values(p, share, name, time=False))[0]
-                unf = view._spread(view.values(p, count, name, time=False))[0]
-                text = _fmt(med)
-                if view.replicates > 1 and not math.isnan(med) and hi > lo:
-                    text += f" [{_fmt(lo)}..{_fmt(hi)}]"
+                unf = view._spread(view.values(p, count, name, time=False))
+                # (the unfinished count as the P99: a median of 0.5 is not "0", nor one of 0 with a replicate's 3 none)
                 extra = [f"{share_text(att, '.0f', 100)}%" if not math.isnan(att) else None,
-                         f"{unf:.0f} unfinished" if not math.isnan(unf) and unf > 0 else None]
+                         f"{_spread_text(view, *unf)} unfinished" if unf[2] > 0 else None]
                 extra = ", ".join(e for e in extra if e)
-                cells[p] = (med, text + (f" ({extra})" if extra else ""))
+                cells[p] = (med, _spread_text(view, med, lo, hi) + (f" ({extra})" if extra else ""))
             finite = [v for v, _ in cells.values() if not math.isnan(v)]
             best = min(finite) if finite else None
             row = "".join(f"<td><b>{html.escape(t)}</b></td>" if best is not None and v == best and math.isfinite(v)
