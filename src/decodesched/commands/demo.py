@@ -174,7 +174,7 @@ def render_ttft_cdf(ttft: dict[str, np.ndarray], steps_per_second: float | None,
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    from ..metrics import percentiles_censored
+    from ..metrics import percentiles_censored, significant
     from ..palette import policy_colors, policy_style
     from ..report import cdf_steps
 
@@ -197,7 +197,7 @@ def render_ttft_cdf(ttft: dict[str, np.ndarray], steps_per_second: float | None,
         plotted += 1
         for ax in (ax_all, ax_tail):
             ax.step(*cdf_steps(v, values.size), where="post", color=color, linestyle=ls, linewidth=1.6,
-                    label=f"{policy} (P99 {p99:.3g} {short})")
+                    label=f"{policy} (P99 {significant(p99, 3)} {short})")
         if np.any(v > 0):
             lo = min(lo, float(v[v > 0].min()))
         hi = max(hi, float(v.max()))
