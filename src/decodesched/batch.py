@@ -31,6 +31,8 @@ import itertools
 import math
 import os
 import re
+import sys
+import threading
 import time
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -41,8 +43,8 @@ import numpy as np
 from . import metrics as _metrics
 from ._io import Progress, atomic_writer
 from .engine import (ENGINES, SimulationResult, check_config, check_flag, check_setting, event_capacity,
-                     event_log_buffer, integral_hint, plain_value, policy_code, refuse_beyond_memory, trace_arrays,
-                     zeros_within_memory)
+                     event_log_buffer, integral_hint, plain_value, policy_code, refuse_beyond_memory, replay_kernel,
+                     trace_arrays, zeros_within_memory)
 from .errors import UserError
 from .kernels import enums as E
 from .model import is_integer
@@ -591,13 +593,14 @@ def simulate_batch(traces, scenarios: Sequence[Scenario], *, record_events: bool
                 _run_cuda((*arrays, req_start, event_start, events, req_out, summary))
                 bar.advance(n_sc)
             else:
-                builtin_order = run_order[~custom[run_order]]
+                builtin_order, threaded = run_order[~custom[run_order]], run_order[custom[run_order]]
                 if builtin_order.size:
                     counters = np.zeros(2, np.int64)
                     call = (*arrays, builtin_order, counters, used, req_start, event_start, events, req_out, summary)
-                    _run_cpu(_cpu_kernel(engine), call, used, counters, bar)
-                _run_custom(traces, scenarios, run_order[custom[run_order]], arrays, used, req_start, event_start,
-                            events, req_out, summary, bar)
+                    if not _run_cpu(_cpu_kernel(engine), call, used, counters, bar):
+                        threaded = run_order
+                _run_threads(traces, scenarios, threaded, engine, arrays, used, req_start, event_start, events,
+                             req_out, summary, bar)
     finally:
         numba.set_num_threads(previous)
     seconds = time.perf_counter() - start
@@ -680,18 +683,61 @@ def _cpu_kernel(engine: str):
     return batch_nb.replay_batch_scan_nb if engine == "scan" else batch_nb.replay_batch_nb
 
 
-def _run_cpu(kernel, call, threads: int, counters: np.ndarray, bar: Progress) -> None:
+# Held while a batch kernel of this process runs its parallel region under a threading layer that takes one at a
+# time (see `_parallel_lock`); released by the helper thread when the kernel ends, also after Ctrl-C.
+_workqueue_busy = threading.Lock()
+_forked_after_gnu_openmp = []  # [True] in a process forked after its parent had started Numba's GNU OpenMP layer
+
+
+def _note_fork() -> None:
+    """(In a forked child.)  GNU OpenMP's threads do not survive fork(): Numba ends the child (SIGTERM, "Terminating:
+    fork() called from a process already using GNU OpenMP") at its first parallel region when the parent had
+    started that layer, and a `multiprocessing` pool then waits forever for the task the worker took."""
+    parallel = sys.modules.get("numba.np.ufunc.parallel")
+    omp = sys.modules.get("numba.np.ufunc.omppool")
+    started = parallel is not None and getattr(parallel, "_is_initialized", False)  # (Numba's own flag, read only)
+    if started and getattr(omp, "openmp_vendor", None) == "GNU" and sys.modules["numba"].threading_layer() == "omp":
+        _forked_after_gnu_openmp[:] = [True]
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_note_fork)
+
+
+def _parallel_lock():
+    """A lock, taken, to hold while a batch kernel runs its parallel region; None where none can start now: in a
+    process forked from a parent using GNU OpenMP (`_note_fork`), or under Numba's "workqueue" layer while one runs
+    (from another thread, or left running by Ctrl-C), which aborts the whole process ("Numba workqueue threading
+    layer is terminating: Concurrent access has been detected").  The layer is known once `numba.get_num_threads`
+    has started it."""
+    import numba
+
+    if _forked_after_gnu_openmp:
+        return None
+    lock = _workqueue_busy if numba.threading_layer() == "workqueue" else threading.Lock()
+    return lock if lock.acquire(blocking=False) else None
+
+
+def _run_cpu(kernel, call, threads: int, counters: np.ndarray, bar: Progress) -> bool:
     """Run the batch kernel in a helper thread (`_io.interruptible`), redrawing the bar from the kernel's count
     of finished scenarios, so Ctrl-C acts at once: the kernel's workers then take no new scenario, those already
-    running finish in the background, and KeyboardInterrupt reaches the caller."""
+    running finish in the background, and KeyboardInterrupt reaches the caller.  Returns False, having run
+    nothing, where no parallel region can start (`_parallel_lock`): the caller runs the scenarios on threads."""
     import numba
 
     from ._io import interruptible
     from .kernels.batch_nb import DONE, NEXT
 
+    lock = _parallel_lock()
+    if lock is None:
+        return False
+
     def work():
-        numba.set_num_threads(threads)  # Numba's thread count is per calling thread
-        kernel(*call)
+        try:
+            numba.set_num_threads(threads)  # Numba's thread count is per calling thread
+            kernel(*call)
+        finally:
+            lock.release()
 
     def stop():
         counters[NEXT] = 1 << 62  # past every queue position: no worker starts another scenario
@@ -699,6 +745,7 @@ def _run_cpu(kernel, call, threads: int, counters: np.ndarray, bar: Progress) ->
     interruptible(work, tick=lambda: bar.advance(int(counters[DONE]) - bar.done), on_interrupt=stop,
                   name="decodesched-batch")
     bar.advance(int(counters[DONE]) - bar.done)
+    return True
 
 
 def estimated_cost(traces: Sequence[Trace], scenarios: Sequence[Scenario]) -> np.ndarray:
@@ -725,21 +772,20 @@ def _settings(traces, sc: Scenario) -> str:
     return ", ".join(said)
 
 
-def _run_custom(traces, scenarios, order, arrays, threads: int, req_start, event_start, events, req_out, summary,
-                bar: Progress) -> None:
-    """Run the scenarios of user policies (`order`), each with its Policy's kernel, on `threads` workers (the
-    kernels release the GIL) that take the next scenario from a shared queue; every scenario has its own output
-    slices.  The workers run behind `_io.interruptible`, as the built-in batch kernel does, so Ctrl-C acts at once:
-    no worker starts another scenario, those under way finish in the background (they ran to their end first, the
-    whole batch with a thread pool, whose threads Python also waits for at exit).  A scenario that fails is
-    raised once every worker stopped: the first of them in `order`, whatever the thread count."""
-    import threading
-
+def _run_threads(traces, scenarios, order, engine: str, arrays, threads: int, req_start, event_start, events, req_out,
+                 summary, bar: Progress) -> None:
+    """Run the scenarios `order`, each with its single-scenario kernel (`engine.replay_kernel`: a user policy's own),
+    on `threads` workers (the kernels release the GIL) that take the next scenario from a shared queue; every
+    scenario has its own output slices.  The workers run behind `_io.interruptible`, as the built-in batch kernel
+    does, so Ctrl-C acts at once: no worker starts another scenario, those under way finish in the background (they
+    ran to their end first, the whole batch with a thread pool, whose threads Python also waits for at exit).  A
+    scenario that fails is raised once every worker stopped: the first of them in `order`, whatever the thread
+    count.  (User policies always run here; built-in ones where the batch kernel cannot, see `_run_cpu`.)"""
     from ._io import interruptible
 
     *cols, trace_start, sc_trace, sc_policy, sc_capacity, sc_interval, sc_max_steps = arrays
     # each policy's kernel once, before any scenario runs (compiled, and checked against its code)
-    kernels = {id(scenarios[s].policy): scenarios[s].policy.kernel() for s in order.tolist()}
+    kernels = {id(scenarios[s].policy): replay_kernel(engine, scenarios[s].policy) for s in order.tolist()}
     queue = iter(enumerate(order.tolist()))
     lock = threading.Lock()
     stopped = threading.Event()
