@@ -266,7 +266,8 @@ def _fmt(v: float, scale: float | None) -> str:
         return "-"
     if scale:  # (3 digits, as steps from 100 on)
         return significant(v / scale, 3)
-    return f"{v:.0f}" if abs(v) >= 100 or float(v).is_integer() else f"{v:.2f}"
+    text = f"{v:.2f}"  # (99.996 rounds to 100: printed as 100 is, not "100.00")
+    return f"{v:.0f}" if abs(float(text)) >= 100 or float(v).is_integer() else text
 
 
 def name_text(name: str) -> str:
