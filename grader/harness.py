@@ -292,6 +292,17 @@ def _stdlib_dicts():
 _STDLIB_DICTS = _stdlib_dicts()
 
 
+def _stdlib_lists():
+    """``collections.deque``: a class implemented in C whose items are a list's. A timeline kept as one (the events
+    `run()` returns) is read as the list it is: the notebook's cells read it by len(), index and iteration, never its
+    type (a list subclass of the solution's own still differs)."""
+    collections = __import__("collections")  # (as `_known_classes`: the standard library only)
+    return [k for k in (collections.deque,) if _isinstance(k, type) and not _type_flags(k) & _HEAPTYPE]
+
+
+_STDLIB_LISTS = _stdlib_lists()
+
+
 def _plain_dict(t):
     """Whether values of class `t` are read as a dict: dict itself, or one of `_STDLIB_DICTS` (by identity)."""
     return t is _dict or _any([t is k for k in _STDLIB_DICTS])
@@ -358,7 +369,7 @@ def normalise(x, depth=0):
         return value
     if depth > 6:
         return "<bad type: too deep>"
-    if t is _list or t is _tuple:
+    if t is _list or t is _tuple or _any([t is k for k in _STDLIB_LISTS]):
         if _len(x) > MAX_ITEMS:
             return "<bad type: too long>"
         return [normalise(v, depth + 1) for v in x]
@@ -842,7 +853,8 @@ def load_solution(source, namespace, budget_s, skip_lines=(), timed_out_lines=No
         except _BaseException as exc:  # noqa: BLE001 - the cell may raise anything
             err = _error(exc)
             if err.get("timeout"):
-                errors.append("line %s timed out" % node.lineno)
+                errors.append("line %s timed out (a top-level statement of the solution cell may use %.3g s of "
+                              "CPU time; it was skipped, the rest of the cell ran)" % (node.lineno, budget_s))
                 if timed_out_lines is not None:
                     timed_out_lines.append(node.lineno)
                 if on_timeout is not None:

@@ -270,7 +270,9 @@ def _verdict(source, scenarios, obs, runs, session, limits, hide, shrink_failure
         hung = sum(1 for o in obs.values() if _timed_out(o))
         skipped = sum(1 for o in obs.values() if isinstance(o, list) and o and isinstance(o[0], dict)
                       and str(o[0].get("killed", "")).startswith("not run: "))
-        notes.append("time limit reached: checks that did not finish score 0"
+        lost = hung or timed_out or spent  # else only a statement of the cell was stopped as it loaded
+        notes.append("time limit reached: " + ("checks that did not finish score 0" if lost else
+                                               "a statement of the solution cell was stopped; every check ran")
                      + (f" ({hung} check(s) stopped at their time limit" if hung else "")
                      + (f"; {skipped} check(s) not run: the time allowed for checks that time out was spent"
                         if hung and skipped else "")
