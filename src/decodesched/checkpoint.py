@@ -226,17 +226,31 @@ def sweep_key(traces, scenarios) -> str:
     return h.hexdigest()
 
 
-def is_checkpoint(path) -> bool:
-    """Whether `path` is a regular file (not a link) that starts as a checkpoint of some sweep."""
+def _header(path) -> dict | None:
+    """The first line of a regular file (not a link) at `path` that starts as a checkpoint of some sweep, else None."""
     path = Path(path)
     try:
         if path.is_symlink() or not path.is_file():
-            return False
+            return None
         with open(path, "rb") as fh:
             header = json.loads(fh.readline(4096) or b"null")
     except (OSError, ValueError):
-        return False
-    return isinstance(header, dict) and str(header.get("format", "")).startswith(CHECKPOINT_PREFIX)
+        return None
+    return header if isinstance(header, dict) and str(header.get("format", "")).startswith(CHECKPOINT_PREFIX) \
+        else None
+
+
+def is_checkpoint(path) -> bool:
+    """Whether `path` is a regular file (not a link) that starts as a checkpoint of some sweep."""
+    return _header(path) is not None
+
+
+def of_another_sweep(path, key: str) -> bool:
+    """Whether `path` is a checkpoint (`is_checkpoint`) of another sweep than the one of `key` (`sweep_key`: other
+    traces or scenarios, another decodesched, an older format): one that is not resumed from, and is replaced once
+    the first chunk of this sweep is saved."""
+    header = _header(path)
+    return header is not None and (header.get("format") != CHECKPOINT_FORMAT or header.get("sweep") != key)
 
 
 def check_checkpoint_path(path) -> None:
@@ -249,6 +263,11 @@ def check_checkpoint_path(path) -> None:
     path = Path(path_argument(path, "checkpoint_path"))
     if "\0" in str(path):
         output_target(path)  # (its one line for a name no file can have)
+    tmp = temporary_path(path)
+    if _stale_temporary(tmp) is False:  # (`_create` would fail on it only once the first chunk's work is done)
+        what = "a folder" if os.path.isdir(tmp) else "not one a sweep left"
+        raise UserError(f"{tmp}: the sweep writes its new checkpoint here first, but this is {what}; move it away "
+                        "or choose another output name")
     if not path.is_symlink() and not path.exists():
         check_writable(path)  # (a missing or read-only folder: now, not after the first chunk's work)
         return
@@ -409,26 +428,32 @@ def finish(checkpoint_path) -> None:
 
 
 def _remove_stale_temporary(checkpoint_path) -> None:
-    """Remove the `temporary_path` a run killed in `Checkpoint._create` left: a file (no link) that starts as a
-    checkpoint does, or a part of that start (it may be torn anywhere); only the run holding the checkpoint's lock
-    writes there (`held`), so it is stale.  Anything else there is kept (and `_create` then fails naming it)."""
+    """Remove the `temporary_path` a run killed in `Checkpoint._create` left (`_stale_temporary`); only the run
+    holding the checkpoint's lock writes there (`held`), so it is stale.  Anything else there is kept (and
+    `check_checkpoint_path` refuses it before any work)."""
     tmp = temporary_path(checkpoint_path)
+    if _stale_temporary(tmp):
+        os.unlink(tmp)
+
+
+def _stale_temporary(tmp) -> bool | None:
+    """What is at a `temporary_path`: None (nothing), True for what a run killed in `Checkpoint._create` leaves (a
+    file, no link, that starts as a checkpoint does, or a part of that start: it may be torn anywhere; or a link,
+    removed, never followed), False for anything else."""
     start = json.dumps({"format": CHECKPOINT_FORMAT}).encode()[:-1]
     try:
         fd = os.open(tmp, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except FileNotFoundError:
-        return
+        return None
     except OSError as exc:
-        if exc.errno == errno.ELOOP:  # (a link: removed, never followed)
-            os.unlink(tmp)
-            return
+        if exc.errno == errno.ELOOP:
+            return True
         raise
     try:
         head = os.read(fd, len(start)) if stat.S_ISREG(os.fstat(fd).st_mode) else None
     finally:
         os.close(fd)
-    if head is not None and start.startswith(head):
-        os.unlink(tmp)
+    return head is not None and start.startswith(head)
 
 
 @contextlib.contextmanager

@@ -142,7 +142,7 @@ def connect(address: str, *, n_workers: int = 2, timeout: float = 30, quiet: boo
         finally:
             cluster.close()
         return
-    probe(address, min(timeout, PROBE_SECONDS))
+    probe(address, min(timeout, PROBE_SECONDS), timeout)
     try:
         client = distributed.Client(address, timeout=timeout)
     except (OSError, TimeoutError, ValueError) as exc:
@@ -162,12 +162,14 @@ def local_threads(n_workers: int = 2) -> int:
     return max(1, (os.cpu_count() or 1) // n_workers)
 
 
-def probe(address: str, seconds: float = PROBE_SECONDS) -> None:
+def probe(address: str, seconds: float = PROBE_SECONDS, handshake_seconds: float = 30) -> None:
     """Fail fast where nothing listens: a plain TCP connection to a scheduler address (``tcp://HOST:PORT``,
     ``HOST:PORT``, ``tls://``, ``ws://``, ``wss://``), closed at once.  Dask's own client retries a refused
     connection until its whole timeout (30 s) has passed; here a refused port answers at once, and a host
-    that does not answer within `seconds` is given up.  Raises `UserError` naming the address; an
-    address this cannot read, or of another scheme, is left to Dask."""
+    that does not answer within `seconds` is given up.  On ``tcp://`` a Dask server speaks first (its
+    handshake); a peer silent for `handshake_seconds` is another server waiting for its client to speak (the
+    dashboard's HTTP port, a database), where Dask's client would wait for the handshake forever.  Raises
+    `UserError` naming the address; an address this cannot read, or of another scheme, is left to Dask."""
     import socket
 
     try:
@@ -195,8 +197,11 @@ def probe(address: str, seconds: float = PROBE_SECONDS) -> None:
         raise UserError(f"cannot reach the Dask scheduler at {address}: port {port} is not a TCP port (1-65535)")
     why = None
     try:
-        with socket.create_connection((host, port), timeout=seconds):
-            pass
+        with socket.create_connection((host, port), timeout=seconds) as sock:
+            if scheme == "tcp" and not _speaks_first(sock, handshake_seconds):
+                raise UserError(f"{address} did not answer as a Dask scheduler (no handshake within "
+                                f"{handshake_seconds:g} s: another server listens there, such as the dashboard's "
+                                "HTTP port; give the scheduler's port, 8786 by default)")
     except ConnectionRefusedError:
         why = "connection refused (is a scheduler running there?)"
     except socket.gaierror as exc:
@@ -207,6 +212,20 @@ def probe(address: str, seconds: float = PROBE_SECONDS) -> None:
         why = exc.strerror or str(exc) or type(exc).__name__
     if why is not None:
         raise UserError(f"cannot reach the Dask scheduler at {address}: {why}")
+
+
+def _speaks_first(sock, seconds: float) -> bool:
+    """Whether the peer of the connected `sock` sends a byte (or closes) within `seconds` without being spoken to."""
+    import socket
+
+    sock.settimeout(seconds)
+    try:
+        sock.recv(1, socket.MSG_PEEK)
+    except (socket.timeout, TimeoutError):
+        return False
+    except OSError:  # (reset: Dask's own connection says what is wrong)
+        pass
+    return True
 
 
 def _inproc_listening(location: str) -> bool:

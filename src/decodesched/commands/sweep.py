@@ -202,9 +202,13 @@ def _saved(traces, scenarios, checkpoint) -> int:
 
 
 def _sweep(args, traces, scenarios, checkpoint) -> int:
-    from ..checkpoint import finish
+    from ..checkpoint import finish, of_another_sweep, sweep_key
 
     resumed = _saved(traces, scenarios, checkpoint)  # (the last line says so: its seconds are those of the rest)
+    if checkpoint is not None and of_another_sweep(checkpoint, sweep_key(traces, scenarios)):  # (a typo in the grid)
+        print(f"decodesched sweep: {checkpoint} holds the scenarios of another sweep (other traces or settings, or "
+              "another decodesched), which this one does not resume; it is replaced once this sweep's first chunk is "
+              "saved (Ctrl-C before that keeps it)", file=sys.stderr)
     start = time.perf_counter()
     try:
         if args.dask is not None:
@@ -226,7 +230,8 @@ def _sweep(args, traces, scenarios, checkpoint) -> int:
             print(f"decodesched sweep: {said} before any scenario finished; nothing was saved", file=sys.stderr)
         return interrupt_status(exc)
     except OSError as exc:  # writing the checkpoint (a full disk: the error names no file)
-        if isinstance(exc, UserError) or checkpoint is None or exc.filename not in (None, checkpoint):
+        if isinstance(exc, UserError) or checkpoint is None or (  # (`./out.csv`: the name as Path spells it)
+                exc.filename is not None and Path(os.fsdecode(exc.filename)) != Path(checkpoint)):
             raise
         from .._io import _describe
 
