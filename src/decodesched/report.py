@@ -34,6 +34,7 @@ table.  A CDF counts every request, so it ends below 1 when some never finished.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import hashlib
 import html
@@ -41,6 +42,7 @@ import math
 import os
 import re
 import shutil
+import sys
 import tempfile
 import warnings
 from collections import Counter
@@ -51,7 +53,7 @@ from pathlib import Path
 import numpy as np
 
 from ._io import (META_SUFFIX, _describe, _same_file, input_file, input_label, meta_path, not_text, output_folder,
-                  path_argument, replace_together, temp_prefix)
+                  output_target, path_argument, replace_together, temp_prefix)
 from .errors import UserError
 from .metrics import MAX_CLASS_COLUMNS, counted, name_text, offered_load, share_text, significant
 from .model import is_integer
@@ -96,15 +98,34 @@ class Plot:
         return f"{self.slug}.png"
 
 
+def import_matplotlib():
+    """matplotlib, imported whatever MPLBACKEND says.  The figures are drawn on Agg canvases (no pyplot, no
+    display), so the backend is never used; but a value matplotlib does not know (``MPLBACKEND=junk``, a name
+    from another matplotlib version) failed its import with a traceback, after the whole replay.  The variable
+    is set aside while matplotlib is imported, then applied as matplotlib's import does where it is a backend
+    (a script's pyplot, later in the process, still gets it)."""
+    if "matplotlib" in sys.modules:
+        return sys.modules["matplotlib"]
+    wanted = os.environ.pop("MPLBACKEND", None)
+    try:
+        import matplotlib
+    finally:
+        if wanted is not None:
+            os.environ["MPLBACKEND"] = wanted
+    if wanted:
+        with contextlib.suppress(ValueError):  # (not a backend: left out, as unused here)
+            matplotlib.rcParams["backend"] = wanted
+    return matplotlib
+
+
 def _plain_text():
     """Text drawn as given: a policy or trace name with '$' in it is not mathtext (which would draw
     '$x$' as math, and fail on '$\\sqrt$')."""
-    import matplotlib
-
-    return matplotlib.rc_context({"text.parse_math": False})
+    return import_matplotlib().rc_context({"text.parse_math": False})
 
 
 def _figure(nrows: int = 1, ncols: int = 1, width: float = 6.4, height: float = 4.2, **kw):
+    import_matplotlib()
     from matplotlib.figure import Figure  # no pyplot: no global state, no display needed
 
     fig = Figure(figsize=(width * ncols, height * nrows), layout="constrained")
@@ -1152,7 +1173,8 @@ REPORT_FILES = ("index.html", "latency_vs_load.png", "deadline_vs_load.png", "fa
 
 def _refuse_inputs_among_outputs(out_dir: Path, inputs) -> None:
     """Refuse (UserError), before any work, an input (the results, a trace or its sidecar) that is one of
-    the files the report would replace in `out_dir`: that name itself, a link to the input, a hard link."""
+    the files the report would replace in `out_dir`: that name itself, a link to the input, a hard link; and
+    such a file that cannot be replaced (a folder, a FIFO, a device), refused only after the replays before."""
     if not out_dir.is_dir():
         return
     inputs = [Path(p) for p in inputs if p is not None]
@@ -1165,6 +1187,7 @@ def _refuse_inputs_among_outputs(out_dir: Path, inputs) -> None:
         out = out_dir / name
         if not (out.is_symlink() or out.exists()):
             continue
+        output_target(out)
         for inp in inputs:
             if _same_file(out, inp):
                 what = "the metadata sidecar of an input" if inp.name.endswith(META_SUFFIX) else \

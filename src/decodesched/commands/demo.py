@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import convert as cv
-from .._io import _describe, output_folder
+from .._io import _describe, check_outputs, output_folder
 from ..cli import int_arg, interval_arg, kv_blocks_arg, positive_float_arg, seed_arg
 from ..errors import UserError
 
@@ -85,7 +85,14 @@ def check_args(args) -> Path:
         os.rmdir(tempfile.mkdtemp(prefix=".decodesched-probe-", dir=anc))
     except OSError as exc:
         raise UserError(f"{out}: cannot write in {anc} ({_describe(exc)})") from None
+    if out.is_dir():  # a file of it that cannot be written (a folder, a FIFO) is said now, not after the replays
+        check_outputs(output_files(out))
     return out
+
+
+def output_files(out: Path) -> tuple[Path, Path]:
+    """The demo's plot and summary in its folder `out`."""
+    return out / "ttft_cdf.png", out / "summary.csv"
 
 
 def run(args) -> int:
@@ -130,9 +137,9 @@ def run(args) -> int:
     png = render_ttft_cdf({p: r.requests["ttft"] for p, r in results.items()}, sps, title)
     summary = summary_csv(metrics, seconds, sps)
 
-    from .._io import atomic_writer, check_outputs, folders_made, output_group
+    from .._io import atomic_writer, folders_made, output_group
 
-    png_path, csv_path = out / "ttft_cdf.png", out / "summary.csv"
+    png_path, csv_path = output_files(out)
     with folders_made([out]):  # (the folders this run made go again if it fails)
         check_outputs([png_path, csv_path])
         with output_group():  # both files or neither
@@ -171,12 +178,14 @@ def render_ttft_cdf(ttft: dict[str, np.ndarray], steps_per_second: float | None,
 
     Uses matplotlib's object API with the Agg canvas, so no global backend is changed.
     """
+    from ..report import cdf_steps, import_matplotlib
+
+    import_matplotlib()
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     from ..metrics import percentiles_censored, significant
     from ..palette import policy_colors, policy_style
-    from ..report import cdf_steps
 
     scale = steps_per_second or 1.0
     unit = "seconds" if steps_per_second else "steps"
