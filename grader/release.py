@@ -13,6 +13,7 @@ tests must not be handed out).
 from __future__ import annotations
 
 import ast
+import contextlib
 import json
 import os
 import re
@@ -238,6 +239,8 @@ def _build(course: Path, force: bool, judge_release: bool, start: float) -> Buil
         raise UserError(f"{source}: unreadable notebook ({exc})") from exc
 
     ok = False
+    # What nbgrader makes on a first build (its gradebook, the release/ folder): a build that fails removes them.
+    made = [p for p in (course / "gradebook.db", course / "release") if not p.exists()]
     if release_dir.exists():  # kept aside until the new release has passed its checks
         release_dir.rename(previous)
     try:
@@ -289,6 +292,15 @@ def _build(course: Path, force: bool, judge_release: bool, start: float) -> Buil
                 shutil.rmtree(previous, ignore_errors=True)
             else:  # a rebuild that failed (or was interrupted) leaves the release it replaced
                 previous.rename(release_dir)
+        if not ok:
+            _remove_made(made)
+
+
+def _remove_made(paths: list[Path]) -> None:
+    """Remove what a failed first build made (a folder only while empty): the course is left as it was."""
+    for path in paths:
+        with contextlib.suppress(OSError):
+            path.rmdir() if path.is_dir() else path.unlink()
 
 
 def _previous_release(course: Path) -> Path:

@@ -114,20 +114,20 @@ def _targeted() -> list[dict]:
     c = "test_todo1_enqueue"
     sc(c, "v1_contract", "enqueue keeps the input fields; the request starts in prefill / 入队保留输入字段，从 prefill 开始",
        new(), enq(1, 2, 2, priority=2, cache_hit=True),
-       reqf(0, "phase", "generated_len", "status", "priority", "cache_hit", "admitted"))
+       reqf(0, "request_id", "phase", "generated_len", "status", "priority", "cache_hit", "admitted"))
     sc(c, "v1_fields", "enqueue keeps blocks, deadline and preemptible / 入队保留 block、deadline 与可抢占性",
        new(), enq(1, 2, 2, priority=2, cache_hit=True),
        enqp(7, 3, 4, priority=-1, required_blocks=3, deadline_step=9, preemptible=False),
-       reqf(1, "required_blocks", "deadline_step", "preemptible"))
+       reqf(1, "request_id", "required_blocks", "deadline_step", "preemptible"))
 
     # ---- visible TODO 2 ----
     c = "test_todo2_schedule_key"
     sc(c, "v2_phase_first", "phase ranks before cache and priority / 阶段先于缓存与优先级",
-       new(), enqp(1, 4, 1, priority=0), enqp(2, 4, 1, priority=9, cache_hit=True), setf(1, "phase", "decode"),
-       key(0), key(1))
+       new(), enqp(1, 4, 1, priority=0), enqp(2, 4, 1, priority=9, cache_hit=True), reqf(1, "request_id"),
+       setf(1, "phase", "decode"), reqf(0, "request_id"), key(0), reqf(1, "request_id"), key(1))
     sc(c, "v2_deadline", "policy deadline sorts by slack / deadline 策略按余量排序",
        new(policy="deadline"), enqp(1, 4, 4, priority=9, deadline_step=20), enqp(2, 2, 1, priority=0, deadline_step=1),
-       keyf(0, 0), keyf(1, 0), ["stepf", ["request_id"]])
+       reqf(0, "request_id"), keyf(0, 0), reqf(1, "request_id"), keyf(1, 0), ["stepf", ["request_id"]])
 
     # ---- visible TODO 3 ----
     c = "test_todo3_capacity"
@@ -138,7 +138,7 @@ def _targeted() -> list[dict]:
     sc(c, "v3_preempt", "a higher priority request preempts; the victim keeps its phase / 高优先级抢占，victim 保留阶段",
        new(free_kv_blocks=2), enqp(1, 4, 2, priority=1, required_blocks=2), ["stepq"],
        enqp(2, 2, 1, priority=9, required_blocks=2), ["stepf", ["request_id", "preempted_request_id"]],
-       reqf(0, "status", "phase", "preemptions"))
+       reqf(0, "request_id", "status", "phase", "preemptions"))
     sc(c, "v3_non_preemptible", "a non-preemptible request is never preempted / 不可抢占请求受保护",
        new(free_kv_blocks=2), enqp(1, 4, 2, priority=1, required_blocks=2, preemptible=False), ["stepq"],
        enqp(2, 2, 1, priority=9, required_blocks=2), ["stepf", ["request_id", "preempted_request_id"]])
@@ -147,7 +147,7 @@ def _targeted() -> list[dict]:
     c = "test_todo4_step"
     sc(c, "v4_progression", "two requests run to completion in 7 steps / 两个请求 7 步完成",
        new(), enqp(1, 2, 2, priority=2, cache_hit=True), enqp(2, 3, 3, priority=1), ["runf", 20], ["alldone"],
-       reqf(1, "wait_steps"))
+       reqf(1, "request_id", "wait_steps"))
     sc(c, "v4_guards", "run stops at max_steps and rejects a negative one / run 遵守 max_steps，拒绝负数",
        new(), enqp(1, 1, 3), ["runf", 2, ["len"]], run(-1))  # the cell reads len(run(max_steps=2)) only
 

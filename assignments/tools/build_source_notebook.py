@@ -295,6 +295,13 @@ def expect_equal(what, got, expected):
         i = next((i for i, (g, e) in enumerate(zip(got, expected)) if g != e), None) if items else None
         where = "" if i is None else f"（第 {i + 1} 项不同 / item {i + 1} differs）"
         raise AssertionError(f"{what}: 期望 expected {expected!r}, 实际 got {got!r}{where}")
+
+
+def queued(sim, i, request_id):
+    """sim.queue[i]，它必须是请求 request_id / sim.queue[i], which must be request request_id."""
+    expect_equal(f"sim.queue[{i}].request_id（队列保持入队顺序：排序副本，不要排序 self.queue / the queue keeps "
+                 "enqueue order: sort a copy, never self.queue）", sim.queue[i].request_id, request_id)
+    return sim.queue[i]
 '''
 
 VISIBLE = {
@@ -302,7 +309,7 @@ VISIBLE = {
 # 可见测试 TODO 1（3 分）/ Visible test for TODO 1 (3 points): enqueue
 sim = DecodeSchedulerSim()
 sim.enqueue(request_id=1, prompt_len=2, max_new_tokens=2, priority=2, cache_hit=True)
-req = sim.queue[0]
+req = queued(sim, 0, 1)
 expect_equal("phase after enqueue", req.phase, 'prefill')
 expect_equal("generated_len after enqueue", req.generated_len, 0)
 expect_equal("status after enqueue", req.status, 'waiting')
@@ -311,7 +318,7 @@ expect_equal("cache_hit", req.cache_hit, True)
 expect_equal("admitted after enqueue (admission happens in step)", req.admitted, False)
 
 sim.enqueue(7, 3, 4, priority=-1, required_blocks=3, deadline_step=9, preemptible=False)
-req = sim.queue[1]
+req = queued(sim, 1, 7)
 expect_equal("required_blocks", req.required_blocks, 3)
 expect_equal("deadline_step", req.deadline_step, 9)
 expect_equal("preemptible", req.preemptible, False)
@@ -322,15 +329,16 @@ print("TODO 1 visible tests passed / 通过")
 sim = DecodeSchedulerSim()
 sim.enqueue(1, 4, 1, priority=0)
 sim.enqueue(2, 4, 1, priority=9, cache_hit=True)
-sim.queue[1].phase = 'decode'
-expect_equal("key of a prefill request", sim._schedule_key(sim.queue[0]), (1_000_000_000, 0, 1, 0, 4, 1))
-expect_equal("key of a decode request", sim._schedule_key(sim.queue[1]), (1_000_000_000, 1, 0, -9, 4, 2))
+queued(sim, 1, 2).phase = 'decode'
+expect_equal("key of a prefill request", sim._schedule_key(queued(sim, 0, 1)), (1_000_000_000, 0, 1, 0, 4, 1))
+expect_equal("key of a decode request", sim._schedule_key(queued(sim, 1, 2)), (1_000_000_000, 1, 0, -9, 4, 2))
 
 sim = DecodeSchedulerSim(policy='deadline')
 sim.enqueue(1, 4, 4, priority=9, deadline_step=20)
 sim.enqueue(2, 2, 1, priority=0, deadline_step=1)
-expect_equal("deadline slack = 20 - 0 - (1 + 4)", sim._schedule_key(sim.queue[0])[0], 15)
-expect_equal("deadline slack = 1 - 0 - (1 + 1) (negative, not clamped)", sim._schedule_key(sim.queue[1])[0], -1)
+expect_equal("deadline slack = 20 - 0 - (1 + 4)", sim._schedule_key(queued(sim, 0, 1))[0], 15)
+expect_equal("deadline slack = 1 - 0 - (1 + 1) (negative, not clamped)", sim._schedule_key(queued(sim, 1, 2))[0],
+             -1)
 expect_equal("the request with the smallest slack runs first", sim.step()['request_id'], 2)
 print("TODO 2 visible tests passed / 通过")
 ''',
@@ -351,7 +359,7 @@ sim.enqueue(2, 2, 1, priority=9, required_blocks=2)
 event = sim.step()
 expect_equal("the preempting request runs", event['request_id'], 2)
 expect_equal("preempted_request_id", event['preempted_request_id'], 1)
-victim = sim.queue[0]
+victim = queued(sim, 0, 1)
 expect_equal("victim status", victim.status, 'preempted')
 expect_equal("victim keeps its phase", victim.phase, 'decode')
 expect_equal("victim preemptions", victim.preemptions, 1)
@@ -375,7 +383,7 @@ expect_equal("number of events (2 + 1 and 3 + 1 steps)", len(events), 7)
 expect_equal("first event", (events[0]['request_id'], events[0]['action']), (1, 'prefill_to_decode'))
 expect_equal("last event", (events[-1]['request_id'], events[-1]['action']), (2, 'finish'))
 expect_equal("all requests done", all(req.done for req in sim.queue), True)
-expect_equal("wait_steps of request 2 (it waited while request 1 ran)", sim.queue[1].wait_steps, 3)
+expect_equal("wait_steps of request 2 (it waited while request 1 ran)", queued(sim, 1, 2).wait_steps, 3)
 
 sim = DecodeSchedulerSim()
 sim.enqueue(1, 1, 3)
