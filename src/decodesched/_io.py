@@ -214,8 +214,9 @@ def path_argument(path, name: str = "path"):
 def output_target(path) -> Path:
     """The file that writing `path` really changes (a symlink's target); refuse a non-regular one.
 
-    Raises `OutputError` for a directory, device, FIFO or socket, a missing folder, a symlink loop, or a
-    name that holds a NUL character.
+    Raises `OutputError` for a directory, device, FIFO or socket, a read-only file (one this user may not
+    write: a results file someone protected with ``chmod a-w``), a missing folder, a symlink loop, or a name
+    that holds a NUL character.
     """
     text = os.fspath(path)
     if isinstance(text, str) and "\0" in text:
@@ -249,6 +250,8 @@ def output_target(path) -> Path:
                     "a FIFO" if stat.S_ISFIFO(st.st_mode) else "a socket" if stat.S_ISSOCK(st.st_mode) else
                     "not a regular file")
             raise OutputError(f"{path}: is {kind}, not a regular file; refusing to write to it")
+        if not os.access(target, os.W_OK):  # (replacing it would work: the folder is writable; as `cp`, refuse)
+            raise OutputError(f"{path}: is read-only; make it writable (chmod u+w) or choose another name")
     parent = target.parent if str(target.parent) else Path(".")
     if not parent.is_dir():
         raise MissingFolderError(f"{path}: no such directory {parent}")
