@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import convert as cv
-from .._io import _describe, check_outputs, output_folder
+from .._io import _describe, output_folder
 from ..cli import int_arg, interval_arg, kv_blocks_arg, positive_float_arg, seed_arg
 from ..errors import UserError
 
@@ -86,6 +86,8 @@ def check_args(args) -> Path:
     except OSError as exc:
         raise UserError(f"{out}: cannot write in {anc} ({_describe(exc)})") from None
     if out.is_dir():  # a file of it that cannot be written (a folder, a FIFO) is said now, not after the replays
+        from .._io import check_outputs
+
         check_outputs(output_files(out))
     return out
 
@@ -137,7 +139,7 @@ def run(args) -> int:
     png = render_ttft_cdf({p: r.requests["ttft"] for p, r in results.items()}, sps, title)
     summary = summary_csv(metrics, seconds, sps)
 
-    from .._io import atomic_writer, folders_made, output_group
+    from .._io import atomic_writer, check_outputs, folders_made, output_group
 
     png_path, csv_path = output_files(out)
     with folders_made([out]):  # (the folders this run made go again if it fails)
