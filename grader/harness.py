@@ -280,27 +280,23 @@ def _known_classes():
 _KNOWN = _known_classes()
 
 
-def _stdlib_dicts():
-    """``collections.OrderedDict`` and ``defaultdict``: classes implemented in C (nothing of them can be patched) whose
-    items are a dict's. An event built as one is read as the dict it is: the notebook's cells read an event as
-    ``event[field]`` and compare its values, never its type (a dict subclass of the solution's own still differs)."""
+def _stdlib_classes(*names):
+    """The classes `names` of ``collections``, kept only as the classes implemented in C they are (nothing of them can
+    be patched), for values read as their items are:
+
+    - ``OrderedDict`` and ``defaultdict`` as dicts: an event built as one is read as the dict it is (the notebook's
+      cells read an event as ``event[field]`` and compare its values, never its type);
+    - ``deque`` as a list: a timeline kept as one (the events `run()` returns) is read as the list it is (the cells
+      read it by len(), index and iteration, never its type).
+
+    A dict or list subclass of the solution's own still differs."""
     collections = __import__("collections")  # (as `_known_classes`: the standard library only)
-    return [k for k in (collections.OrderedDict, collections.defaultdict)
+    return [k for k in (getattr(collections, n) for n in names)
             if _isinstance(k, type) and not _type_flags(k) & _HEAPTYPE]
 
 
-_STDLIB_DICTS = _stdlib_dicts()
-
-
-def _stdlib_lists():
-    """``collections.deque``: a class implemented in C whose items are a list's. A timeline kept as one (the events
-    `run()` returns) is read as the list it is: the notebook's cells read it by len(), index and iteration, never its
-    type (a list subclass of the solution's own still differs)."""
-    collections = __import__("collections")  # (as `_known_classes`: the standard library only)
-    return [k for k in (collections.deque,) if _isinstance(k, type) and not _type_flags(k) & _HEAPTYPE]
-
-
-_STDLIB_LISTS = _stdlib_lists()
+_STDLIB_DICTS = _stdlib_classes("OrderedDict", "defaultdict")
+_STDLIB_LISTS = _stdlib_classes("deque")
 
 
 def _plain_dict(t):
